@@ -1,0 +1,386 @@
+"""Analyse one policy against one trace: residuals, marks, recompute FLOPs.
+
+The truth is JAX's own partial evaluation: we apply the policy (by wrapping the traced function in
+`jax.checkpoint`, or by swapping the policy of the checkpoints it already has), call the same
+linearization `jax.vjp` uses, and read what it kept. Nothing here re-implements remat rules; it
+only reads JAX's output and follows values back to the equations that made them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import jax
+
+from . import _jax_compat as jc
+from ._jaxpr import aval_bytes, aval_dtype, aval_shape, is_gemm, leaf_flops, open_jaxpr, sub_jaxprs
+from ._trace import Row, Traced, id_key
+from .errors import PolicySpecError
+from .policies import is_te_gemm
+from .report import (
+    Category,
+    EquationMark,
+    Outcome,
+    PolicyResult,
+    Residual,
+    ResidualKind,
+    Scope,
+    Totals,
+    Verdict,
+)
+from .specs import PolicySpec, SpecKind
+
+
+def resolve_scope(traced: Traced, spec: PolicySpec, scope: Scope) -> Scope:
+    if spec.kind is SpecKind.AS_IS:
+        return Scope.INNER
+    if scope is Scope.AUTO:
+        return Scope.INNER if traced.has_remat else Scope.OUTER
+    return scope
+
+
+def policy_function(traced: Traced, spec: PolicySpec, scope: Scope) -> Callable[..., Any]:
+    """The traced function with `spec` applied, as a function of the flat array inputs."""
+    closed = traced.jaxpr
+    if spec.kind is SpecKind.AS_IS:
+        return jc.jaxpr_as_fun(closed)
+    if spec.kind is SpecKind.NONE:  # plain autodiff: the function's own checkpoints become calls
+        return jc.jaxpr_as_fun(closed.replace(jaxpr=_swap_policies(closed.jaxpr, None)))
+    if scope is Scope.INNER:
+        return jc.jaxpr_as_fun(closed.replace(jaxpr=_swap_policies(closed.jaxpr, spec.policy)))
+    return jax.checkpoint(jc.jaxpr_as_fun(closed), policy=spec.policy)
+
+
+def _swap_policies(jaxpr: Any, policy: Callable[..., Any] | None) -> Any:
+    """Every checkpoint gets `policy`; with None, checkpoints become plain calls (no remat)."""
+    eqns = []
+    for eqn in jaxpr.eqns:
+        params = dict(eqn.params)
+        if eqn.primitive is jc.custom_vjp_call_p:
+            params["fwd_jaxpr_thunk"] = jc.wrap_fwd_thunk(
+                params["fwd_jaxpr_thunk"], lambda fwd: _swap_policies(fwd, policy)
+            )
+        else:
+            for key, idx, sub in sub_jaxprs(eqn.params):
+                new = _swap_policies(open_jaxpr(sub), policy)
+                new = sub.replace(jaxpr=new) if isinstance(sub, jc.ClosedJaxpr) else new
+                params[key] = new if idx is None else params[key][:idx] + (new,) + params[key][idx + 1 :]
+        if eqn.primitive is jc.remat_p:
+            if policy is None:
+                eqns.append(jc.inline_call(eqn, params["jaxpr"]))
+                continue
+            params["policy"] = policy
+        eqns.append(eqn.replace(params=params))
+    return jaxpr.replace(eqns=eqns)
+
+
+def verdict_of(policy: Callable[..., Any] | None, eqn: Any, spec_text: str) -> Verdict:
+    if policy is None:
+        return Verdict.NONE
+    try:
+        answer = policy(eqn.primitive, *[v.aval for v in eqn.invars], **eqn.params)
+    except Exception as exc:
+        raise PolicySpecError(
+            f"policy {spec_text!r} raised {type(exc).__name__} on {eqn.primitive.name}: {exc}",
+            "a policy is called as policy(prim, *avals, **params) and must return a bool",
+        ) from exc
+    if answer is True or isinstance(answer, jc.SaveableType):
+        return Verdict.SAVE
+    if answer is False or answer is None or isinstance(answer, jc.RecomputeType):
+        return Verdict.RECOMPUTE
+    if isinstance(answer, jc.Offloadable):
+        return Verdict.OFFLOAD
+    if isinstance(answer, bool | int):
+        return Verdict.SAVE if answer else Verdict.RECOMPUTE
+    raise PolicySpecError(
+        f"policy {spec_text!r} returned {answer!r} for {eqn.primitive.name}",
+        "return True/False, Saveable, Recompute or Offloadable(src, dst) "
+        "(did you return Offloadable instead of Offloadable(...)?)",
+    )
+
+
+def row_policy(row: Row, spec: PolicySpec, scope: Scope) -> Callable[..., Any] | None:
+    """The policy JAX applies to this row's equation under `spec`."""
+    if spec.kind is SpecKind.NONE:
+        return None
+    if spec.kind is SpecKind.AS_IS or (scope is Scope.OUTER and row.in_remat):
+        return row.remat_policy
+    if scope is Scope.INNER and not row.in_remat:
+        return None
+    return spec.policy
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Producer:
+    eqn: Any | None
+    name: str | None
+    multiplicity: int
+    argument: int | None  # index of a top-level input, when the value is an input
+
+
+def analyse(traced: Traced, spec: PolicySpec, scope: Scope = Scope.AUTO) -> PolicyResult:
+    """Residuals, marks and recompute cost of one policy on one trace."""
+    scope = resolve_scope(traced, spec, scope)
+    fun = policy_function(traced, spec, scope)
+    captured: dict[str, Any] = {}
+
+    def residuals_of(*args: Any) -> list[Any]:
+        residuals, captured["tangent"] = jc.linearize_for_vjp(fun, args)
+        return residuals
+
+    forward = jax.make_jaxpr(residuals_of)(*traced.avals).jaxpr
+    rows = traced.rows.by_id  # complete now: custom_vjp forward rules were traced just above
+    residuals = _residuals(traced, forward)
+    recomputed, recompute_flops = _recomputed(captured["tangent"])
+
+    saved: dict[str, Outcome] = {}
+    for r in residuals:
+        if r.equation is None or r.kind not in (ResidualKind.ACTIVATION, ResidualKind.HOST):
+            continue
+        outcome = Outcome.OFFLOADED if r.kind is ResidualKind.HOST else Outcome.SAVED
+        if saved.get(r.equation) is not Outcome.OFFLOADED:
+            saved[r.equation] = outcome
+    marks = []
+    for eid in sorted(rows, key=id_key):
+        row = rows[eid]
+        verdict = verdict_of(row_policy(row, spec, scope), row.eqn, spec.text)
+        outcome = saved.get(eid) or (Outcome.RECOMPUTED if eid in recomputed else Outcome.NOT_NEEDED)
+        marks.append(EquationMark(eid, verdict, outcome))
+    forward_flops = sum(r.equation.flops * r.equation.multiplicity for r in rows.values())
+    return PolicyResult(
+        policy=spec.text,
+        scope=scope,
+        residuals=tuple(residuals),
+        totals=_totals(residuals),
+        marks=tuple(marks),
+        recompute_flops=recompute_flops,
+        forward_flops=forward_flops,
+        warnings=(),
+    )
+
+
+def _residuals(traced: Traced, jaxpr: Any) -> list[Residual]:
+    """The residual set exactly as `jax.ad_checkpoint.saved_residuals` forms it, with provenance."""
+    subst = {e.outvars[0]: e.invars[0] for e in jaxpr.eqns if e.primitive is jc.reduce_precision_p}
+    literals = [v for v in jaxpr.outvars if isinstance(v, jc.Literal)]
+    res_vars = {subst.get(v, v) for v in jaxpr.outvars if not isinstance(v, jc.Literal)}
+    ordered: list[tuple[Any, ResidualKind]] = [(v, ResidualKind.CONSTANT) for v in literals]
+    ordered += [(v, ResidualKind.CONSTANT) for v in jaxpr.constvars if v in res_vars]
+    ordered += [(v, ResidualKind.ARGUMENT) for v in jaxpr.invars if v in res_vars]
+    ordered += [
+        (v, ResidualKind.HOST if _on_host(v.aval) else ResidualKind.ACTIVATION)
+        for e in jaxpr.eqns
+        for v in e.outvars
+        if v in res_vars
+    ]
+    resolver = _Resolver()
+    out = []
+    for var, kind in ordered:
+        producer = resolver.resolve(jaxpr, var) if kind is not ResidualKind.CONSTANT else None
+        eqn = producer.eqn if producer else None
+        eid = jc.eqn_tag(eqn) if eqn is not None else None
+        row = traced.rows.by_id.get(eid) if eid else None
+        name = producer.name if producer else None
+        if name is None and row is not None:
+            name = row.equation.name
+        te = eqn is not None and is_te_gemm(eqn.primitive)
+        if te:
+            category = Category.TE_GEMM
+        elif eqn is not None and is_gemm(eqn.primitive):
+            category = Category.DOT
+        elif name is not None:
+            category = Category.NAMED
+        else:
+            category = Category.OTHER
+        argument = None
+        if kind is ResidualKind.ARGUMENT:
+            argument = traced.arg_names[jaxpr.invars.index(var)]
+        elif producer is not None and producer.argument is not None:
+            argument = traced.arg_names[producer.argument]
+        out.append(
+            Residual(
+                shape=aval_shape(var.aval),
+                dtype=aval_dtype(var.aval),
+                bytes=aval_bytes(var.aval),
+                kind=kind,
+                category=category,
+                primitive=eqn.primitive.name if eqn is not None else None,
+                name=name,
+                equation=eid if row is not None else None,
+                source=row.equation.source if row is not None else (traced.rows.finder(eqn) if eqn is not None else None),
+                multiplicity=producer.multiplicity if producer else 1,
+                argument=argument,
+                standin=te and bool(getattr(eqn.primitive, "te_ckpt_audit_standin", False)),
+            )
+        )
+    return out
+
+
+def _on_host(aval: Any) -> bool:
+    space = getattr(aval, "memory_space", None)
+    return space is not None and str(space).lower().endswith("host")
+
+
+class _Resolver:
+    """Follows a value back to the equation that computed it, through names, offload copies,
+    reduce_precision, scans (counting the layers they stack), jit, checkpoint and custom calls."""
+
+    def __init__(self) -> None:
+        self._producers: dict[int, dict[Any, tuple[Any, int]]] = {}
+
+    def _producer_map(self, jaxpr: Any) -> dict[Any, tuple[Any, int]]:
+        key = id(jaxpr)
+        if key not in self._producers:
+            self._producers[key] = {v: (e, i) for e in jaxpr.eqns for i, v in enumerate(e.outvars)}
+        return self._producers[key]
+
+    def resolve(self, jaxpr: Any, var: Any) -> _Producer:
+        return self._resolve(jaxpr, var, None, 1, 0, top=True)
+
+    def _resolve(self, jaxpr: Any, var: Any, name: str | None, mult: int, depth: int, top: bool = False) -> _Producer:
+        if depth > 64 or isinstance(var, jc.Literal):
+            return _Producer(None, name, mult, None)
+        found = self._producer_map(jaxpr).get(var)
+        if found is None:
+            argument = jaxpr.invars.index(var) if top and var in jaxpr.invars else None
+            return _Producer(None, name, mult, argument)
+        eqn, i = found
+        prim = eqn.primitive
+        if prim is jc.name_p:
+            return self._resolve(jaxpr, eqn.invars[0], name or eqn.params["name"], mult, depth + 1, top)
+        if prim is jc.reduce_precision_p or prim is jc.device_put_p:
+            return self._resolve(jaxpr, eqn.invars[i], name, mult, depth + 1, top)
+        if prim is jc.scan_p:
+            return self._through_scan(jaxpr, eqn, i, name, mult, depth, top)
+        subs = list(sub_jaxprs(eqn.params))
+        if len(subs) == 1 and prim is not jc.custom_jvp_call_p:
+            body = open_jaxpr(subs[0][2])
+            if len(body.outvars) == len(eqn.outvars):
+                inner = self._resolve(body, body.outvars[i], name, mult, depth + 1)
+                if inner.eqn is None and body.outvars[i] in body.invars and len(body.invars) == len(eqn.invars):
+                    outer = eqn.invars[body.invars.index(body.outvars[i])]
+                    return self._resolve(jaxpr, outer, inner.name, mult, depth + 1, top)
+                return inner
+        return _Producer(eqn, name, mult, None)
+
+    def _through_scan(self, jaxpr: Any, eqn: Any, i: int, name: str | None, mult: int, depth: int, top: bool) -> _Producer:
+        body = open_jaxpr(eqn.params["jaxpr"])
+        n_consts, n_carry = eqn.params["num_consts"], eqn.params["num_carry"]
+        length = int(eqn.params["length"])
+        stacked = i >= n_carry
+        inner_mult = mult * length if stacked else mult
+        out = body.outvars[i]
+        for _ in range(2):  # a carried value: follow the carry-out that feeds it
+            inner = self._resolve(body, out, name, inner_mult, depth + 1)
+            if inner.eqn is not None or out not in body.invars:
+                return inner
+            j = body.invars.index(out)
+            if n_consts <= j < n_consts + n_carry and body.outvars[j - n_consts] is not out:
+                out = body.outvars[j - n_consts]
+                continue
+            # a loop-invariant or per-iteration input: its producer is outside the scan
+            outer_mult = mult if (j < n_consts + n_carry or not stacked) else mult
+            return self._resolve(jaxpr, eqn.invars[j], inner.name, outer_mult, depth + 1, top)
+        return _Producer(eqn, name, inner_mult, None)
+
+
+def _recomputed(tangent: Any) -> tuple[set[str], int]:
+    """Tags of forward equations that run again in the backward pass, and their FLOPs.
+
+    In the tangent jaxpr every equation either depends on a tangent (linear work) or only on
+    residuals: the latter is remat's recomputation, which the backward pass runs before the
+    transposed linear work.
+    """
+    tags: set[str] = set()
+    flops = 0
+
+    def walk(jaxpr: Any, tangent_in: list[bool], mult: int) -> list[bool]:
+        nonlocal flops
+        tangent_vars = {v for v, t in zip(jaxpr.invars, tangent_in, strict=True) if t}
+        for eqn in jaxpr.eqns:
+            ins = [not isinstance(v, jc.Literal) and v in tangent_vars for v in eqn.invars]
+            outs = _walk_structured(eqn, ins, mult, walk)
+            if outs is None:  # a leaf equation
+                outs = [any(ins)] * len(eqn.outvars)
+                has_var_input = any(not isinstance(v, jc.Literal) for v in eqn.invars)
+                if not any(ins) and has_var_input and eqn.primitive is not jc.name_p:
+                    tag = jc.eqn_tag(eqn)
+                    if tag is not None:
+                        tags.add(tag)
+                    flops += leaf_flops(eqn) * mult
+            tangent_vars.update(v for v, t in zip(eqn.outvars, outs, strict=True) if t)
+        return [not isinstance(v, jc.Literal) and v in tangent_vars for v in jaxpr.outvars]
+
+    walk(tangent, [True] * len(tangent.invars), 1)
+    return tags, flops
+
+
+def _walk_structured(eqn: Any, ins: list[bool], mult: int, walk: Callable[..., list[bool]]) -> list[bool] | None:
+    """Tangent-dependence of a structured equation's outputs, walking its body; None for leaves."""
+    prim = eqn.primitive
+    params = eqn.params
+    if prim is jc.scan_p:
+        body = open_jaxpr(params["jaxpr"])
+        n_consts, n_carry = params["num_consts"], params["num_carry"]
+        flags = list(ins)
+        length = int(params["length"])
+        for _ in range(n_carry + 1):  # fixpoint over the carry, without counting FLOPs
+            outs = _dataflow_only(body, flags)
+            new = [a or b for a, b in zip(flags[n_consts : n_consts + n_carry], outs[:n_carry], strict=True)]
+            if new == flags[n_consts : n_consts + n_carry]:
+                break
+            flags[n_consts : n_consts + n_carry] = new
+        return walk(body, flags, length * mult)
+    if prim is jc.while_p:
+        cj, bj = open_jaxpr(params["cond_jaxpr"]), open_jaxpr(params["body_jaxpr"])
+        nc, nb = params["cond_nconsts"], params["body_nconsts"]
+        carry = ins[nc + nb :]
+        for _ in range(len(carry) + 1):
+            outs = _dataflow_only(bj, ins[nc : nc + nb] + carry)
+            new = [a or b for a, b in zip(carry, outs, strict=True)]
+            if new == carry:
+                break
+            carry = new
+        return walk(bj, ins[nc : nc + nb] + carry, mult)
+    if prim is jc.cond_p:
+        outs: list[bool] | None = None
+        for branch in params["branches"]:
+            b = walk(open_jaxpr(branch), ins[1:], mult)
+            outs = b if outs is None else [x or y for x, y in zip(outs, b, strict=True)]
+        return outs
+    subs = list(sub_jaxprs(params))
+    if len(subs) == 1 and prim is not jc.custom_jvp_call_p:
+        body = open_jaxpr(subs[0][2])
+        if len(body.invars) == len(eqn.invars) and len(body.outvars) == len(eqn.outvars):
+            return walk(body, ins, mult)
+    return None
+
+
+def _dataflow_only(jaxpr: Any, tangent_in: list[bool]) -> list[bool]:
+    """Coarse tangent-dependence (any tangent input taints every output), for carry fixpoints."""
+    tangent_vars = {v for v, t in zip(jaxpr.invars, tangent_in, strict=True) if t}
+    for eqn in jaxpr.eqns:
+        if any(not isinstance(v, jc.Literal) and v in tangent_vars for v in eqn.invars):
+            tangent_vars.update(eqn.outvars)
+    return [not isinstance(v, jc.Literal) and v in tangent_vars for v in jaxpr.outvars]
+
+
+def _totals(residuals: Iterable[Residual]) -> Totals:
+    by_kind = {k: 0 for k in ResidualKind}
+    by_cat = {c: 0 for c in Category}
+    for r in residuals:
+        by_kind[r.kind] += r.bytes
+        if r.kind is ResidualKind.ACTIVATION:
+            by_cat[r.category] += r.bytes
+    return Totals(
+        activation_bytes=by_kind[ResidualKind.ACTIVATION],
+        argument_bytes=by_kind[ResidualKind.ARGUMENT],
+        host_bytes=by_kind[ResidualKind.HOST],
+        constant_bytes=by_kind[ResidualKind.CONSTANT],
+        te_gemm_bytes=by_cat[Category.TE_GEMM],
+        dot_bytes=by_cat[Category.DOT],
+        named_bytes=by_cat[Category.NAMED],
+        other_bytes=by_cat[Category.OTHER],
+    )

@@ -1,0 +1,86 @@
+"""The library's entry points: audit a function (`audit`) or a `file.py:fn` target (`audit_target`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import jax
+
+from ._analysis import analyse
+from ._loading import load_inputs, load_target
+from ._trace import Traced, trace
+from ._warnings import add_warnings
+from .report import AuditReport, Scope
+from .specs import PolicySpec, resolve_policy
+
+DEFAULT_POLICIES = (
+    "none",
+    "nothing_saveable",
+    "checkpoint_dots",
+    "checkpoint_dots_and_te_gemms",
+    "dots_and_te_gemms_with_no_batch_dims",
+    "everything_saveable",
+)
+
+
+def _specs(policies: Iterable[str | PolicySpec | Callable[..., Any]]) -> list[PolicySpec]:
+    out = []
+    for p in policies:
+        if isinstance(p, PolicySpec):
+            out.append(p)
+        elif isinstance(p, str):
+            out.append(resolve_policy(p))
+        elif callable(p):
+            from .specs import SpecKind
+
+            out.append(PolicySpec(getattr(p, "__name__", repr(p)), SpecKind.POLICY, p))
+        else:
+            raise TypeError(f"a policy is a spec string or a callable, not {type(p).__name__}")
+    return out
+
+
+def audit_traced(traced: Traced, policies: Sequence[str | PolicySpec | Callable[..., Any]] = DEFAULT_POLICIES, scope: Scope | str = Scope.AUTO) -> AuditReport:
+    """Analyse every policy from one trace."""
+    specs = _specs(policies)
+    scope = Scope(scope)
+    results = [analyse(traced, spec, scope) for spec in specs]
+    results = add_warnings(traced, specs, results, scope)
+    equations = traced.rows.equations()
+    te = "none"
+    if any(e.is_te_gemm for e in equations):
+        te = "stand-in" if any(e.standin for e in equations if e.is_te_gemm) else "real"
+    return AuditReport(
+        target=traced.target,
+        arguments=tuple(
+            f"{n}: {a.dtype}{list(a.shape)}" for n, a in zip(traced.arg_names, traced.avals, strict=True)
+        ),
+        jax_version=jax.__version__,
+        te=te,
+        equations=equations,
+        results=tuple(results),
+    )
+
+
+def audit(fn: Callable[..., Any], *args: Any, policies: Sequence[str | PolicySpec | Callable[..., Any]] = DEFAULT_POLICIES, scope: Scope | str = Scope.AUTO) -> AuditReport:
+    """Audit `fn(*args)` under each policy.
+
+    Array leaves of `args` may be `jax.ShapeDtypeStruct`s (nothing is allocated); other leaves are
+    passed through as static values.
+
+    >>> import jax, jax.numpy as jnp
+    >>> from te_ckpt_audit import audit
+    >>> x = jax.ShapeDtypeStruct((8, 16), jnp.float32)
+    >>> report = audit(lambda x: jnp.sum(jnp.sin(jnp.sin(x))), x, policies=["nothing_saveable"])
+    >>> report.result("nothing_saveable").totals.activation_bytes
+    0
+    """
+    return audit_traced(trace(fn, args, getattr(fn, "__name__", "fn")), policies, scope)
+
+
+def audit_target(target: str, policies: Sequence[str | PolicySpec | Callable[..., Any]] = DEFAULT_POLICIES, *, inputs: str | None = None, overrides: Mapping[str, str] | Sequence[str] = (), scope: Scope | str = Scope.AUTO) -> AuditReport:
+    """Load `file.py:fn` (or `package.module:fn`) and its example inputs, then audit it."""
+    specs = _specs(policies)  # bad specs fail before the user's code runs
+    loaded = load_target(target)
+    args = load_inputs(loaded, inputs, overrides).args
+    return audit_traced(trace(loaded.fn, args, target), specs, scope)

@@ -1,0 +1,153 @@
+"""Small, generic helpers over jaxprs: sub-jaxprs of an equation, shapes, FLOPs, source lines."""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import _jax_compat as jc
+from .policies import SCALED_MATMUL_NAME, is_te_gemm
+from .report import SourceLocation
+
+_HERE = str(Path(__file__).parent)
+_GEMM_NAMES = {"dot_general", "conv_general_dilated", SCALED_MATMUL_NAME, "ragged_dot", "ragged_dot_general"}
+
+
+def sub_jaxprs(params: dict[str, Any]) -> Iterator[tuple[str, int | None, Any]]:
+    """(param name, index in a tuple or None, Jaxpr | ClosedJaxpr) for each sub-jaxpr param."""
+    for key, value in params.items():
+        if isinstance(value, jc.Jaxpr | jc.ClosedJaxpr):
+            yield key, None, value
+        elif isinstance(value, tuple):
+            for i, item in enumerate(value):
+                if isinstance(item, jc.Jaxpr | jc.ClosedJaxpr):
+                    yield key, i, item
+
+
+def open_jaxpr(j: Any) -> Any:
+    return j.jaxpr if isinstance(j, jc.ClosedJaxpr) else j
+
+
+def aval_bytes(aval: Any) -> int:
+    shape = getattr(aval, "shape", ())
+    dtype = getattr(aval, "dtype", None)
+    if dtype is None:
+        return 0
+    return int(math.prod(shape)) * int(np.dtype(dtype).itemsize)
+
+
+def aval_shape(aval: Any) -> tuple[int, ...]:
+    return tuple(int(d) for d in getattr(aval, "shape", ()))
+
+
+def aval_dtype(aval: Any) -> str:
+    dtype = getattr(aval, "dtype", None)
+    return str(np.dtype(dtype)) if dtype is not None else type(aval).__name__
+
+
+def is_gemm(prim: Any) -> bool:
+    """A JAX matmul-like primitive (TE's GEMMs are told apart by `is_te_gemm`)."""
+    return getattr(prim, "name", None) in _GEMM_NAMES
+
+
+def leaf_flops(eqn: Any) -> int:
+    """FLOPs of one non-structural equation.
+
+    GEMMs (JAX's and TE's) count 2*M*N*K from shapes and contracting dims; everything else counts
+    one operation per output element.
+    """
+    prim = eqn.primitive
+    outs = [v.aval for v in eqn.outvars]
+    out_elems = sum(int(math.prod(getattr(a, "shape", ()))) for a in outs)
+    if prim is jc.name_p or prim is jc.reduce_precision_p or prim is jc.device_put_p:
+        return 0
+    if not (is_gemm(prim) or is_te_gemm(prim)) or not eqn.invars:
+        return out_elems
+    lhs = eqn.invars[0].aval
+    lhs_shape = aval_shape(lhs)
+    first_out = int(math.prod(getattr(outs[0], "shape", ()))) if outs else 0
+    k = _contracted_size(eqn, lhs_shape)
+    return 2 * first_out * k
+
+
+def _contracted_size(eqn: Any, lhs_shape: tuple[int, ...]) -> int:
+    params = eqn.params
+    if "dimension_numbers" in params and eqn.primitive.name == "dot_general":
+        (lhs_contract, _), _ = params["dimension_numbers"]
+        return int(math.prod(lhs_shape[d] for d in lhs_contract))
+    if eqn.primitive.name == "conv_general_dilated":
+        rhs_shape = aval_shape(eqn.invars[1].aval)
+        spec = params["dimension_numbers"].rhs_spec  # (out feature, in feature, spatial...)
+        return int(math.prod(rhs_shape)) // max(rhs_shape[spec[0]], 1)
+    dims = params.get("contracting_dims")
+    if dims:
+        lhs_dims = dims[0] if isinstance(dims[0], tuple | list) else dims
+        try:
+            return int(math.prod(lhs_shape[d] for d in lhs_dims))
+        except (IndexError, TypeError):
+            pass
+    return lhs_shape[-1] if lhs_shape else 1
+
+
+def _library_files() -> frozenset[str]:
+    """Files of modules that ask to be treated as library code (`__te_ckpt_audit_library__ = True`)."""
+    return frozenset(
+        getattr(m, "__file__", None) or ""
+        for m in list(sys.modules.values())
+        if getattr(m, "__te_ckpt_audit_library__", False)
+    )
+
+
+class SourceFinder:
+    """Picks, for an equation, the innermost frame of the user's own code.
+
+    Frames in installed packages (site-packages), in te-ckpt-audit itself, and in modules that set
+    `__te_ckpt_audit_library__ = True` (the TE stand-in) are skipped; if nothing is left, the
+    innermost frame JAX calls "user" is used.
+    """
+
+    def __init__(self) -> None:
+        self._library = _library_files()
+        self._cache: dict[int, SourceLocation | None] = {}
+
+    def _is_library(self, filename: str) -> bool:
+        return (
+            filename.startswith(_HERE)
+            or filename in self._library
+            or f"{os.sep}site-packages{os.sep}" in filename
+            or f"{os.sep}dist-packages{os.sep}" in filename
+        )
+
+    def __call__(self, eqn: Any) -> SourceLocation | None:
+        tb = eqn.source_info.traceback
+        key = id(tb)
+        if key in self._cache:
+            return self._cache[key]
+        first = None
+        chosen = None
+        for frame in jc.user_frames(eqn):
+            if first is None:
+                first = frame
+            if not self._is_library(frame.file_name):
+                chosen = frame
+                break
+        frame = chosen or first
+        loc = None
+        if frame is not None:
+            loc = SourceLocation(_display_path(frame.file_name), int(frame.start_line), frame.function_name)
+        self._cache[key] = loc
+        return loc
+
+
+def _display_path(filename: str) -> str:
+    try:
+        rel = os.path.relpath(filename)
+    except ValueError:
+        return filename
+    return filename if rel.startswith("..") else rel

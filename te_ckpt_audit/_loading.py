@@ -1,0 +1,247 @@
+"""Load a target (``path/to/file.py:attr`` or ``package.module:attr``) and its example inputs.
+
+The user's file is imported as Python would import it, so its code runs: module-level statements
+included. A file inside a package (folders with ``__init__.py``) is imported under its dotted
+name, with the package's parent folder on ``sys.path``, so its relative imports work.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import difflib
+import importlib
+import importlib.util
+import inspect
+import os
+import sys
+import traceback
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from .errors import TargetError, UsageError
+
+INPUTS_SUFFIX = "_inputs"
+FALLBACK_INPUTS = "example_inputs"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Target:
+    fn: Callable[..., Any]
+    module: ModuleType
+    attr: str
+    text: str  # as the user typed it
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Inputs:
+    args: tuple[Any, ...]
+    source: str  # "file.py:callable" that made them
+    overrides: tuple[tuple[str, Any], ...]
+
+
+def split_spec(text: str, what: str) -> tuple[str, str]:
+    where, sep, attr = text.strip().rpartition(":")
+    if not text.strip():
+        raise UsageError(f"empty {what}", "give FILE.py:NAME or package.module:NAME")
+    if not sep or not where or not attr:
+        raise UsageError(
+            f"{what} {text!r} is not of the form FILE.py:NAME or package.module:NAME",
+            "e.g. sample_models/gpt.py:loss",
+        )
+    return where, attr
+
+
+def _user_location(exc: BaseException, roots: tuple[str, ...] = ()) -> str:
+    """file:line of the innermost frame of the user's code in an exception's traceback."""
+    if isinstance(exc, SyntaxError) and exc.filename:
+        return f"{exc.filename}:{exc.lineno}"
+    frames = traceback.extract_tb(exc.__traceback__)
+    here = str(Path(__file__).parent)
+    user = [f for f in frames if not _is_library_file(f.filename) and not f.filename.startswith(here)]
+    preferred = [f for f in user if any(f.filename.startswith(r) for r in roots)] or user
+    if preferred:
+        return f"{preferred[-1].filename}:{preferred[-1].lineno}"
+    return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "unknown location"
+
+
+def _is_library_file(filename: str) -> bool:
+    return any(part in filename for part in ("site-packages", "dist-packages", "<frozen", "/lib/python"))
+
+
+def _import_file(path: Path) -> ModuleType:
+    path = path.resolve()
+    folder = path.parent
+    parts = [path.stem]
+    while (folder / "__init__.py").exists():
+        parts.insert(0, folder.name)
+        folder = folder.parent
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
+    name = ".".join(parts)
+    existing = sys.modules.get(name)
+    if existing is not None and Path(getattr(existing, "__file__", "") or "").resolve() == path:
+        return existing
+    if len(parts) > 1:
+        return importlib.import_module(name)
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    return module
+
+
+def import_module(where: str) -> ModuleType:
+    """Import `where` (a .py path or a dotted module name); user-code failures are TargetErrors."""
+    is_file = where.endswith(".py") or os.sep in where or "/" in where
+    if is_file:
+        path = Path(where)
+        if not path.is_file():
+            raise UsageError(f"no such file: {where}", "check the path; it is relative to the current folder")
+    else:
+        if os.getcwd() not in sys.path and "" not in sys.path:
+            sys.path.insert(0, os.getcwd())
+        if importlib.util.find_spec(where.split(".")[0]) is None:
+            raise UsageError(f"no module named {where!r}", "give a FILE.py path, or install the package")
+    try:
+        return _import_file(Path(where)) if is_file else importlib.import_module(where)
+    except SyntaxError as exc:
+        raise TargetError(
+            f"syntax error in {exc.filename}:{exc.lineno}: {exc.msg}", "fix the model file"
+        ) from exc
+    except ModuleNotFoundError as exc:
+        raise TargetError(
+            f"importing {where} failed at {_user_location(exc)}: {exc}",
+            "install the missing package or fix the import",
+        ) from exc
+    except Exception as exc:
+        raise TargetError(
+            f"importing {where} raised {type(exc).__name__} at {_user_location(exc)}: {exc}",
+            "the model module runs on import; fix the error there (rerun with --debug for the traceback)",
+        ) from exc
+
+
+def _get_dotted(obj: Any, attr: str) -> Any:
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def import_attribute(where: str, attr: str) -> Any:
+    return _attribute(import_module(where), where, attr)
+
+
+def _attribute(module: ModuleType, where: str, attr: str) -> Any:
+    try:
+        return _get_dotted(module, attr)
+    except AttributeError:
+        public = sorted(n for n in vars(module) if not n.startswith("_"))
+        close = difflib.get_close_matches(attr, public, n=1)
+        hint = f"did you mean {close[0]!r}?" if close else f"{where} defines: {', '.join(public[:12])}"
+        raise UsageError(f"{where} has no attribute {attr!r}", hint) from None
+
+
+def load_target(text: str) -> Target:
+    """Import the module and fetch the function to audit.
+
+    >>> t = load_target("sample_models/mlp.py:loss")  # doctest: +SKIP
+    """
+    where, attr = split_spec(text, "target")
+    module = import_module(where)
+    fn = _attribute(module, where, attr)
+    if not callable(fn):
+        raise UsageError(
+            f"{text} is a {type(fn).__name__}, not a function", "point TARGET at the function to differentiate"
+        )
+    return Target(fn, module, attr, text)
+
+
+def find_inputs_callable(target: Target, inputs: str | None) -> tuple[Callable[..., Any], str]:
+    """`--inputs FILE:CALLABLE`, else `<attr>_inputs` beside the target, else `example_inputs`."""
+    if inputs:
+        where, attr = split_spec(inputs, "--inputs")
+        fn = import_attribute(where, attr)
+        if not callable(fn):
+            raise UsageError(f"--inputs {inputs} is not callable", "name a function returning the arguments")
+        return fn, inputs
+    prefix, _, last = target.attr.rpartition(".")
+    candidates = [f"{prefix + '.' if prefix else ''}{last}{INPUTS_SUFFIX}", FALLBACK_INPUTS]
+    for name in candidates:
+        try:
+            fn = _get_dotted(target.module, name)
+        except AttributeError:
+            continue
+        if callable(fn):
+            return fn, f"{target.text.rpartition(':')[0]}:{name}"
+    raise UsageError(
+        f"no example inputs for {target.text}",
+        f"define {candidates[0]}() beside it returning a tuple of arguments (jax.ShapeDtypeStruct "
+        "pytrees), or pass --inputs FILE.py:CALLABLE",
+    )
+
+
+def parse_overrides(fn: Callable[..., Any], pairs: list[str]) -> dict[str, Any]:
+    """Turn `-D key=value` strings into keyword arguments of the inputs callable, typed by its defaults."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        params = {}  # type: ignore[assignment]
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    known = {n for n, p in params.items() if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, eq, raw = pair.partition("=")
+        key = key.strip()
+        if not eq or not key:
+            raise UsageError(f"-D {pair!r} is not key=value", "e.g. -D seq=8192")
+        if key not in known and not takes_any:
+            raise UsageError(
+                f"-D {key}: the inputs callable has no parameter {key!r}",
+                f"it takes: {', '.join(sorted(known)) or 'no keyword parameters'}",
+            )
+        default = params[key].default if key in params else inspect.Parameter.empty
+        out[key] = _convert(key, raw.strip(), default)
+    return out
+
+
+def _convert(key: str, raw: str, default: Any) -> Any:
+    if isinstance(default, str):
+        return raw
+    try:
+        value = ast.literal_eval(raw)
+    except (ValueError, SyntaxError):
+        if default is inspect.Parameter.empty or default is None:
+            return raw
+        raise UsageError(
+            f"-D {key}={raw}: not a {type(default).__name__}", f"the default is {default!r}"
+        ) from None
+    if isinstance(default, bool) and not isinstance(value, bool):
+        raise UsageError(f"-D {key}={raw}: not a bool", "use True or False")
+    if isinstance(default, int) and not isinstance(default, bool) and not isinstance(value, int):
+        raise UsageError(f"-D {key}={raw}: not an int", f"the default is {default!r}")
+    if isinstance(default, float) and not isinstance(value, int | float):
+        raise UsageError(f"-D {key}={raw}: not a number", f"the default is {default!r}")
+    return float(value) if isinstance(default, float) else value
+
+
+def load_inputs(target: Target, inputs: str | None = None, overrides: Mapping[str, str] | list[str] = ()) -> Inputs:
+    """Call the inputs callable (with `-D` overrides) and return the positional arguments."""
+    fn, source = find_inputs_callable(target, inputs)
+    pairs = [f"{k}={v}" for k, v in overrides.items()] if isinstance(overrides, Mapping) else list(overrides)
+    kwargs = parse_overrides(fn, pairs)
+    try:
+        value = fn(**kwargs)
+    except Exception as exc:
+        raise TargetError(
+            f"inputs callable {source} raised {type(exc).__name__} at {_user_location(exc)}: {exc}",
+            "fix the inputs callable (rerun with --debug for the traceback)",
+        ) from exc
+    args = value if isinstance(value, tuple) else (value,)
+    return Inputs(args, source, tuple(sorted(kwargs.items())))

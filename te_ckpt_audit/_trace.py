@@ -1,0 +1,228 @@
+"""Trace the user's function once, and tag every equation so later stages can find it again.
+
+Every equation gets a path id ("4.1.2") pushed onto its name stack. JAX copies name stacks onto
+what it derives from an equation (jvp, partial evaluation, remat's recomputation), so residuals and
+recomputed equations found in the differentiated jaxpr point back at a row of the traced one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+
+from . import _jax_compat as jc
+from ._jaxpr import SourceFinder, aval_dtype, aval_shape, leaf_flops, open_jaxpr, sub_jaxprs
+from .errors import TargetError, UsageError
+from .policies import is_te_gemm
+from .report import Equation
+
+
+@dataclasses.dataclass(slots=True)
+class Row:
+    """An Equation plus what analysis needs: the tagged equation and its checkpoint context."""
+
+    equation: Equation
+    eqn: Any
+    remat_policy: Callable[..., Any] | None  # policy of the innermost enclosing checkpoint
+    in_remat: bool
+
+
+class Rows:
+    """The forward equations, keyed by id. custom_vjp forward rules are traced lazily by JAX (on
+    first differentiation), so their rows arrive during the first analysis."""
+
+    def __init__(self) -> None:
+        self.by_id: dict[str, Row] = {}
+        self.names: set[str] = set()
+        self.finder = SourceFinder()
+
+    def equations(self) -> tuple[Equation, ...]:
+        return tuple(self.by_id[k].equation for k in sorted(self.by_id, key=id_key))
+
+
+def id_key(eid: str) -> tuple[tuple[int, str], ...]:
+    return tuple((int(p), "") if p.isdigit() else (1 << 30, p) for p in eid.split("."))
+
+
+@dataclasses.dataclass(frozen=True)
+class Traced:
+    """One trace of the user's function; every policy is analysed from it."""
+
+    jaxpr: Any  # ClosedJaxpr, tagged
+    avals: tuple[jax.ShapeDtypeStruct, ...]  # the array inputs, flattened
+    arg_names: tuple[str, ...]
+    has_remat: bool
+    rows: Rows
+    target: str
+
+
+def _is_array_leaf(x: Any) -> bool:
+    return isinstance(x, jax.ShapeDtypeStruct | jax.Array | np.ndarray | np.generic)
+
+
+def _describe(x: Any) -> str:
+    return f"{np.dtype(x.dtype).name}{list(x.shape)}"
+
+
+def trace(fn: Callable[..., Any], args: tuple[Any, ...], target: str = "") -> Traced:
+    """Trace `fn(*args)` to a tagged jaxpr. Array leaves of `args` (arrays or ShapeDtypeStructs)
+    become inputs; any other leaf (ints, strings, config objects) is passed through unchanged.
+
+    >>> import jax, jax.numpy as jnp
+    >>> t = trace(lambda x: jnp.sum(jnp.sin(x)), (jax.ShapeDtypeStruct((4,), jnp.float32),))
+    >>> [e.primitive for e in t.rows.equations()]
+    ['sin', 'reduce_sum']
+    """
+    leaves_with_path, treedef = jax.tree_util.tree_flatten_with_path(args)
+    dynamic = [i for i, (_, leaf) in enumerate(leaves_with_path) if _is_array_leaf(leaf)]
+    leaves = [leaf for _, leaf in leaves_with_path]
+    for _, leaf in leaves_with_path:
+        if isinstance(leaf, jax.core.Tracer):
+            raise UsageError("inputs contain a JAX tracer", "return plain arrays or jax.ShapeDtypeStruct")
+    avals = tuple(jax.ShapeDtypeStruct(np.shape(leaves[i]), leaves[i].dtype) for i in dynamic)
+    names = tuple(_arg_name(leaves_with_path[i][0]) for i in dynamic)
+    if not avals:
+        raise TargetError(
+            f"{target or 'the function'} has no array inputs to differentiate",
+            "the inputs callable should return jax.ShapeDtypeStruct (or array) leaves",
+        )
+
+    def flat_fn(*dyn: Any) -> Any:
+        full = list(leaves)
+        for i, value in zip(dynamic, dyn, strict=True):
+            full[i] = value
+        return fn(*jax.tree_util.tree_unflatten(treedef, full))
+
+    try:
+        closed, out_shape = jax.make_jaxpr(flat_fn, return_shape=True)(*avals)
+    except Exception as exc:
+        raise TargetError(
+            f"tracing {target or 'the function'} raised {type(exc).__name__} at {_where(exc)}: "
+            f"{_first_line(exc)}",
+            "fix the model code (rerun with --debug for the traceback)",
+        ) from exc
+    for leaf in jax.tree_util.tree_leaves(out_shape):
+        if not jax.numpy.issubdtype(leaf.dtype, jax.numpy.inexact):
+            raise TargetError(
+                f"{target or 'the function'} returns a {leaf.dtype} value: it is not differentiable",
+                "return a floating-point loss (drop integer or boolean outputs)",
+            )
+    rows = Rows()
+    tagged = tag_jaxpr(closed, rows)
+    return Traced(tagged, avals, names, _contains_remat(closed.jaxpr), rows, target)
+
+
+def _arg_name(path: Any) -> str:
+    return "args" + jax.tree_util.keystr(path)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def _where(exc: BaseException) -> str:
+    from ._loading import _user_location
+
+    return _user_location(exc)
+
+
+def _contains_remat(jaxpr: Any) -> bool:
+    for eqn in jaxpr.eqns:
+        if eqn.primitive is jc.remat_p:
+            return True
+        if any(_contains_remat(open_jaxpr(j)) for _, _, j in sub_jaxprs(eqn.params)):
+            return True
+    return False
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Context:
+    multiplicity: int = 1
+    remat_policy: Callable[..., Any] | None = None
+    in_remat: bool = False
+    traceback_from: Any = None  # equations of a custom_vjp fwd rule take the call site's source
+
+
+def tag_jaxpr(closed: Any, rows: Rows) -> Any:
+    return closed.replace(jaxpr=_tag(closed.jaxpr, "", _Context(), rows))
+
+
+def _tag(jaxpr: Any, prefix: str, ctx: _Context, rows: Rows) -> Any:
+    consumers_named = {
+        e.invars[0]: e.params["name"] for e in jaxpr.eqns if e.primitive is jc.name_p and e.invars
+    }
+    new_eqns = []
+    for i, eqn in enumerate(jaxpr.eqns):
+        eid = f"{prefix}{i}"
+        if ctx.traceback_from is not None:
+            eqn = eqn.replace(source_info=eqn.source_info.replace(traceback=ctx.traceback_from))
+        params = dict(eqn.params)
+        if eqn.primitive is jc.custom_vjp_call_p:
+            inner = _Context(ctx.multiplicity, ctx.remat_policy, ctx.in_remat, eqn.source_info.traceback)
+            params["fwd_jaxpr_thunk"] = jc.wrap_fwd_thunk(
+                params["fwd_jaxpr_thunk"],
+                lambda fwd, eid=eid, inner=inner: _tag(fwd, f"{eid}.fwd.", inner, rows),
+            )
+        elif eqn.primitive is not jc.custom_jvp_call_p:
+            subs = list(sub_jaxprs(eqn.params))
+            for j, (key, idx, sub) in enumerate(subs):
+                sub_prefix = f"{eid}." if len(subs) == 1 else f"{eid}.{j}."
+                new = _tag(open_jaxpr(sub), sub_prefix, _sub_context(eqn, ctx), rows)
+                new = sub.replace(jaxpr=new) if isinstance(sub, jc.ClosedJaxpr) else new
+                if idx is None:
+                    params[key] = new
+                else:
+                    params[key] = params[key][:idx] + (new,) + params[key][idx + 1 :]
+        tagged = jc.with_tag(eqn, eid, params)
+        new_eqns.append(tagged)
+        if eqn.primitive is jc.name_p:
+            rows.names.add(eqn.params["name"])
+        elif eqn.primitive is jc.custom_vjp_call_p or (
+            eqn.primitive is not jc.custom_jvp_call_p and next(iter(sub_jaxprs(eqn.params)), None)
+        ):
+            continue  # structural: its body's equations are the rows
+        else:
+            _add_row(rows, eid, tagged, ctx, consumers_named)
+    return jaxpr.replace(eqns=new_eqns)
+
+
+def _sub_context(eqn: Any, ctx: _Context) -> _Context:
+    if eqn.primitive is jc.remat_p:
+        return dataclasses.replace(ctx, remat_policy=eqn.params["policy"], in_remat=True)
+    if eqn.primitive is jc.scan_p:
+        return dataclasses.replace(ctx, multiplicity=ctx.multiplicity * int(eqn.params["length"]))
+    return ctx
+
+
+def _add_row(rows: Rows, eid: str, eqn: Any, ctx: _Context, named: dict[Any, str]) -> None:
+    if eid in rows.by_id:
+        return
+    out = eqn.outvars[0].aval if eqn.outvars else None
+    flops = _nested_flops(eqn) if eqn.primitive is jc.custom_jvp_call_p else leaf_flops(eqn)
+    te = is_te_gemm(eqn.primitive)
+    equation = Equation(
+        id=eid,
+        primitive=eqn.primitive.name,
+        shape=aval_shape(out) if out is not None else (),
+        dtype=aval_dtype(out) if out is not None else "",
+        name=next((named[v] for v in eqn.outvars if v in named), None),
+        source=rows.finder(eqn),
+        is_te_gemm=te,
+        standin=te and bool(getattr(eqn.primitive, "te_ckpt_audit_standin", False)),
+        flops=flops,
+        multiplicity=ctx.multiplicity,
+    )
+    rows.by_id[eid] = Row(equation, eqn, ctx.remat_policy, ctx.in_remat)
+
+
+def _nested_flops(eqn: Any) -> int:
+    total = 0
+    for _, _, sub in sub_jaxprs(eqn.params):
+        for inner in open_jaxpr(sub).eqns:
+            total += _nested_flops(inner) if next(iter(sub_jaxprs(inner.params)), None) else leaf_flops(inner)
+    return total

@@ -1,0 +1,121 @@
+"""Warnings for policies that silently do nothing, or not what their name promises."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from ._analysis import analyse, resolve_scope, row_policy, verdict_of
+from ._trace import Traced
+from .report import AuditWarning, Outcome, PolicyResult, Scope, Verdict
+from .specs import PolicySpec, SpecKind, resolve_policy
+
+
+@functools.cache
+def _probe_dot() -> Any:
+    """A real dot_general equation (no batch dims), to ask a policy whether it saves dots."""
+    x = jax.ShapeDtypeStruct((2, 2), jnp.float32)
+    return jax.make_jaxpr(jnp.matmul)(x, x).jaxpr.eqns[0]
+
+
+def _signature(result: PolicyResult) -> list[tuple[Any, ...]]:
+    return sorted(
+        (r.kind.value, r.shape, r.dtype, r.equation or "", r.argument or "") for r in result.residuals
+    )
+
+
+def add_warnings(
+    traced: Traced, specs: Sequence[PolicySpec], results: Sequence[PolicyResult], scope: Scope
+) -> list[PolicyResult]:
+    """Each result with its warnings attached."""
+    baseline: dict[Scope, PolicyResult] = {}
+
+    def nothing_saveable(s: Scope) -> PolicyResult:
+        if s not in baseline:
+            spec = resolve_policy("nothing_saveable")
+            found = [r for p, r in zip(specs, results, strict=True) if p.text == "nothing_saveable" and r.scope is s]
+            baseline[s] = found[0] if found else analyse(traced, spec, s)
+        return baseline[s]
+
+    out = []
+    for spec, result in zip(specs, results, strict=True):
+        warnings = [*_spec_warnings(traced, spec, result)]
+        if spec.kind is SpecKind.POLICY and spec.text != "nothing_saveable":
+            base = nothing_saveable(resolve_scope(traced, spec, scope))
+            if _signature(base) == _signature(result):
+                warnings.append(
+                    AuditWarning(
+                        "same-as-nothing-saveable",
+                        spec.text,
+                        f"{spec.text} saves exactly what nothing_saveable saves: it checkpoints "
+                        "nothing in this model",
+                    )
+                )
+        out.append(dataclasses.replace(result, warnings=tuple(warnings)))
+    return out
+
+
+def _spec_warnings(traced: Traced, spec: PolicySpec, result: PolicyResult) -> list[AuditWarning]:
+    warnings = []
+    te_rows = [r for r in traced.rows.by_id.values() if r.equation.is_te_gemm]
+    if te_rows and spec.kind is not SpecKind.NONE:
+        recomputed = [r for r in te_rows if result.mark(r.equation.id).outcome is Outcome.RECOMPUTED]
+        policies = {id(p): p for r in te_rows if (p := row_policy(r, spec, result.scope)) is not None}
+        saves_dots = any(verdict_of(p, _probe_dot(), spec.text) is Verdict.SAVE for p in policies.values())
+        if recomputed and len(recomputed) == len(te_rows) and saves_dots:
+            flops = sum(r.equation.flops * r.equation.multiplicity for r in recomputed)
+            warnings.append(
+                AuditWarning(
+                    "te-gemms-recomputed",
+                    spec.text,
+                    f"{spec.text} saves dots but recomputes all {len(te_rows)} TE GEMMs "
+                    f"({flops:.3g} FLOPs): JAX's dot policies do not know TE's primitives; "
+                    "use checkpoint_dots_and_te_gemms",
+                )
+            )
+    used = set(traced.rows.names)
+    for name in (*spec.names, *spec.offload_names):
+        if name not in used:
+            close = difflib.get_close_matches(name, sorted(used), n=1)
+            hint = f"did you mean {close[0]!r}?" if close else f"names in the model: {', '.join(sorted(used)) or 'none'}"
+            warnings.append(
+                AuditWarning(
+                    "unknown-name",
+                    spec.text,
+                    f"{spec.text}: no checkpoint_name in the model is {name!r} ({hint})",
+                )
+            )
+    if spec.saves_everything_regardless:
+        warnings.append(
+            AuditWarning(
+                "saves-everything",
+                spec.text,
+                f"jax {jax.__version__}'s save_anything_except_these_names ignores its names and saves "
+                "everything; use save_any_names_but_these",
+            )
+        )
+    wants_offload = bool(spec.offload_names) or spec.text.startswith("offload_")
+    if wants_offload and result.totals.host_bytes == 0:
+        warnings.append(
+            AuditWarning(
+                "offload-missing",
+                spec.text,
+                f"{spec.text} offloads nothing to host memory in this model",
+            )
+        )
+    if spec.kind is SpecKind.POLICY and jax.config.jax_remat3:
+        warnings.append(
+            AuditWarning(
+                "remat3",
+                spec.text,
+                "jax_remat3 is on: jax.checkpoint takes another path, which this audit does not model; "
+                "turn it off (JAX_REMAT3=0) for exact figures",
+            )
+        )
+    return warnings

@@ -1,0 +1,89 @@
+"""Checkpoint policies that know Transformer Engine's GEMMs.
+
+Drop-in for ``jax.checkpoint(policy=...)`` and ``flax.linen.remat(policy=...)``, with the names and
+contract of TE's ``transformer_engine/jax/checkpoint_policies.py``::
+
+    import jax
+    from te_ckpt_audit.policies import checkpoint_dots_and_te_gemms
+
+    layer = jax.checkpoint(layer, policy=checkpoint_dots_and_te_gemms)
+
+JAX's dot policies match ``dot_general`` and convolutions only, so ``checkpoint_dots`` recomputes
+every TE GEMM in the backward pass. These policies also save TE's GEMM and grouped-GEMM outer
+primitives, and JAX's ``scaled_matmul_wrapper`` (``jax.nn.scaled_matmul``), as TE's own module does.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+
+__all__ = [
+    "TE_GEMM_NAMES",
+    "checkpoint_dots_and_te_gemms",
+    "dots_and_te_gemms_with_no_batch_dims",
+    "is_te_gemm",
+    "te_gemms_saveable",
+]
+
+# Outer-primitive names of TE's GemmPrimitive and GroupedGemmPrimitive in every release:
+# `te_gemm_ffi_wrapper` before March 2026, `te_gemm_v2_ffi_wrapper` after. The grouped GEMM's
+# "d2h group sizes" primitive moves no activations and is deliberately absent.
+TE_GEMM_NAMES = frozenset(
+    {"te_gemm_ffi_wrapper", "te_gemm_v2_ffi_wrapper", "te_grouped_gemm_ffi_wrapper"}
+)
+SCALED_MATMUL_NAME = "scaled_matmul_wrapper"
+
+
+@functools.cache
+def _real_te_primitives() -> frozenset[Any] | None:
+    """TE's outer GEMM primitives when TE imports, else None (then names decide)."""
+    try:
+        from transformer_engine.jax.cpp_extensions import gemm  # type: ignore[import-not-found]
+    except Exception:  # TE absent, or present without CUDA: fall back to names
+        return None
+    prims = set()
+    for cls_name in ("GemmPrimitive", "GroupedGemmPrimitive"):
+        cls = getattr(gemm, cls_name, None)
+        outer = getattr(cls, "outer_primitive", None)
+        if outer is not None:
+            prims.add(outer)
+    return frozenset(prims) or None
+
+
+def is_te_gemm(prim: Any) -> bool:
+    """True for TE's GEMM and grouped-GEMM outer primitives (by identity where TE imports)."""
+    real = _real_te_primitives()
+    if real is not None and prim in real:
+        return True
+    # Where TE imports, its primitives match by identity above; a primitive with a TE name that is
+    # not TE's own (the CPU stand-in of the sample models) still matches by name.
+    return getattr(prim, "name", None) in TE_GEMM_NAMES
+
+
+def te_gemms_saveable(prim: Any, *_: Any, **__: Any) -> bool:
+    """Save the outputs of TE GEMMs and of JAX's ``scaled_matmul_wrapper``; recompute the rest.
+
+    >>> import jax
+    >>> from te_ckpt_audit.policies import te_gemms_saveable
+    >>> te_gemms_saveable(jax.lax.dot_general_p)
+    False
+    """
+    return is_te_gemm(prim) or getattr(prim, "name", None) == SCALED_MATMUL_NAME
+
+
+dots_and_te_gemms_with_no_batch_dims = jax.checkpoint_policies.save_from_both_policies(
+    jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims, te_gemms_saveable
+)
+dots_and_te_gemms_with_no_batch_dims.__doc__ = (
+    "Save dots without batch dimensions, every TE GEMM and scaled_matmul; recompute the rest."
+)
+
+checkpoint_dots_and_te_gemms = jax.checkpoint_policies.save_from_both_policies(
+    jax.checkpoint_policies.checkpoint_dots, te_gemms_saveable
+)
+checkpoint_dots_and_te_gemms.__doc__ = (
+    "Save every dot, TE GEMM and scaled_matmul output; recompute the rest."
+)

@@ -1,0 +1,196 @@
+"""The data model every output renders from: frozen records, and `AuditReport.to_dict()` as the
+versioned JSON schema ``te-ckpt-audit/1``."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Any
+
+SCHEMA = "te-ckpt-audit/1"
+
+
+class Outcome(enum.StrEnum):
+    """What the backward pass gets from a forward equation under a policy."""
+
+    SAVED = "SAVED"  # its output is kept in device memory
+    OFFLOADED = "OFFLOADED"  # its output is kept in host memory
+    RECOMPUTED = "RECOMPUTED"  # it runs again in the backward pass
+    NOT_NEEDED = "not needed"  # the backward pass needs neither its output nor a rerun
+
+
+class Verdict(enum.StrEnum):
+    """What the policy answered for the equation (`NONE`: no checkpoint region covers it)."""
+
+    SAVE = "save"
+    RECOMPUTE = "recompute"
+    OFFLOAD = "offload"
+    NONE = "-"
+
+
+class ResidualKind(enum.StrEnum):
+    ACTIVATION = "activation"  # computed in the forward pass, kept on the device
+    ARGUMENT = "argument"  # an input of the function, kept alive (live anyway)
+    HOST = "host"  # offloaded to host memory
+    CONSTANT = "constant"  # a literal or closed-over constant
+
+
+class Category(enum.StrEnum):
+    """Producer split of activation bytes; the first that applies wins, in this order."""
+
+    TE_GEMM = "te_gemm"
+    DOT = "dot"
+    NAMED = "named"
+    OTHER = "other"
+
+
+class Scope(enum.StrEnum):
+    AUTO = "auto"
+    OUTER = "outer"  # wrap the whole function in one jax.checkpoint
+    INNER = "inner"  # replace the policy of every checkpoint the function already has
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SourceLocation:
+    file: str
+    line: int
+    function: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line} ({self.function})"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Equation:
+    """One forward equation of the traced function (a row of the per-equation table).
+
+    `id` is its path in the traced jaxpr ("4.1.2": equation 2 of the body of equation 1 of the
+    body of equation 4); `multiplicity` is how often it runs (the product of enclosing scan lengths).
+    """
+
+    id: str
+    primitive: str
+    shape: tuple[int, ...]
+    dtype: str
+    name: str | None
+    source: SourceLocation | None
+    is_te_gemm: bool
+    standin: bool
+    flops: int
+    multiplicity: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Residual:
+    """One value JAX keeps from the forward pass for the backward pass."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    bytes: int
+    kind: ResidualKind
+    category: Category
+    primitive: str | None  # the producer, looked through names, scans, jit and offload copies
+    name: str | None  # checkpoint_name, if the value carries one
+    equation: str | None  # id of the producing Equation
+    source: SourceLocation | None
+    multiplicity: int  # layers stacked by enclosing scans (1 if not stacked)
+    argument: str | None  # the argument's path, for kind == ARGUMENT
+    standin: bool  # produced by the labelled CPU stand-in of a TE GEMM
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class EquationMark:
+    equation: str
+    verdict: Verdict
+    outcome: Outcome
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AuditWarning:
+    code: str
+    policy: str | None
+    message: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Totals:
+    activation_bytes: int
+    argument_bytes: int
+    host_bytes: int
+    constant_bytes: int
+    te_gemm_bytes: int  # the split of activation_bytes by Category
+    dot_bytes: int
+    named_bytes: int
+    other_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        """Every residual JAX keeps, of every kind: what `saved_residuals` adds up to."""
+        return self.activation_bytes + self.argument_bytes + self.host_bytes + self.constant_bytes
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PolicyResult:
+    policy: str  # the spec, as given
+    scope: Scope  # OUTER or INNER, after resolving AUTO; INNER for as-is
+    residuals: tuple[Residual, ...]
+    totals: Totals
+    marks: tuple[EquationMark, ...]
+    recompute_flops: int
+    forward_flops: int
+    warnings: tuple[AuditWarning, ...]
+
+    @property
+    def recompute_percent(self) -> float:
+        return 100.0 * self.recompute_flops / self.forward_flops if self.forward_flops else 0.0
+
+    def mark(self, equation_id: str) -> EquationMark:
+        for m in self.marks:
+            if m.equation == equation_id:
+                return m
+        raise KeyError(equation_id)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AuditReport:
+    target: str
+    arguments: tuple[str, ...]  # "path: dtype[shape]" of each traced input
+    jax_version: str
+    te: str  # "real" (Transformer Engine imported), "stand-in", or "none" (no TE GEMMs)
+    equations: tuple[Equation, ...]
+    results: tuple[PolicyResult, ...]
+
+    @property
+    def forward_flops(self) -> int:
+        return sum(e.flops * e.multiplicity for e in self.equations)
+
+    def result(self, policy: str) -> PolicyResult:
+        for r in self.results:
+            if r.policy == policy:
+                return r
+        raise KeyError(policy)
+
+    @property
+    def warnings(self) -> tuple[AuditWarning, ...]:
+        return tuple(w for r in self.results for w in r.warnings)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON document (schema ``te-ckpt-audit/1``): plain, ordered, deterministic."""
+        return {"schema": SCHEMA, **_plain(self)}
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        out = {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        if isinstance(value, Totals):
+            out["total_bytes"] = value.total_bytes
+        if isinstance(value, PolicyResult):
+            out["recompute_percent"] = round(value.recompute_percent, 4)
+        if isinstance(value, AuditReport):
+            out["forward_flops"] = value.forward_flops
+        return out
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, tuple | list):
+        return [_plain(v) for v in value]
+    return value
