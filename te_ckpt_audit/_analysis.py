@@ -15,7 +15,7 @@ from typing import Any
 import jax
 
 from . import _jax_compat as jc
-from ._jaxpr import aval_bytes, aval_dtype, aval_shape, is_gemm, leaf_flops, open_jaxpr, sub_jaxprs
+from ._jaxpr import aval_bytes, aval_dtype, aval_shape, is_gemm, leaf_flops, map_sub_jaxprs, open_jaxpr, sub_jaxprs
 from ._trace import Row, Traced, id_key
 from .errors import PolicySpecError
 from .policies import is_te_gemm
@@ -59,14 +59,11 @@ def _swap_policies(jaxpr: Any, policy: Callable[..., Any] | None) -> Any:
     for eqn in jaxpr.eqns:
         params = dict(eqn.params)
         if eqn.primitive is jc.custom_vjp_call_p:
-            params["fwd_jaxpr_thunk"] = jc.wrap_fwd_thunk(
+            params["fwd_jaxpr_thunk"] = jc.wrap_jaxpr_thunk(
                 params["fwd_jaxpr_thunk"], lambda fwd: _swap_policies(fwd, policy)
             )
         else:
-            for key, idx, sub in sub_jaxprs(eqn.params):
-                new = _swap_policies(open_jaxpr(sub), policy)
-                new = sub.replace(jaxpr=new) if isinstance(sub, jc.ClosedJaxpr) else new
-                params[key] = new if idx is None else params[key][:idx] + (new,) + params[key][idx + 1 :]
+            params = map_sub_jaxprs(params, lambda _, sub: _swap_policies(sub, policy))
         if eqn.primitive is jc.remat_p:
             if policy is None:
                 eqns.append(jc.inline_call(eqn, params["jaxpr"]))

@@ -40,11 +40,26 @@ def _specs(policies: Iterable[str | PolicySpec | Callable[..., Any]]) -> list[Po
     return out
 
 
-def audit_traced(traced: Traced, policies: Sequence[str | PolicySpec | Callable[..., Any]] = DEFAULT_POLICIES, scope: Scope | str = Scope.AUTO) -> AuditReport:
-    """Analyse every policy from one trace."""
+Progress = Callable[[str], None]
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+def audit_traced(
+    traced: Traced,
+    policies: Sequence[str | PolicySpec | Callable[..., Any]] = DEFAULT_POLICIES,
+    scope: Scope | str = Scope.AUTO,
+    progress: Progress = _quiet,
+) -> AuditReport:
+    """Analyse every policy from one trace. `progress` is told each stage as it starts."""
     specs = _specs(policies)
     scope = Scope(scope)
-    results = [analyse(traced, spec, scope) for spec in specs]
+    results = []
+    for spec in specs:
+        progress(f"analysing {spec.text}")
+        results.append(analyse(traced, spec, scope))
     results = add_warnings(traced, specs, results, scope)
     equations = traced.rows.equations()
     te = "none"
@@ -62,7 +77,12 @@ def audit_traced(traced: Traced, policies: Sequence[str | PolicySpec | Callable[
     )
 
 
-def audit(fn: Callable[..., Any], *args: Any, policies: Sequence[str | PolicySpec | Callable[..., Any]] = DEFAULT_POLICIES, scope: Scope | str = Scope.AUTO) -> AuditReport:
+def audit(
+    fn: Callable[..., Any],
+    *args: Any,
+    policies: Sequence[str | PolicySpec | Callable[..., Any]] = DEFAULT_POLICIES,
+    scope: Scope | str = Scope.AUTO,
+) -> AuditReport:
     """Audit `fn(*args)` under each policy.
 
     Array leaves of `args` may be `jax.ShapeDtypeStruct`s (nothing is allocated); other leaves are
@@ -78,9 +98,24 @@ def audit(fn: Callable[..., Any], *args: Any, policies: Sequence[str | PolicySpe
     return audit_traced(trace(fn, args, getattr(fn, "__name__", "fn")), policies, scope)
 
 
-def audit_target(target: str, policies: Sequence[str | PolicySpec | Callable[..., Any]] = DEFAULT_POLICIES, *, inputs: str | None = None, overrides: Mapping[str, str] | Sequence[str] = (), scope: Scope | str = Scope.AUTO) -> AuditReport:
-    """Load `file.py:fn` (or `package.module:fn`) and its example inputs, then audit it."""
+def audit_target(
+    target: str,
+    policies: Sequence[str | PolicySpec | Callable[..., Any]] = DEFAULT_POLICIES,
+    *,
+    inputs: str | None = None,
+    overrides: Mapping[str, str] | Sequence[str] = (),
+    scope: Scope | str = Scope.AUTO,
+    progress: Progress = _quiet,
+) -> AuditReport:
+    """Load `file.py:fn` (or `package.module:fn`) and its example inputs, then audit it.
+
+    >>> report = audit_target("sample_models/mlp.py:loss", ["nothing_saveable"])  # doctest: +SKIP
+    """
     specs = _specs(policies)  # bad specs fail before the user's code runs
+    scope = Scope(scope)
+    progress(f"loading {target}")
     loaded = load_target(target)
-    args = load_inputs(loaded, inputs, overrides).args
-    return audit_traced(trace(loaded.fn, args, target), specs, scope)
+    args = load_inputs(loaded, inputs, list(overrides) if not isinstance(overrides, Mapping) else overrides).args
+    progress(f"tracing {target}")
+    traced = trace(loaded.fn, args, target)
+    return audit_traced(traced, specs, scope, progress)

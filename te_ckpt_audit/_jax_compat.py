@@ -92,14 +92,15 @@ def user_frames(eqn: Any) -> Iterator[Any]:
     return _siu.user_frames(eqn.source_info.traceback)
 
 
-def wrap_fwd_thunk(thunk: Any, transform: Callable[[Any], Any]) -> Any:
-    """Wrap a custom_vjp `fwd_jaxpr_thunk` so that its jaxpr passes through `transform` (memoized)."""
-    cache: dict[tuple[Any, ...], tuple[Any, Any]] = {}
+def wrap_jaxpr_thunk(thunk: Any, transform: Callable[[Any], Any]) -> Any:
+    """Wrap a custom_vjp `fwd_jaxpr_thunk` or custom_jvp `jvp_jaxpr_fun` (each returns a tuple
+    whose first item is a jaxpr) so that the jaxpr passes through `transform`; memoized."""
+    cache: dict[tuple[Any, ...], tuple[Any, ...]] = {}
 
-    def wrapped(*zeros: Any) -> tuple[Any, Any]:
+    def wrapped(*zeros: Any) -> tuple[Any, ...]:
         if zeros not in cache:
-            fwd_jaxpr, consts = thunk.call_wrapped(*zeros)
-            cache[zeros] = (transform(fwd_jaxpr), consts)
+            jaxpr, *rest = thunk.call_wrapped(*zeros)
+            cache[zeros] = (transform(jaxpr), *rest)
         return cache[zeros]
 
     return _lu.wrap_init(wrapped, debug_info=thunk.debug_info)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,16 @@ def sub_jaxprs(params: dict[str, Any]) -> Iterator[tuple[str, int | None, Any]]:
             for i, item in enumerate(value):
                 if isinstance(item, jc.Jaxpr | jc.ClosedJaxpr):
                     yield key, i, item
+
+
+def map_sub_jaxprs(params: dict[str, Any], fn: Callable[[int, Any], Any]) -> dict[str, Any]:
+    """A copy of `params` with the j-th sub-jaxpr's open Jaxpr replaced by `fn(j, jaxpr)`."""
+    new = dict(params)
+    for j, (key, idx, sub) in enumerate(list(sub_jaxprs(params))):
+        out = fn(j, open_jaxpr(sub))
+        out = sub.replace(jaxpr=out) if isinstance(sub, jc.ClosedJaxpr) else out
+        new[key] = out if idx is None else new[key][:idx] + (out,) + new[key][idx + 1 :]
+    return new
 
 
 def open_jaxpr(j: Any) -> Any:

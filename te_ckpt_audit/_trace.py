@@ -15,10 +15,10 @@ import jax
 import numpy as np
 
 from . import _jax_compat as jc
-from ._jaxpr import SourceFinder, aval_dtype, aval_shape, leaf_flops, open_jaxpr, sub_jaxprs
+from ._jaxpr import SourceFinder, aval_dtype, aval_shape, leaf_flops, map_sub_jaxprs, open_jaxpr, sub_jaxprs
 from .errors import TargetError, UsageError
 from .policies import is_te_gemm
-from .report import Equation
+from .report import Equation, SourceLocation
 
 
 @dataclasses.dataclass(slots=True)
@@ -146,6 +146,8 @@ class _Context:
     remat_policy: Callable[..., Any] | None = None
     in_remat: bool = False
     traceback_from: Any = None  # equations of a custom_vjp fwd rule take the call site's source
+    source: SourceLocation | None = None  # the enclosing equation's, for bodies JAX traced apart (jit)
+    out_names: tuple[str | None, ...] = ()  # checkpoint names given to the last outputs outside
 
 
 def tag_jaxpr(closed: Any, rows: Rows) -> Any:
@@ -156,28 +158,34 @@ def _tag(jaxpr: Any, prefix: str, ctx: _Context, rows: Rows) -> Any:
     consumers_named = {
         e.invars[0]: e.params["name"] for e in jaxpr.eqns if e.primitive is jc.name_p and e.invars
     }
+    if ctx.out_names:
+        tail = jaxpr.outvars[len(jaxpr.outvars) - len(ctx.out_names) :]
+        consumers_named.update({v: n for v, n in zip(tail, ctx.out_names, strict=True) if n})
     new_eqns = []
     for i, eqn in enumerate(jaxpr.eqns):
         eid = f"{prefix}{i}"
         if ctx.traceback_from is not None:
             eqn = eqn.replace(source_info=eqn.source_info.replace(traceback=ctx.traceback_from))
         params = dict(eqn.params)
+        here = rows.finder(eqn) or ctx.source
         if eqn.primitive is jc.custom_vjp_call_p:
-            inner = _Context(ctx.multiplicity, ctx.remat_policy, ctx.in_remat, eqn.source_info.traceback)
-            params["fwd_jaxpr_thunk"] = jc.wrap_fwd_thunk(
+            names = tuple(consumers_named.get(v) for v in eqn.outvars)
+            inner = _Context(ctx.multiplicity, ctx.remat_policy, ctx.in_remat, eqn.source_info.traceback, here, names)
+            params["fwd_jaxpr_thunk"] = jc.wrap_jaxpr_thunk(
                 params["fwd_jaxpr_thunk"],
                 lambda fwd, eid=eid, inner=inner: _tag(fwd, f"{eid}.fwd.", inner, rows),
             )
-        elif eqn.primitive is not jc.custom_jvp_call_p:
-            subs = list(sub_jaxprs(eqn.params))
-            for j, (key, idx, sub) in enumerate(subs):
-                sub_prefix = f"{eid}." if len(subs) == 1 else f"{eid}.{j}."
-                new = _tag(open_jaxpr(sub), sub_prefix, _sub_context(eqn, ctx), rows)
-                new = sub.replace(jaxpr=new) if isinstance(sub, jc.ClosedJaxpr) else new
-                if idx is None:
-                    params[key] = new
-                else:
-                    params[key] = params[key][:idx] + (new,) + params[key][idx + 1 :]
+        elif eqn.primitive is jc.custom_jvp_call_p:  # one row; its jvp rule's equations map to it
+            tb = eqn.source_info.traceback if ctx.traceback_from is None else ctx.traceback_from
+            params["jvp_jaxpr_fun"] = jc.wrap_jaxpr_thunk(
+                params["jvp_jaxpr_fun"], lambda jvp, eid=eid, tb=tb: _tag_all(jvp, eid, tb)
+            )
+        else:
+            single = len(list(sub_jaxprs(eqn.params))) == 1
+            sub_ctx = dataclasses.replace(_sub_context(eqn, ctx), source=here, out_names=())
+            params = map_sub_jaxprs(
+                params, lambda j, sub, eid=eid: _tag(sub, f"{eid}." if single else f"{eid}.{j}.", sub_ctx, rows)
+            )
         tagged = jc.with_tag(eqn, eid, params)
         new_eqns.append(tagged)
         if eqn.primitive is jc.name_p:
@@ -187,8 +195,18 @@ def _tag(jaxpr: Any, prefix: str, ctx: _Context, rows: Rows) -> Any:
         ):
             continue  # structural: its body's equations are the rows
         else:
-            _add_row(rows, eid, tagged, ctx, consumers_named)
+            _add_row(rows, eid, tagged, ctx, consumers_named, here)
     return jaxpr.replace(eqns=new_eqns)
+
+
+def _tag_all(jaxpr: Any, eid: str, tb: Any) -> Any:
+    """Every equation, nested ones included, tagged `eid` and given the traceback `tb`."""
+    eqns = []
+    for eqn in jaxpr.eqns:
+        params = map_sub_jaxprs(eqn.params, lambda _, sub: _tag_all(sub, eid, tb))
+        eqn = eqn.replace(source_info=eqn.source_info.replace(traceback=tb))
+        eqns.append(jc.with_tag(eqn, eid, params))
+    return jaxpr.replace(eqns=eqns)
 
 
 def _sub_context(eqn: Any, ctx: _Context) -> _Context:
@@ -199,7 +217,9 @@ def _sub_context(eqn: Any, ctx: _Context) -> _Context:
     return ctx
 
 
-def _add_row(rows: Rows, eid: str, eqn: Any, ctx: _Context, named: dict[Any, str]) -> None:
+def _add_row(
+    rows: Rows, eid: str, eqn: Any, ctx: _Context, named: dict[Any, str], source: SourceLocation | None
+) -> None:
     if eid in rows.by_id:
         return
     out = eqn.outvars[0].aval if eqn.outvars else None
@@ -211,7 +231,7 @@ def _add_row(rows: Rows, eid: str, eqn: Any, ctx: _Context, named: dict[Any, str
         shape=aval_shape(out) if out is not None else (),
         dtype=aval_dtype(out) if out is not None else "",
         name=next((named[v] for v in eqn.outvars if v in named), None),
-        source=rows.finder(eqn),
+        source=source,
         is_te_gemm=te,
         standin=te and bool(getattr(eqn.primitive, "te_ckpt_audit_standin", False)),
         flops=flops,

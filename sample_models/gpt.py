@@ -1,0 +1,97 @@
+"""GPT-style decoder in plain JAX: ``lax.scan`` over stacked layers, each layer remat'd.
+
+Every layer is ``jax.checkpoint(layer, policy=policy)`` inside the scan body (default
+``dots_with_no_batch_dims_saveable``), with ``checkpoint_name`` tags ``qkv_proj``,
+``context``, ``out_proj``, ``ffn1`` and ``ffn2``. Attention scores and context are
+batched einsums (dot_general with batch dims), so the default policy recomputes them.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
+
+Params = dict[str, Any]
+Policy = Callable[..., Any]
+DEFAULT_POLICY: Policy = jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """Static model settings (hashable, passed as a static positional argument)."""
+
+    heads: int
+
+
+def _layernorm(x: jax.Array, scale: jax.Array, bias: jax.Array) -> jax.Array:
+    """LayerNorm computed in float32 for stability, returned in x's dtype."""
+    xf = x.astype(jnp.float32)
+    mean = xf.mean(-1, keepdims=True)
+    var = jnp.square(xf - mean).mean(-1, keepdims=True)
+    return ((xf - mean) * jax.lax.rsqrt(var + 1e-5)).astype(x.dtype) * scale + bias
+
+
+def _attention(h: jax.Array, p: Params, heads: int) -> jax.Array:
+    """Causal multi-head self-attention; the projections carry checkpoint names."""
+    b, s, d = h.shape
+    qkv = checkpoint_name(h @ p["w_qkv"], "qkv_proj")
+    q, k, v = (t.reshape(b, s, heads, d // heads) for t in jnp.split(qkv, 3, axis=-1))
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(d // heads).astype(h.dtype)
+    causal = jnp.tril(jnp.ones((s, s), dtype=bool))
+    scores = jnp.where(causal, scores, jnp.finfo(scores.dtype).min)
+    probs = jax.nn.softmax(scores.astype(jnp.float32), axis=-1).astype(h.dtype)
+    context = checkpoint_name(jnp.einsum("bhqk,bkhd->bqhd", probs, v).reshape(b, s, d), "context")
+    return checkpoint_name(context @ p["w_o"], "out_proj")
+
+
+def _layer(x: jax.Array, p: Params, heads: int) -> jax.Array:
+    """One pre-LN decoder block."""
+    x = x + _attention(_layernorm(x, p["ln1_s"], p["ln1_b"]), p, heads)
+    h = _layernorm(x, p["ln2_s"], p["ln2_b"])
+    h = jax.nn.gelu(checkpoint_name(h @ p["w1"], "ffn1"))
+    return x + checkpoint_name(h @ p["w2"], "ffn2")
+
+
+def make_loss(policy: Policy | None = DEFAULT_POLICY) -> Callable[[Params, jax.Array, Config], jax.Array]:
+    """Return the target with every layer's remat policy set to ``policy`` (None: no remat)."""
+
+    def loss(params: Params, tokens: jax.Array, cfg: Config) -> jax.Array:
+        """Next-token cross-entropy over a scan of checkpointed layers."""
+        x = params["embed"][tokens] + params["pos"][: tokens.shape[1]]
+        layer = functools.partial(_layer, heads=cfg.heads)
+        if policy is not None:
+            layer = jax.checkpoint(layer, policy=policy, prevent_cse=False)
+        x, _ = jax.lax.scan(lambda c, p: (layer(c, p), None), x, params["layers"])
+        logits = _layernorm(x, params["lnf_s"], params["lnf_b"]) @ params["unembed"]
+        logp = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32), axis=-1)
+        target = tokens[:, 1:]
+        return -jnp.take_along_axis(logp, target[..., None], axis=-1).mean()
+
+    return loss
+
+
+loss = make_loss()
+
+
+def loss_inputs(layers: int = 2, batch: int = 2, seq: int = 16, d_model: int = 64,
+                heads: int = 4, d_ff: int = 256, vocab: int = 128,
+                dtype: str = "float32") -> tuple[Params, jax.ShapeDtypeStruct, Config]:
+    """Shapes only: (params with a leading layer axis, int32 tokens [batch, seq], cfg)."""
+    dt = jnp.dtype(dtype)
+    sds = jax.ShapeDtypeStruct
+    per_layer = {
+        "ln1_s": (d_model,), "ln1_b": (d_model,), "w_qkv": (d_model, 3 * d_model),
+        "w_o": (d_model, d_model), "ln2_s": (d_model,), "ln2_b": (d_model,),
+        "w1": (d_model, d_ff), "w2": (d_ff, d_model),
+    }
+    params = {
+        "embed": sds((vocab, d_model), dt), "pos": sds((seq, d_model), dt),
+        "layers": {k: sds((layers, *shape), dt) for k, shape in per_layer.items()},
+        "lnf_s": sds((d_model,), dt), "lnf_b": sds((d_model,), dt),
+        "unembed": sds((d_model, vocab), dt),
+    }
+    return params, sds((batch, seq), jnp.int32), Config(heads=heads)

@@ -1,0 +1,88 @@
+"""JAX's own answer for a sample model and policy, built from the user's Python directly (never
+through te-ckpt-audit's jaxpr rewriting), for the exactness invariant."""
+
+from __future__ import annotations
+
+import importlib
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+
+from te_ckpt_audit._jax_compat import saved_residuals
+from te_ckpt_audit.specs import SpecKind, resolve_policy
+
+INNER = {"gpt", "flax_model"}  # models with their own jax.checkpoint / nn.remat
+
+# A checkpoint name each model uses, for save_only_these_names / offload specs.
+NAMES = {
+    "mlp": "fc1",
+    "gpt": "context",
+    "flax_model": "ffn1",
+    "te_transformer": "ffn1",
+    "fp8_block": "ffn1",
+}
+MODELS = tuple(NAMES)
+
+
+def policies_for(model: str) -> list[str]:
+    name = NAMES[model]
+    return [
+        "none",
+        "as-is",
+        "nothing_saveable",
+        "everything_saveable",
+        "checkpoint_dots",
+        "checkpoint_dots_with_no_batch_dims",
+        "te_gemms_saveable",
+        "checkpoint_dots_and_te_gemms",
+        "dots_and_te_gemms_with_no_batch_dims",
+        f"save_only_these_names:{name}",
+        f"save_any_names_but_these:{name}",
+        f"save_and_offload_only_these_names:offload={name}",
+        "offload_dot_with_no_batch_dims",
+    ]
+
+
+def module(model: str) -> Any:
+    return importlib.import_module(f"sample_models.{model}")
+
+
+def bind_static(fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[Callable[..., Any], list[Any]]:
+    """`fn` as a function of the ShapeDtypeStruct leaves of `args` only (others closed over)."""
+    leaves, tree = jax.tree_util.tree_flatten(args)
+    dynamic = [i for i, leaf in enumerate(leaves) if isinstance(leaf, jax.ShapeDtypeStruct)]
+
+    def f(*dyn: Any) -> Any:
+        full = list(leaves)
+        for i, value in zip(dynamic, dyn, strict=True):
+            full[i] = value
+        return fn(*jax.tree_util.tree_unflatten(tree, full))
+
+    return f, [leaves[i] for i in dynamic]
+
+
+def reference(model: str, spec_text: str, args: tuple[Any, ...]) -> Counter[tuple[tuple[int, ...], str]]:
+    """(shape, dtype) multiset of JAX's saved residuals, literals left out (they are
+    compile-time scalars, listed or not depending on how a Python number entered the trace)."""
+    m = module(model)
+    spec = resolve_policy(spec_text)
+    if spec.kind is SpecKind.AS_IS:
+        fn, dyn = bind_static(m.loss, args)
+    elif model in INNER:
+        fn, dyn = bind_static(m.make_loss(spec.policy), args)  # policy None: no remat at all
+    else:
+        fn, dyn = bind_static(m.loss, args)
+        if spec.policy is not None:
+            fn = jax.checkpoint(fn, policy=spec.policy)
+    return Counter(
+        (tuple(aval.shape), str(np.dtype(aval.dtype)))
+        for aval, src in saved_residuals(fn, *dyn)
+        if src != "from a literal"
+    )
+
+
+def nbytes(counter: Counter[tuple[tuple[int, ...], str]]) -> int:
+    return sum(int(np.prod(shape)) * np.dtype(dtype).itemsize * n for (shape, dtype), n in counter.items())
