@@ -219,9 +219,8 @@ def _convert(key: str, raw: str, default: Any) -> Any:
     except (ValueError, SyntaxError):
         if default is inspect.Parameter.empty or default is None:
             return raw
-        raise UsageError(
-            f"-D {key}={raw}: not a {type(default).__name__}", f"the default is {default!r}"
-        ) from None
+        kind = {int: "an int", float: "a number", bool: "a bool"}.get(type(default), type(default).__name__)
+        raise UsageError(f"-D {key}={raw}: not {kind}", f"the default is {default!r}") from None
     if isinstance(default, bool) and not isinstance(value, bool):
         raise UsageError(f"-D {key}={raw}: not a bool", "use True or False")
     if isinstance(default, int) and not isinstance(default, bool) and not isinstance(value, int):

@@ -186,7 +186,9 @@ def _custom(spec: str, where: str, attr: str) -> PolicySpec:
     try:
         policy = import_attribute(where, attr)
     except UsageError as err:
-        raise PolicySpecError(f"custom policy {spec!r} does not resolve: {err.message}", err.hint) from err
+        suggestion = _suggest(spec)
+        hint = suggestion if "did you mean" in suggestion else err.hint
+        raise PolicySpecError(f"custom policy {spec!r} does not resolve: {err.message}", hint) from err
     if not callable(policy):
         raise PolicySpecError(
             f"custom policy {spec!r} is a {type(policy).__name__}, not a callable",

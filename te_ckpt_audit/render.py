@@ -1,0 +1,293 @@
+"""Renderers: pure functions from an `AuditReport` to text, and the figures every output shares.
+
+JSON is `report.to_dict()` (schema ``te-ckpt-audit/1``, described by `JSON_SCHEMA`); Markdown is the
+comparison and the warnings as GitHub tables. The terminal tables (in the CLI) are built from the
+same columns, hotspots and mark symbols, so every output shows the same figures.
+
+    >>> format_bytes(836923), format_flops(7440627)
+    ('817 KiB', '7.44 MFLOP')
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+from typing import Any
+
+from .report import (
+    SCHEMA,
+    AuditReport,
+    Category,
+    Equation,
+    Outcome,
+    PolicyResult,
+    ResidualKind,
+    Scope,
+    Verdict,
+)
+
+# --- units ------------------------------------------------------------------------------------
+
+
+def _human(value: float, units: tuple[str, ...], base: int) -> str:
+    """Three significant digits in the largest unit that keeps the number under 1000."""
+    for unit in units[:-1]:
+        if abs(value) < 999.5:
+            break
+        value /= base
+    else:
+        unit = units[-1]
+    return f"{value:.3g} {unit}" if abs(value) < 999.5 else f"{value:.0f} {unit}"
+
+
+def format_bytes(n: int) -> str:
+    """Binary units: `format_bytes(50176)` is '49 KiB'."""
+    return _human(n, ("B", "KiB", "MiB", "GiB", "TiB", "PiB"), 1024)
+
+
+def format_flops(n: int) -> str:
+    """Decimal units: `format_flops(1_200_000_000)` is '1.2 GFLOP'."""
+    return _human(n, ("FLOP", "kFLOP", "MFLOP", "GFLOP", "TFLOP", "PFLOP", "EFLOP"), 1000)
+
+
+def format_percent(p: float) -> str:
+    return f"{p:.1f}%"
+
+
+# --- the comparison: one row per policy ---------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Column:
+    header: str
+    cell: Callable[[PolicyResult], str]
+    numeric: bool = True
+
+
+COLUMNS: dict[str, Column] = {
+    c.header: c
+    for c in (
+        Column("policy", lambda r: r.policy, numeric=False),
+        Column("scope", lambda r: r.scope.value, numeric=False),
+        Column("activation", lambda r: format_bytes(r.totals.activation_bytes)),
+        Column("arguments", lambda r: format_bytes(r.totals.argument_bytes)),
+        Column("host", lambda r: format_bytes(r.totals.host_bytes)),
+        Column("TE GEMM", lambda r: format_bytes(r.totals.te_gemm_bytes)),
+        Column("dot", lambda r: format_bytes(r.totals.dot_bytes)),
+        Column("named", lambda r: format_bytes(r.totals.named_bytes)),
+        Column("other", lambda r: format_bytes(r.totals.other_bytes)),
+        Column("residuals", lambda r: str(len(r.residuals))),
+        Column("recompute", lambda r: format_flops(r.recompute_flops)),
+        Column("% of forward", lambda r: format_percent(r.recompute_percent)),
+    )
+}
+
+
+# --- hotspots: residual bytes grouped by source line --------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Hotspot:
+    """Activation and host bytes made at one source line, per policy (in the report's order)."""
+
+    location: str  # "file:line", or "(no source)"
+    producers: tuple[str, ...]  # checkpoint names, else primitives, of the residuals made there
+    bytes_by_policy: tuple[int, ...]
+
+    @property
+    def most(self) -> int:
+        return max(self.bytes_by_policy)
+
+    @property
+    def kept_by(self) -> tuple[int, ...]:
+        """1-based numbers of the policies that keep anything made at this line."""
+        return tuple(i + 1 for i, b in enumerate(self.bytes_by_policy) if b)
+
+
+def hotspots(report: AuditReport, top: int) -> list[Hotspot]:
+    """The `top` source lines whose activation and host residuals are largest under any policy."""
+    kept: dict[tuple[str, int], list[int]] = {}
+    producers: dict[tuple[str, int], dict[str, None]] = {}  # ordered set
+    for i, result in enumerate(report.results):
+        for r in result.residuals:
+            if r.kind not in (ResidualKind.ACTIVATION, ResidualKind.HOST):
+                continue
+            key = (r.source.file, r.source.line) if r.source else ("(no source)", 0)
+            kept.setdefault(key, [0] * len(report.results))[i] += r.bytes
+            producers.setdefault(key, {})[r.name or r.primitive or "?"] = None
+    ranked = sorted(kept, key=lambda k: (-max(kept[k]), k))
+    return [
+        Hotspot(f"{file}:{line}" if line else file, tuple(producers[(file, line)]), tuple(kept[(file, line)]))
+        for file, line in ranked[:top]
+    ]
+
+
+# --- per-equation marks -------------------------------------------------------------------------
+
+MARK_SYMBOLS: dict[Outcome, str] = {
+    Outcome.SAVED: "S",
+    Outcome.RECOMPUTED: "R",
+    Outcome.OFFLOADED: "O",
+    Outcome.NOT_NEEDED: "-",
+}
+
+
+def marks_by_equation(report: AuditReport) -> list[tuple[Equation, tuple[Outcome, ...]]]:
+    """Every equation with its outcome under each policy; those whose outcomes differ come first."""
+    outcomes = [{m.equation: m.outcome for m in r.marks} for r in report.results]
+    rows = [(e, tuple(o[e.id] for o in outcomes)) for e in report.equations]
+    return sorted(rows, key=lambda row: len(set(row[1])) == 1)  # stable: id order within each group
+
+
+STANDIN_NOTE = (
+    "TE GEMMs here are a CPU stand-in (transformer_engine.jax does not import): primitives with "
+    "TE's names, bound as TE binds them."
+)
+
+
+# --- JSON ---------------------------------------------------------------------------------------
+
+
+def render_json(report: AuditReport) -> str:
+    """The report as JSON (schema ``te-ckpt-audit/1``); the same report gives the same bytes."""
+    return json.dumps(report.to_dict(), indent=2) + "\n"
+
+
+def _object(**properties: Any) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": properties,
+        "required": list(properties),
+        "additionalProperties": False,
+    }
+
+
+def _enum(members: type[Any]) -> dict[str, Any]:
+    return {"enum": [m.value for m in members]}
+
+
+_INT = {"type": "integer", "minimum": 0}
+_STR = {"type": "string"}
+_BOOL = {"type": "boolean"}
+_OPT_STR = {"type": ["string", "null"]}
+_SHAPE = {"type": "array", "items": _INT}
+_SOURCE = {
+    "oneOf": [{"type": "null"}, _object(file=_STR, line=_INT, function=_STR)],
+}
+
+
+def _array(items: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "array", "items": items}
+
+
+JSON_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "$id": SCHEMA,
+    "title": "te-ckpt-audit report",
+    **_object(
+        schema={"const": SCHEMA},
+        target=_STR,
+        arguments=_array(_STR),
+        jax_version=_STR,
+        te={"enum": ["real", "stand-in", "none"]},
+        equations=_array(
+            _object(
+                id=_STR,
+                primitive=_STR,
+                shape=_SHAPE,
+                dtype=_STR,
+                name=_OPT_STR,
+                source=_SOURCE,
+                is_te_gemm=_BOOL,
+                standin=_BOOL,
+                flops=_INT,
+                multiplicity=_INT,
+            )
+        ),
+        results=_array(
+            _object(
+                policy=_STR,
+                scope={"enum": [Scope.OUTER.value, Scope.INNER.value]},
+                residuals=_array(
+                    _object(
+                        shape=_SHAPE,
+                        dtype=_STR,
+                        bytes=_INT,
+                        kind=_enum(ResidualKind),
+                        category=_enum(Category),
+                        primitive=_OPT_STR,
+                        name=_OPT_STR,
+                        equation=_OPT_STR,
+                        source=_SOURCE,
+                        multiplicity=_INT,
+                        argument=_OPT_STR,
+                        standin=_BOOL,
+                    )
+                ),
+                totals=_object(
+                    **{
+                        f: _INT
+                        for f in (
+                            "activation_bytes",
+                            "argument_bytes",
+                            "host_bytes",
+                            "constant_bytes",
+                            "te_gemm_bytes",
+                            "dot_bytes",
+                            "named_bytes",
+                            "other_bytes",
+                            "total_bytes",
+                        )
+                    }
+                ),
+                marks=_array(_object(equation=_STR, verdict=_enum(Verdict), outcome=_enum(Outcome))),
+                recompute_flops=_INT,
+                forward_flops=_INT,
+                warnings=_array(_object(code=_STR, policy=_OPT_STR, message=_STR)),
+                recompute_percent={"type": "number", "minimum": 0},
+            )
+        ),
+        forward_flops=_INT,
+    ),
+}
+
+
+# --- Markdown -----------------------------------------------------------------------------------
+
+
+def _md_row(cells: list[str]) -> str:
+    return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
+
+
+def _md_table(headers: list[str], rows: list[list[str]], numeric: list[bool]) -> list[str]:
+    rule = ["---:" if n else "---" for n in numeric]
+    return [_md_row(headers), "| " + " | ".join(rule) + " |", *(_md_row(r) for r in rows)]
+
+
+def render_markdown(report: AuditReport) -> str:
+    """The comparison and the warnings as GitHub tables, for a pull-request or CI summary."""
+    columns = list(COLUMNS.values())
+    lines = [
+        f"## te-ckpt-audit: `{report.target}`",
+        "",
+        f"Forward pass: {format_flops(report.forward_flops)}; jax {report.jax_version}. "
+        "Bytes are residuals kept for the backward pass; TE GEMM, dot, named and other split "
+        "the activation bytes.",
+        "",
+        *_md_table(
+            [c.header for c in columns],
+            [[c.cell(r) for c in columns] for r in report.results],
+            [c.numeric for c in columns],
+        ),
+        "",
+    ]
+    if report.te == "stand-in":
+        lines += [f"> {STANDIN_NOTE}", ""]
+    lines += ["### Warnings", ""]
+    if report.warnings:
+        rows = [[w.policy or "", w.code, w.message] for w in report.warnings]
+        lines += [*_md_table(["policy", "warning", "message"], rows, [False] * 3), ""]
+    else:
+        lines += ["None.", ""]
+    return "\n".join(lines)

@@ -1,0 +1,40 @@
+"""The data model: to_dict is the versioned, deterministic JSON schema."""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import jax.numpy as jnp
+
+from te_ckpt_audit import SCHEMA, audit
+
+
+def _fn(x, w):
+    return jnp.sum(jnp.tanh(x @ w))
+
+
+ARGS = (jax.ShapeDtypeStruct((4, 8), jnp.float32), jax.ShapeDtypeStruct((8, 8), jnp.float32))
+
+
+def test_to_dict_is_versioned_and_deterministic() -> None:
+    a = audit(_fn, *ARGS, policies=["nothing_saveable", "checkpoint_dots"]).to_dict()
+    b = audit(_fn, *ARGS, policies=["nothing_saveable", "checkpoint_dots"]).to_dict()
+    assert a["schema"] == SCHEMA == "te-ckpt-audit/1"
+    assert json.dumps(a) == json.dumps(b)
+    assert [r["policy"] for r in a["results"]] == ["nothing_saveable", "checkpoint_dots"]
+    dots = a["results"][1]
+    assert dots["totals"]["activation_bytes"] == 4 * 8 * 4  # x @ w saved
+    assert dots["totals"]["total_bytes"] == 4 * 8 * 4 + (4 * 8 + 8 * 8) * 4
+    assert dots["residuals"][-1]["kind"] == "activation"
+    assert dots["residuals"][-1]["primitive"] == "dot_general"
+
+
+def test_recompute_figures() -> None:
+    report = audit(_fn, *ARGS, policies=["nothing_saveable", "everything_saveable"])
+    gemm = 2 * 4 * 8 * 8
+    assert report.forward_flops == gemm + 4 * 8 + 1  # dot, tanh, reduce_sum
+    nothing = report.result("nothing_saveable")
+    assert nothing.recompute_flops >= gemm + 4 * 8  # the dot and tanh run again
+    assert 0 < nothing.recompute_percent
+    assert report.result("everything_saveable").recompute_flops == 0
