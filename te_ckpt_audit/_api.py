@@ -11,6 +11,8 @@ from ._analysis import analyse
 from ._loading import load_inputs, load_target
 from ._trace import Traced, trace
 from ._warnings import add_warnings
+from .errors import UsageError
+from .gate import Budget, CheckResult, check
 from .report import AuditReport, Scope
 from .specs import PolicySpec, resolve_policy
 
@@ -96,6 +98,30 @@ def audit(
     0
     """
     return audit_traced(trace(fn, args, getattr(fn, "__name__", "fn")), policies, scope)
+
+
+def check_target(
+    target: str,
+    policies: Sequence[str] = DEFAULT_POLICIES,
+    *,
+    budgets: Sequence[Budget] = (),
+    max_recompute: float | None = None,
+    baseline: Mapping[str, Mapping[str, int]] | None = None,
+    tolerance: float = 0.0,
+    inputs: str | None = None,
+    overrides: Sequence[str] = (),
+    scope: Scope | str = Scope.AUTO,
+    progress: Progress = _quiet,
+) -> tuple[AuditReport, CheckResult]:
+    """Audit a target and check it against budgets and a baseline (the CI gate)."""
+    for b in budgets:  # a budget for a policy that is not audited is a mistake, found before tracing
+        if b.policy is not None and b.policy not in policies:
+            raise UsageError(
+                f"budget for {b.policy!r}, which is not among the audited policies",
+                f"add --policy {b.policy}, or audited: {', '.join(policies)}",
+            )
+    report = audit_target(target, policies, inputs=inputs, overrides=overrides, scope=scope, progress=progress)
+    return report, check(report, budgets, max_recompute, baseline, tolerance)
 
 
 def audit_target(

@@ -1,0 +1,74 @@
+"""[tool.te-ckpt-audit] in pyproject.toml."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from te_ckpt_audit.config import load_config
+from te_ckpt_audit.errors import UsageError
+from te_ckpt_audit.gate import Budget
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _write(tmp_path, text: str) -> Path:
+    path = tmp_path / "pyproject.toml"
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+GOOD = """
+[tool.te-ckpt-audit]
+baseline = "base.json"
+tolerance = 2.5
+
+[[tool.te-ckpt-audit.targets]]
+target = "m.py:loss"
+defines = { layers = 4, dtype = "bfloat16" }
+policies = ["checkpoint_dots"]
+budget = "1MiB"
+budgets = { checkpoint_dots = "512KiB" }
+max_recompute = 50
+"""
+
+
+def test_good_config(tmp_path) -> None:
+    cfg = load_config(_write(tmp_path, GOOD))
+    (t,) = cfg.targets
+    assert cfg.baseline == tmp_path / "base.json" and cfg.tolerance == 2.5
+    assert t.defines == ("layers=4", "dtype=bfloat16")
+    assert t.budgets == (Budget(2**20), Budget(512 * 1024, "checkpoint_dots"))
+    assert t.max_recompute == 50.0 and t.policies == ("checkpoint_dots",)
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        (GOOD.replace("budget =", "budjet ="), "unknown key 'budjet' in targets[0]"),
+        (GOOD.replace("tolerance =", "tolerence ="), "unknown key 'tolerence'"),
+        (GOOD.replace('budget = "1MiB"', 'budget = "1 MiBB"'), "not a size"),
+        (GOOD.replace("max_recompute = 50", 'max_recompute = "lots"'), "must be a number"),
+        (GOOD.replace('target = "m.py:loss"', ""), "has no target"),
+        ("[tool.other]\n", "no [tool.te-ckpt-audit] section"),
+        ("[tool.te-ckpt-audit]\n", "declares no targets"),
+        ("not = [toml", "not valid TOML"),
+    ],
+)
+def test_malformed_config(tmp_path, text: str, fragment: str) -> None:
+    with pytest.raises(UsageError, match=fragment.replace("[", r"\[").replace("]", r"\]")):
+        load_config(_write(tmp_path, text))
+
+
+def test_unknown_key_suggests_the_right_one(tmp_path) -> None:
+    with pytest.raises(UsageError) as err:
+        load_config(_write(tmp_path, GOOD.replace("policies =", "policy =")))
+    assert "did you mean 'policies'" in err.value.hint
+
+
+def test_the_projects_own_config_is_valid() -> None:
+    cfg = load_config(ROOT / "pyproject.toml")
+    assert {t.target.split(":")[0].split("/")[-1] for t in cfg.targets} >= {"gpt.py", "te_transformer.py"}
+    assert all(t.budgets for t in cfg.targets)

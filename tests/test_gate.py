@@ -1,0 +1,155 @@
+"""CI gating: sizes, budgets, recompute ceiling, baselines and their tolerance."""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from te_ckpt_audit import audit
+from te_ckpt_audit.errors import UsageError
+from te_ckpt_audit.gate import (
+    BASELINE_SCHEMA,
+    Budget,
+    baseline_document,
+    check,
+    load_baseline,
+    parse_budget,
+    parse_size,
+    save_baseline,
+)
+
+
+def _fn(x, w):
+    return jnp.sum(jnp.tanh(jnp.tanh(x @ w) @ w))
+
+
+X = jax.ShapeDtypeStruct((16, 32), jnp.float32)
+W = jax.ShapeDtypeStruct((32, 32), jnp.float32)
+
+
+@pytest.fixture(scope="module")
+def report():
+    return audit(_fn, X, W, policies=["nothing_saveable", "checkpoint_dots", "everything_saveable"])
+
+
+def act(report, policy: str) -> int:
+    return report.result(policy).totals.activation_bytes
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("0", 0), ("512", 512), ("512B", 512), ("1KB", 1000), ("1KiB", 1024), ("1.5MiB", 1572864),
+     ("2 GB", 2 * 10**9), ("6GiB", 6 * 2**30), ("1gib", 2**30)],
+)
+def test_parse_size(text: str, expected: int) -> None:
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "GiB", "-1GiB", "1 parsec", "1e9"])
+def test_bad_sizes(text: str) -> None:
+    with pytest.raises(UsageError, match="not a size"):
+        parse_size(text)
+
+
+def test_parse_budget() -> None:
+    assert parse_budget("6GiB") == Budget(6 * 2**30, None)
+    assert parse_budget("checkpoint_dots=1MiB") == Budget(2**20, "checkpoint_dots")
+    with pytest.raises(UsageError):
+        parse_budget("=1MiB")
+
+
+def test_within_budget(report) -> None:
+    limit = act(report, "everything_saveable")
+    assert check(report, [Budget(limit)]).ok
+
+
+def test_over_budget_names_target_policy_figure_and_limit(report) -> None:
+    limit = act(report, "checkpoint_dots")  # everything_saveable keeps more
+    result = check(report, [Budget(limit)])
+    assert [v.policy for v in result.violations] == ["everything_saveable"]
+    (v,) = result.violations
+    assert (v.figure, v.value, v.limit) == ("activation bytes", act(report, "everything_saveable"), limit)
+    assert v.target in v.message and "everything_saveable" in v.message and str(limit) in v.message
+
+
+def test_per_policy_budget(report) -> None:
+    tight = Budget(act(report, "checkpoint_dots") - 1, "checkpoint_dots")
+    result = check(report, [tight])
+    assert [v.policy for v in result.violations] == ["checkpoint_dots"]
+    with pytest.raises(UsageError, match="not among the audited"):
+        check(report, [Budget(1, "dots_saveable")])
+
+
+def test_max_recompute(report) -> None:
+    nothing = report.result("nothing_saveable").recompute_percent
+    result = check(report, max_recompute=nothing - 0.5)
+    assert "nothing_saveable" in [v.policy for v in result.violations]
+    assert "everything_saveable" not in [v.policy for v in result.violations]
+
+
+def _baseline_with(report, policy: str, value: int) -> dict:
+    doc = baseline_document([report])["targets"]
+    doc[report.target][policy] = value
+    return doc
+
+
+def test_baseline_growth_past_tolerance_fails(report) -> None:
+    now = act(report, "checkpoint_dots")
+    base = _baseline_with(report, "checkpoint_dots", int(now / 1.10))  # ~10% growth
+    result = check(report, baseline=base, tolerance=5.0)
+    assert [v.figure for v in result.violations] == ["growth over baseline"]
+    assert result.violations[0].policy == "checkpoint_dots"
+
+
+def test_growth_exactly_at_tolerance_passes(report) -> None:
+    now = act(report, "checkpoint_dots")
+    assert now % 4 == 0
+    base = _baseline_with(report, "checkpoint_dots", now // 4 * 3)  # exactly +33.33..%
+    change_pct = 100.0 * (now - now // 4 * 3) / (now // 4 * 3)
+    assert check(report, baseline=base, tolerance=change_pct).ok
+    assert not check(report, baseline=base, tolerance=change_pct - 1e-9).ok
+
+
+def test_shrinkage_is_reported_and_passes(report) -> None:
+    now = act(report, "checkpoint_dots")
+    base = _baseline_with(report, "checkpoint_dots", now * 2)
+    result = check(report, baseline=base, tolerance=0.0)
+    assert result.ok
+    change = next(c for c in result.changes if c.policy == "checkpoint_dots")
+    assert change.percent == pytest.approx(-50.0)
+
+
+def test_baseline_round_trip_and_corruption(report, tmp_path) -> None:
+    path = tmp_path / "base.json"
+    save_baseline(path, [report])
+    loaded = load_baseline(path)
+    assert loaded[report.target]["checkpoint_dots"] == act(report, "checkpoint_dots")
+    assert check(report, baseline=loaded).ok
+    assert [p.name for p in tmp_path.iterdir()] == ["base.json"]  # no temp file left behind
+
+    path.write_text("{not json")
+    with pytest.raises(UsageError, match="not valid JSON"):
+        load_baseline(path)
+    path.write_text(json.dumps({"schema": "other/1", "targets": {}}))
+    with pytest.raises(UsageError, match="expected 'te-ckpt-audit-baseline/1'"):
+        load_baseline(path)
+    path.write_text(json.dumps({"schema": BASELINE_SCHEMA, "targets": {"t": {"p": "big"}}}))
+    with pytest.raises(UsageError, match="malformed"):
+        load_baseline(path)
+    with pytest.raises(UsageError, match="does not exist"):
+        load_baseline(tmp_path / "missing.json")
+
+
+def test_pytest_helper(report) -> None:
+    from te_ckpt_audit.testing import assert_activation_budget
+
+    ok = assert_activation_budget(_fn, X, W, policy="checkpoint_dots", budget=act(report, "checkpoint_dots"))
+    assert ok.totals.activation_bytes == act(report, "checkpoint_dots")
+    with pytest.raises(AssertionError) as err:
+        assert_activation_budget(_fn, X, W, policy="everything_saveable", budget="1KiB")
+    text = str(err.value)
+    assert "over the budget of 1.00 KiB (1024 B)" in text
+    assert "test_gate.py" in text  # the largest residuals point at this file's lines
