@@ -25,6 +25,7 @@ class Config:
     """Static model settings (hashable, passed as a static positional argument)."""
 
     heads: int
+    scan: bool = True  # False: a Python loop over layers (params["layers"] is then a list)
 
 
 def _layernorm(x: jax.Array, scale: jax.Array, bias: jax.Array) -> jax.Array:
@@ -65,7 +66,11 @@ def make_loss(policy: Policy | None = DEFAULT_POLICY) -> Callable[[Params, jax.A
         layer = functools.partial(_layer, heads=cfg.heads)
         if policy is not None:
             layer = jax.checkpoint(layer, policy=policy, prevent_cse=False)
-        x, _ = jax.lax.scan(lambda c, p: (layer(c, p), None), x, params["layers"])
+        if cfg.scan:
+            x, _ = jax.lax.scan(lambda c, p: (layer(c, p), None), x, params["layers"])
+        else:
+            for p in params["layers"]:
+                x = layer(x, p)
         logits = _layernorm(x, params["lnf_s"], params["lnf_b"]) @ params["unembed"]
         logp = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32), axis=-1)
         target = tokens[:, 1:]
@@ -79,7 +84,7 @@ loss = make_loss()
 
 def loss_inputs(layers: int = 2, batch: int = 2, seq: int = 16, d_model: int = 64,
                 heads: int = 4, d_ff: int = 256, vocab: int = 128,
-                dtype: str = "float32") -> tuple[Params, jax.ShapeDtypeStruct, Config]:
+                dtype: str = "float32", scan: bool = True) -> tuple[Params, jax.ShapeDtypeStruct, Config]:
     """Shapes only: (params with a leading layer axis, int32 tokens [batch, seq], cfg)."""
     dt = jnp.dtype(dtype)
     sds = jax.ShapeDtypeStruct
@@ -90,8 +95,12 @@ def loss_inputs(layers: int = 2, batch: int = 2, seq: int = 16, d_model: int = 6
     }
     params = {
         "embed": sds((vocab, d_model), dt), "pos": sds((seq, d_model), dt),
-        "layers": {k: sds((layers, *shape), dt) for k, shape in per_layer.items()},
+        "layers": (
+            {k: sds((layers, *shape), dt) for k, shape in per_layer.items()}
+            if scan
+            else [{k: sds(shape, dt) for k, shape in per_layer.items()} for _ in range(layers)]
+        ),
         "lnf_s": sds((d_model,), dt), "lnf_b": sds((d_model,), dt),
         "unembed": sds((d_model, vocab), dt),
     }
-    return params, sds((batch, seq), jnp.int32), Config(heads=heads)
+    return params, sds((batch, seq), jnp.int32), Config(heads=heads, scan=scan)

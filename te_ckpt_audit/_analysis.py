@@ -17,7 +17,7 @@ import jax
 from . import _jax_compat as jc
 from ._jaxpr import aval_bytes, aval_dtype, aval_shape, is_gemm, leaf_flops, map_sub_jaxprs, open_jaxpr, sub_jaxprs
 from ._trace import Row, Traced, id_key
-from .errors import PolicySpecError
+from .errors import AuditError, PolicySpecError, TargetError
 from .policies import is_te_gemm
 from .report import (
     Category,
@@ -46,15 +46,34 @@ def policy_function(traced: Traced, spec: PolicySpec, scope: Scope) -> Callable[
     closed = traced.jaxpr
     if spec.kind is SpecKind.AS_IS:
         return jc.jaxpr_as_fun(closed)
-    if spec.kind is SpecKind.NONE:  # plain autodiff: the function's own checkpoints become calls
+    if spec.kind is SpecKind.NONE:  # plain autodiff: the function's own checkpoints are inlined
         return jc.jaxpr_as_fun(closed.replace(jaxpr=_swap_policies(closed.jaxpr, None)))
+    policy = _guarded(spec)
     if scope is Scope.INNER:
-        return jc.jaxpr_as_fun(closed.replace(jaxpr=_swap_policies(closed.jaxpr, spec.policy)))
-    return jax.checkpoint(jc.jaxpr_as_fun(closed), policy=spec.policy)
+        return jc.jaxpr_as_fun(closed.replace(jaxpr=_swap_policies(closed.jaxpr, policy)))
+    return jax.checkpoint(jc.jaxpr_as_fun(closed), policy=policy)
 
 
-def _swap_policies(jaxpr: Any, policy: Callable[..., Any] | None) -> Any:
+def _guarded(spec: PolicySpec) -> Callable[..., Any]:
+    """The spec's policy, with its exceptions turned into a PolicySpecError naming it."""
+    policy = spec.policy
+    assert policy is not None
+
+    def guarded(prim: Any, *avals: Any, **params: Any) -> Any:
+        try:
+            return policy(prim, *avals, **params)
+        except Exception as exc:
+            raise PolicySpecError(
+                f"policy {spec.text!r} raised {type(exc).__name__} on {getattr(prim, 'name', prim)}: {exc}",
+                "a policy is called as policy(prim, *avals, **params) and must return a bool",
+            ) from exc
+
+    return guarded
+
+
+def _swap_policies(jaxpr: Any, policy: Callable[..., Any] | None, memo: dict[int, Any] | None = None) -> Any:
     """Every checkpoint gets `policy`; with None, checkpoints become plain calls (no remat)."""
+    memo = {} if memo is None else memo
     eqns = []
     for eqn in jaxpr.eqns:
         params = dict(eqn.params)
@@ -63,14 +82,41 @@ def _swap_policies(jaxpr: Any, policy: Callable[..., Any] | None) -> Any:
                 params["fwd_jaxpr_thunk"], lambda fwd: _swap_policies(fwd, policy)
             )
         else:
-            params = map_sub_jaxprs(params, lambda _, sub: _swap_policies(sub, policy))
+            params = map_sub_jaxprs(params, lambda _, sub: _swap_policies(sub, policy, memo), memo)
         if eqn.primitive is jc.remat_p:
             if policy is None:
-                eqns.append(jc.inline_call(eqn, params["jaxpr"]))
+                eqns.extend(_inline(eqn, params["jaxpr"]))
                 continue
             params["policy"] = policy
         eqns.append(eqn.replace(params=params))
     return jaxpr.replace(eqns=eqns)
+
+
+def _inline(eqn: Any, body: Any) -> list[Any]:
+    """The body's equations in place of the checkpoint equation, with fresh variables (the same
+    body is shared by every call of a layer, and each copy needs its own)."""
+    env: dict[Any, Any] = dict(zip(body.invars, eqn.invars, strict=True))
+    results = {}  # the body's results take the checkpoint's own output variables
+    for body_v, outer_v in zip(body.outvars, eqn.outvars, strict=True):
+        if not isinstance(body_v, jc.Literal) and not isinstance(outer_v, jc.DropVar):
+            results.setdefault(body_v, outer_v)
+
+    def bind(v: Any) -> Any:
+        if v in results and v not in env:
+            env[v] = results[v]
+        else:
+            env[v] = jc.DropVar(v.aval) if isinstance(v, jc.DropVar) else jc.Var(v.aval)
+        return env[v]
+
+    out = []
+    for inner in body.eqns:
+        invars = [v if isinstance(v, jc.Literal) else env[v] for v in inner.invars]
+        out.append(inner.replace(invars=invars, outvars=[bind(v) for v in inner.outvars]))
+    for body_v, outer_v in zip(body.outvars, eqn.outvars, strict=True):
+        src = body_v if isinstance(body_v, jc.Literal) else env[body_v]
+        if src is not outer_v and not isinstance(outer_v, jc.DropVar):  # passed through or repeated
+            out.append(jc.copy_eqn(src, outer_v, eqn))
+    return out
 
 
 def verdict_of(policy: Callable[..., Any] | None, eqn: Any, spec_text: str) -> Verdict:
@@ -127,7 +173,18 @@ def analyse(traced: Traced, spec: PolicySpec, scope: Scope = Scope.AUTO) -> Poli
         residuals, captured["tangent"] = jc.linearize_for_vjp(fun, args)
         return residuals
 
-    forward = jax.make_jaxpr(residuals_of)(*traced.avals).jaxpr
+    try:
+        forward = jax.make_jaxpr(residuals_of)(*traced.avals).jaxpr
+    except AuditError:
+        raise
+    except Exception as exc:
+        from ._loading import _user_location
+
+        raise TargetError(
+            f"differentiating {traced.target or 'the function'} under {spec.text} raised "
+            f"{type(exc).__name__} at {_user_location(exc)}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}",
+            "fix the model's differentiation rules (rerun with --debug for the traceback)",
+        ) from exc
     rows = traced.rows.by_id  # complete now: custom_vjp forward rules were traced just above
     residuals = _residuals(traced, forward)
     recomputed, recompute_flops = _recomputed(captured["tangent"])
@@ -145,7 +202,7 @@ def analyse(traced: Traced, spec: PolicySpec, scope: Scope = Scope.AUTO) -> Poli
         verdict = verdict_of(row_policy(row, spec, scope), row.eqn, spec.text)
         outcome = saved.get(eid) or (Outcome.RECOMPUTED if eid in recomputed else Outcome.NOT_NEEDED)
         marks.append(EquationMark(eid, verdict, outcome))
-    forward_flops = sum(r.equation.flops * r.equation.multiplicity for r in rows.values())
+    forward_flops = sum(e.flops * e.multiplicity for e in traced.rows.equations())
     return PolicyResult(
         policy=spec.text,
         scope=scope,

@@ -124,8 +124,11 @@ def saved_residuals(fn: Callable[..., Any], *args: Any) -> list[tuple[Any, str]]
     return _saved_residuals(fn, *args)
 
 
-def inline_call(remat_eqn: Any, body: Any) -> Any:
-    """A checkpoint equation turned into a plain call of its body: autodiff without remat."""
-    return remat_eqn.replace(
-        primitive=_prims.closed_call_p, params={"call_jaxpr": jex.ClosedJaxpr(body, ())}
-    )
+DropVar = jex.DropVar
+
+
+def copy_eqn(src: Any, dst: Any, like: Any) -> Any:
+    """`dst = src` as an equation (a no-op `copy_p`), with `like`'s source info."""
+    from jax._src.lax.lax import copy_p
+
+    return jex.new_jaxpr_eqn([src], [dst], copy_p, {}, set(), like.source_info, like.ctx)

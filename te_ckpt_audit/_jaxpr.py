@@ -30,12 +30,24 @@ def sub_jaxprs(params: dict[str, Any]) -> Iterator[tuple[str, int | None, Any]]:
                     yield key, i, item
 
 
-def map_sub_jaxprs(params: dict[str, Any], fn: Callable[[int, Any], Any]) -> dict[str, Any]:
-    """A copy of `params` with the j-th sub-jaxpr's open Jaxpr replaced by `fn(j, jaxpr)`."""
+def map_sub_jaxprs(
+    params: dict[str, Any], fn: Callable[[int, Any], Any], memo: dict[int, tuple[Any, Any]] | None = None
+) -> dict[str, Any]:
+    """A copy of `params` with the j-th sub-jaxpr's open Jaxpr replaced by `fn(j, jaxpr)`.
+
+    With `memo`, a sub-jaxpr object shared by several equations (JAX reuses one traced body for
+    every call of the same checkpointed layer) is rewritten once and stays shared, which keeps
+    JAX's own per-jaxpr caches effective when the result is differentiated.
+    """
     new = dict(params)
     for j, (key, idx, sub) in enumerate(list(sub_jaxprs(params))):
-        out = fn(j, open_jaxpr(sub))
-        out = sub.replace(jaxpr=out) if isinstance(sub, jc.ClosedJaxpr) else out
+        if memo is not None and id(sub) in memo:
+            out = memo[id(sub)][1]
+        else:
+            out = fn(j, open_jaxpr(sub))
+            out = sub.replace(jaxpr=out) if isinstance(sub, jc.ClosedJaxpr) else out
+            if memo is not None:
+                memo[id(sub)] = (sub, out)  # the original is kept alive so its id stays unique
         new[key] = out if idx is None else new[key][:idx] + (out,) + new[key][idx + 1 :]
     return new
 

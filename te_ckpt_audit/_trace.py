@@ -23,12 +23,17 @@ from .report import Equation, SourceLocation
 
 @dataclasses.dataclass(slots=True)
 class Row:
-    """An Equation plus what analysis needs: the tagged equation and its checkpoint context."""
+    """An Equation plus what analysis needs: the tagged equation and its checkpoint context.
+
+    `equation.multiplicity` is per use of the row's scope: the whole function, or (`anchor`) the
+    custom_vjp call whose forward rule holds it; `Rows.equation` gives the total.
+    """
 
     equation: Equation
     eqn: Any
     remat_policy: Callable[..., Any] | None  # policy of the innermost enclosing checkpoint
     in_remat: bool
+    anchor: str | None = None
 
 
 class Rows:
@@ -39,9 +44,17 @@ class Rows:
         self.by_id: dict[str, Row] = {}
         self.names: set[str] = set()
         self.finder = SourceFinder()
+        self.uses: dict[str, int] = {}  # equation id -> times it runs, shared bodies included
+        self.memo: dict[int, tuple[Any, Any]] = {}
+
+    def equation(self, eid: str) -> Equation:
+        row = self.by_id[eid]
+        eq = row.equation
+        times = self.uses.get(row.anchor, 1) * eq.multiplicity if row.anchor else self.uses.get(eid, 1)
+        return eq if times == eq.multiplicity else dataclasses.replace(eq, multiplicity=times)
 
     def equations(self) -> tuple[Equation, ...]:
-        return tuple(self.by_id[k].equation for k in sorted(self.by_id, key=id_key))
+        return tuple(self.equation(k) for k in sorted(self.by_id, key=id_key))
 
 
 def id_key(eid: str) -> tuple[tuple[int, str], ...]:
@@ -148,10 +161,26 @@ class _Context:
     traceback_from: Any = None  # equations of a custom_vjp fwd rule take the call site's source
     source: SourceLocation | None = None  # the enclosing equation's, for bodies JAX traced apart (jit)
     out_names: tuple[str | None, ...] = ()  # checkpoint names given to the last outputs outside
+    anchor: str | None = None  # the custom_vjp call whose forward rule this is
 
 
 def tag_jaxpr(closed: Any, rows: Rows) -> Any:
-    return closed.replace(jaxpr=_tag(closed.jaxpr, "", _Context(), rows))
+    tagged = closed.replace(jaxpr=_tag(closed.jaxpr, "", _Context(), rows))
+    _count_uses(tagged.jaxpr, 1, rows.uses)
+    return tagged
+
+
+def _count_uses(jaxpr: Any, times: int, uses: dict[str, int]) -> None:
+    """How often each equation runs: shared bodies once per use, scan bodies `length` times."""
+    for eqn in jaxpr.eqns:
+        tag = jc.eqn_tag(eqn)
+        if tag is not None:
+            uses[tag] = uses.get(tag, 0) + times
+        if eqn.primitive is jc.custom_jvp_call_p:
+            continue
+        inner = times * int(eqn.params["length"]) if eqn.primitive is jc.scan_p else times
+        for _, _, sub in sub_jaxprs(eqn.params):
+            _count_uses(open_jaxpr(sub), inner, uses)
 
 
 def _tag(jaxpr: Any, prefix: str, ctx: _Context, rows: Rows) -> Any:
@@ -170,7 +199,7 @@ def _tag(jaxpr: Any, prefix: str, ctx: _Context, rows: Rows) -> Any:
         here = rows.finder(eqn) or ctx.source
         if eqn.primitive is jc.custom_vjp_call_p:
             names = tuple(consumers_named.get(v) for v in eqn.outvars)
-            inner = _Context(ctx.multiplicity, ctx.remat_policy, ctx.in_remat, eqn.source_info.traceback, here, names)
+            inner = _Context(1, ctx.remat_policy, ctx.in_remat, eqn.source_info.traceback, here, names, eid)
             params["fwd_jaxpr_thunk"] = jc.wrap_jaxpr_thunk(
                 params["fwd_jaxpr_thunk"],
                 lambda fwd, eid=eid, inner=inner: _tag(fwd, f"{eid}.fwd.", inner, rows),
@@ -184,7 +213,9 @@ def _tag(jaxpr: Any, prefix: str, ctx: _Context, rows: Rows) -> Any:
             single = len(list(sub_jaxprs(eqn.params))) == 1
             sub_ctx = dataclasses.replace(_sub_context(eqn, ctx), source=here, out_names=())
             params = map_sub_jaxprs(
-                params, lambda j, sub, eid=eid: _tag(sub, f"{eid}." if single else f"{eid}.{j}.", sub_ctx, rows)
+                params,
+                lambda j, sub, eid=eid: _tag(sub, f"{eid}." if single else f"{eid}.{j}.", sub_ctx, rows),
+                rows.memo,
             )
         tagged = jc.with_tag(eqn, eid, params)
         new_eqns.append(tagged)
@@ -237,7 +268,7 @@ def _add_row(
         flops=flops,
         multiplicity=ctx.multiplicity,
     )
-    rows.by_id[eid] = Row(equation, eqn, ctx.remat_policy, ctx.in_remat)
+    rows.by_id[eid] = Row(equation, eqn, ctx.remat_policy, ctx.in_remat, ctx.anchor)
 
 
 def _nested_flops(eqn: Any) -> int:

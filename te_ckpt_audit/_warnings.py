@@ -69,7 +69,7 @@ def _spec_warnings(traced: Traced, spec: PolicySpec, result: PolicyResult) -> li
         policies = {id(p): p for r in te_rows if (p := row_policy(r, spec, result.scope)) is not None}
         saves_dots = any(verdict_of(p, _probe_dot(), spec.text) is Verdict.SAVE for p in policies.values())
         if recomputed and len(recomputed) == len(te_rows) and saves_dots:
-            flops = sum(r.equation.flops * r.equation.multiplicity for r in recomputed)
+            flops = sum(e.flops * e.multiplicity for e in (traced.rows.equation(r.equation.id) for r in recomputed))
             warnings.append(
                 AuditWarning(
                     "te-gemms-recomputed",
