@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ._api import audit, audit_target
+from ._api import DEFAULT_POLICIES, audit, audit_target, check_target
 from .errors import AuditError, PolicySpecError, TargetError, UsageError
 from .policies import (
     checkpoint_dots_and_te_gemms,
@@ -14,6 +14,7 @@ from .report import (
     AuditReport,
     AuditWarning,
     Category,
+    CompiledMemory,
     Equation,
     EquationMark,
     Outcome,
@@ -29,11 +30,13 @@ from .report import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "DEFAULT_POLICIES",
     "SCHEMA",
     "AuditError",
     "AuditReport",
     "AuditWarning",
     "Category",
+    "CompiledMemory",
     "Equation",
     "EquationMark",
     "Outcome",
@@ -49,6 +52,7 @@ __all__ = [
     "Verdict",
     "audit",
     "audit_target",
+    "check_target",
     "checkpoint_dots_and_te_gemms",
     "dots_and_te_gemms_with_no_batch_dims",
     "te_gemms_saveable",

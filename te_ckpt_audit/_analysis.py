@@ -61,14 +61,26 @@ def _guarded(spec: PolicySpec) -> Callable[..., Any]:
 
     def guarded(prim: Any, *avals: Any, **params: Any) -> Any:
         try:
-            return policy(prim, *avals, **params)
+            answer = policy(prim, *avals, **params)
         except Exception as exc:
             raise PolicySpecError(
                 f"policy {spec.text!r} raised {type(exc).__name__} on {getattr(prim, 'name', prim)}: {exc}",
                 "a policy is called as policy(prim, *avals, **params) and must return a bool",
             ) from exc
+        if not isinstance(answer, bool | jc.SaveableType | jc.RecomputeType | jc.Offloadable):
+            raise PolicySpecError(
+                f"policy {spec.text!r} returned {answer!r} for {getattr(prim, 'name', prim)}",
+                _RETURN_HINT,
+            )
+        return answer
 
     return guarded
+
+
+_RETURN_HINT = (
+    "return True/False, Saveable, Recompute or Offloadable(src, dst) "
+    "(did you return Offloadable instead of Offloadable(...)?)"
+)
 
 
 def _swap_policies(jaxpr: Any, policy: Callable[..., Any] | None, memo: dict[int, Any] | None = None) -> Any:
@@ -131,17 +143,11 @@ def verdict_of(policy: Callable[..., Any] | None, eqn: Any, spec_text: str) -> V
         ) from exc
     if answer is True or isinstance(answer, jc.SaveableType):
         return Verdict.SAVE
-    if answer is False or answer is None or isinstance(answer, jc.RecomputeType):
+    if answer is False or isinstance(answer, jc.RecomputeType):
         return Verdict.RECOMPUTE
     if isinstance(answer, jc.Offloadable):
         return Verdict.OFFLOAD
-    if isinstance(answer, bool | int):
-        return Verdict.SAVE if answer else Verdict.RECOMPUTE
-    raise PolicySpecError(
-        f"policy {spec_text!r} returned {answer!r} for {eqn.primitive.name}",
-        "return True/False, Saveable, Recompute or Offloadable(src, dst) "
-        "(did you return Offloadable instead of Offloadable(...)?)",
-    )
+    raise PolicySpecError(f"policy {spec_text!r} returned {answer!r} for {eqn.primitive.name}", _RETURN_HINT)
 
 
 def row_policy(row: Row, spec: PolicySpec, scope: Scope) -> Callable[..., Any] | None:

@@ -7,7 +7,10 @@ from typing import Any
 
 import jax
 
+import dataclasses
+
 from ._analysis import analyse
+from ._compile import compiled_memory
 from ._loading import load_inputs, load_target
 from ._trace import Traced, trace
 from ._warnings import add_warnings
@@ -54,8 +57,10 @@ def audit_traced(
     policies: Sequence[str | PolicySpec | Callable[..., Any]] = DEFAULT_POLICIES,
     scope: Scope | str = Scope.AUTO,
     progress: Progress = _quiet,
+    compile: bool = False,
 ) -> AuditReport:
-    """Analyse every policy from one trace. `progress` is told each stage as it starts."""
+    """Analyse every policy from one trace. `progress` is told each stage as it starts; with
+    `compile`, each policy's training step is also compiled for XLA's memory analysis."""
     specs = _specs(policies)
     scope = Scope(scope)
     results = []
@@ -63,6 +68,12 @@ def audit_traced(
         progress(f"analysing {spec.text}")
         results.append(analyse(traced, spec, scope))
     results = add_warnings(traced, specs, results, scope)
+    if compile:
+        compiled = []
+        for spec, result in zip(specs, results, strict=True):
+            progress(f"compiling {spec.text}")
+            compiled.append(dataclasses.replace(result, compiled=compiled_memory(traced, spec, result.scope)))
+        results = compiled
     equations = traced.rows.equations()
     te = "none"
     if any(e.is_te_gemm for e in equations):
@@ -84,6 +95,7 @@ def audit(
     *args: Any,
     policies: Sequence[str | PolicySpec | Callable[..., Any]] = DEFAULT_POLICIES,
     scope: Scope | str = Scope.AUTO,
+    compile: bool = False,
 ) -> AuditReport:
     """Audit `fn(*args)` under each policy.
 
@@ -97,7 +109,7 @@ def audit(
     >>> report.result("nothing_saveable").totals.activation_bytes
     0
     """
-    return audit_traced(trace(fn, args, getattr(fn, "__name__", "fn")), policies, scope)
+    return audit_traced(trace(fn, args, getattr(fn, "__name__", "fn")), policies, scope, compile=compile)
 
 
 def check_target(
@@ -132,6 +144,7 @@ def audit_target(
     overrides: Mapping[str, str] | Sequence[str] = (),
     scope: Scope | str = Scope.AUTO,
     progress: Progress = _quiet,
+    compile: bool = False,
 ) -> AuditReport:
     """Load `file.py:fn` (or `package.module:fn`) and its example inputs, then audit it.
 
@@ -144,4 +157,4 @@ def audit_target(
     args = load_inputs(loaded, inputs, list(overrides) if not isinstance(overrides, Mapping) else overrides).args
     progress(f"tracing {target}")
     traced = trace(loaded.fn, args, target)
-    return audit_traced(traced, specs, scope, progress)
+    return audit_traced(traced, specs, scope, progress, compile)

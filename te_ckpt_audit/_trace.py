@@ -99,9 +99,10 @@ def trace(fn: Callable[..., Any], args: tuple[Any, ...], target: str = "") -> Tr
     avals = tuple(jax.ShapeDtypeStruct(np.shape(leaves[i]), leaves[i].dtype) for i in dynamic)
     names = tuple(_arg_name(leaves_with_path[i][0]) for i in dynamic)
     if not avals:
+        got = ", ".join(sorted({type(leaf).__name__ for leaf in leaves})) or "nothing"
         raise TargetError(
-            f"{target or 'the function'} has no array inputs to differentiate",
-            "the inputs callable should return jax.ShapeDtypeStruct (or array) leaves",
+            f"{target or 'the function'} has no array inputs to differentiate (the inputs are: {got})",
+            "the inputs callable should return a tuple with jax.ShapeDtypeStruct (or array) leaves",
         )
 
     def flat_fn(*dyn: Any) -> Any:
@@ -121,7 +122,7 @@ def trace(fn: Callable[..., Any], args: tuple[Any, ...], target: str = "") -> Tr
     for leaf in jax.tree_util.tree_leaves(out_shape):
         if not jax.numpy.issubdtype(leaf.dtype, jax.numpy.inexact):
             raise TargetError(
-                f"{target or 'the function'} returns a {leaf.dtype} value: it is not differentiable",
+                f"{target or 'the function'} returns a value of dtype {leaf.dtype}: it is not differentiable",
                 "return a floating-point loss (drop integer or boolean outputs)",
             )
     rows = Rows()

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 
 from ._analysis import analyse, resolve_scope, row_policy, verdict_of
 from ._trace import Traced
+from .render import format_flops
 from .report import AuditWarning, Outcome, PolicyResult, Scope, Verdict
 from .specs import PolicySpec, SpecKind, resolve_policy
 
@@ -75,7 +76,7 @@ def _spec_warnings(traced: Traced, spec: PolicySpec, result: PolicyResult) -> li
                     "te-gemms-recomputed",
                     spec.text,
                     f"{spec.text} saves dots but recomputes all {len(te_rows)} TE GEMMs "
-                    f"({flops:.3g} FLOPs): JAX's dot policies do not know TE's primitives; "
+                    f"({format_flops(flops)}): JAX's dot policies do not know TE's primitives; "
                     "use checkpoint_dots_and_te_gemms",
                 )
             )

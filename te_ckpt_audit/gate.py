@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import UsageError
+from .render import format_bytes
 from .report import AuditReport
 
 BASELINE_SCHEMA = "te-ckpt-audit-baseline/1"
@@ -99,14 +100,6 @@ class CheckResult:
         return not self.violations
 
 
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
-
-
 def check(
     report: AuditReport,
     budgets: Sequence[Budget] = (),
@@ -134,8 +127,8 @@ def check(
                 violations.append(
                     Violation(
                         target, result.policy, "activation bytes", act, b.limit_bytes,
-                        f"{target} [{result.policy}]: activation bytes {human_bytes(act)} ({act} B) "
-                        f"exceed the budget {human_bytes(b.limit_bytes)} ({b.limit_bytes} B)",
+                        f"{target} [{result.policy}]: activation bytes {format_bytes(act)} ({act} B) "
+                        f"exceed the budget {format_bytes(b.limit_bytes)} ({b.limit_bytes} B)",
                     )
                 )
         if max_recompute is not None and result.recompute_percent > max_recompute:
@@ -155,7 +148,7 @@ def check(
                     Violation(
                         target, result.policy, "growth over baseline", pct, tolerance,
                         f"{target} [{result.policy}]: activation bytes grew {pct:+.2f}% over the "
-                        f"baseline ({human_bytes(change.baseline_bytes or 0)} -> {human_bytes(act)}), "
+                        f"baseline ({format_bytes(change.baseline_bytes or 0)} -> {format_bytes(act)}), "
                         f"beyond the tolerance {tolerance:g}%",
                     )
                 )
@@ -182,9 +175,15 @@ def write_atomically(path: str | Path, text: str) -> None:
     except OSError as exc:
         raise UsageError(f"cannot write {path}: {exc.strerror}", "choose a writable path") from exc
     try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)  # like open(): mkstemp's 0600 would surprise a CI artifact
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
         os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise UsageError(f"cannot write {path}: {exc.strerror or exc}", "choose a writable path") from exc
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

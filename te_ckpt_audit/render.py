@@ -61,25 +61,34 @@ def format_percent(p: float) -> str:
 @dataclasses.dataclass(frozen=True, slots=True)
 class Column:
     header: str
-    cell: Callable[[PolicyResult], str]
+    cell: Callable[[AuditReport, PolicyResult], str]
     numeric: bool = True
+
+
+def _te_gemms_recomputed(report: AuditReport, result: PolicyResult) -> str:
+    te = {e.id for e in report.equations if e.is_te_gemm}
+    if not te:
+        return "-"
+    recomputed = sum(m.outcome is Outcome.RECOMPUTED for m in result.marks if m.equation in te)
+    return f"{recomputed}/{len(te)}"
 
 
 COLUMNS: dict[str, Column] = {
     c.header: c
     for c in (
-        Column("policy", lambda r: r.policy, numeric=False),
-        Column("scope", lambda r: r.scope.value, numeric=False),
-        Column("activation", lambda r: format_bytes(r.totals.activation_bytes)),
-        Column("arguments", lambda r: format_bytes(r.totals.argument_bytes)),
-        Column("host", lambda r: format_bytes(r.totals.host_bytes)),
-        Column("TE GEMM", lambda r: format_bytes(r.totals.te_gemm_bytes)),
-        Column("dot", lambda r: format_bytes(r.totals.dot_bytes)),
-        Column("named", lambda r: format_bytes(r.totals.named_bytes)),
-        Column("other", lambda r: format_bytes(r.totals.other_bytes)),
-        Column("residuals", lambda r: str(len(r.residuals))),
-        Column("recompute", lambda r: format_flops(r.recompute_flops)),
-        Column("% of forward", lambda r: format_percent(r.recompute_percent)),
+        Column("policy", lambda _, r: r.policy, numeric=False),
+        Column("scope", lambda _, r: r.scope.value, numeric=False),
+        Column("activation", lambda _, r: format_bytes(r.totals.activation_bytes)),
+        Column("arguments", lambda _, r: format_bytes(r.totals.argument_bytes)),
+        Column("host", lambda _, r: format_bytes(r.totals.host_bytes)),
+        Column("TE GEMM", lambda _, r: format_bytes(r.totals.te_gemm_bytes)),
+        Column("dot", lambda _, r: format_bytes(r.totals.dot_bytes)),
+        Column("named", lambda _, r: format_bytes(r.totals.named_bytes)),
+        Column("other", lambda _, r: format_bytes(r.totals.other_bytes)),
+        Column("TE GEMMs recomputed", _te_gemms_recomputed),
+        Column("residuals", lambda _, r: str(len(r.residuals))),
+        Column("recompute", lambda _, r: format_flops(r.recompute_flops)),
+        Column("% of forward", lambda _, r: format_percent(r.recompute_percent)),
     )
 }
 
@@ -171,6 +180,7 @@ _INT = {"type": "integer", "minimum": 0}
 _STR = {"type": "string"}
 _BOOL = {"type": "boolean"}
 _OPT_STR = {"type": ["string", "null"]}
+_OPT_INT = {"oneOf": [{"type": "null"}, _INT]}
 _SHAPE = {"type": "array", "items": _INT}
 _SOURCE = {
     "oneOf": [{"type": "null"}, _object(file=_STR, line=_INT, function=_STR)],
@@ -245,6 +255,19 @@ JSON_SCHEMA: dict[str, Any] = {
                 recompute_flops=_INT,
                 forward_flops=_INT,
                 warnings=_array(_object(code=_STR, policy=_OPT_STR, message=_STR)),
+                compiled={
+                    "oneOf": [
+                        {"type": "null"},
+                        _object(
+                            backend=_STR,
+                            temp_bytes=_OPT_INT,
+                            argument_bytes=_OPT_INT,
+                            output_bytes=_OPT_INT,
+                            host_bytes=_OPT_INT,
+                            error=_OPT_STR,
+                        ),
+                    ]
+                },
                 recompute_percent={"type": "number", "minimum": 0},
             )
         ),
@@ -277,7 +300,7 @@ def render_markdown(report: AuditReport) -> str:
         "",
         *_md_table(
             [c.header for c in columns],
-            [[c.cell(r) for c in columns] for r in report.results],
+            [[c.cell(report, r) for c in columns] for r in report.results],
             [c.numeric for c in columns],
         ),
         "",

@@ -130,6 +130,18 @@ class Totals:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class CompiledMemory:
+    """XLA's `memory_analysis()` of the compiled training step under a policy (`--compile`)."""
+
+    backend: str
+    temp_bytes: int | None
+    argument_bytes: int | None
+    output_bytes: int | None
+    host_bytes: int | None  # host temp + argument + output
+    error: str | None  # why it could not be compiled, if so
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class PolicyResult:
     policy: str  # the spec, as given
     scope: Scope  # OUTER or INNER, after resolving AUTO; INNER for as-is
@@ -139,6 +151,7 @@ class PolicyResult:
     recompute_flops: int
     forward_flops: int
     warnings: tuple[AuditWarning, ...]
+    compiled: CompiledMemory | None = None  # only with --compile
 
     @property
     def recompute_percent(self) -> float:

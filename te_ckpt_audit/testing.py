@@ -13,7 +13,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ._api import audit
-from .gate import human_bytes, parse_size
+from .gate import parse_size
+from .render import format_bytes
 from .report import PolicyResult, ResidualKind, Scope
 
 __all__ = ["assert_activation_budget"]
@@ -38,13 +39,13 @@ def assert_activation_budget(
         (r for r in result.residuals if r.kind is ResidualKind.ACTIVATION), key=lambda r: -r.bytes
     )[:top]
     lines = [
-        f"policy {result.policy} keeps {human_bytes(used)} ({used} B) of activations, "
-        f"over the budget of {human_bytes(limit)} ({limit} B) by {human_bytes(used - limit)}.",
+        f"policy {result.policy} keeps {format_bytes(used)} ({used} B) of activations, "
+        f"over the budget of {format_bytes(limit)} ({limit} B) by {format_bytes(used - limit)}.",
         f"largest of its {len(result.residuals)} residuals:",
     ]
     for r in largest:
         what = r.name or r.primitive or "value"
         where = f" at {r.source}" if r.source else ""
         layers = f" x{r.multiplicity} layers" if r.multiplicity > 1 else ""
-        lines.append(f"  {human_bytes(r.bytes):>12}  {r.dtype}{list(r.shape)} {what}{where}{layers}")
+        lines.append(f"  {format_bytes(r.bytes):>12}  {r.dtype}{list(r.shape)} {what}{where}{layers}")
     raise AssertionError("\n".join(lines))

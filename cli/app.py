@@ -1,0 +1,62 @@
+"""The `te-ckpt-audit` command: one Typer app. `audit` is the default command, so
+`te-ckpt-audit TARGET` runs it; `te-ckpt-audit policies` lists the policy specs."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import typer
+from typer.core import TyperGroup
+from typer.exceptions import TyperException
+
+from .audit_cmd import audit
+from .options import ExitCode
+from .policies_cmd import policies
+from .terminal import PROG, fail
+
+DEFAULT_COMMAND = "audit"
+
+
+class _DefaultCommandGroup(TyperGroup):
+    """A group whose first argument names a command only when it is one; anything else (a TARGET,
+    an option, nothing) goes to `audit`. Click's own errors become our one line and exit 2."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        if not args or args[0] not in self.commands:
+            args = [DEFAULT_COMMAND, *args]
+        return super().parse_args(ctx, args)
+
+    def main(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, prog_name: str | None = None, *a: Any, **kw: Any
+    ) -> int:
+        standalone = kw.pop("standalone_mode", True)
+        try:
+            code = super().main(args, prog_name or PROG, *a, standalone_mode=False, **kw)
+        except TyperException as err:  # usage errors: bad option, missing TARGET, bad value
+            code = fail(err.format_message(), f"see `{PROG} --help`", ExitCode.USAGE)
+        except typer.Abort:
+            code = fail("aborted", "", ExitCode.USAGE)
+        code = ExitCode.OK if code is None else int(code)
+        if standalone:
+            sys.exit(code)
+        return code
+
+
+app = typer.Typer(
+    cls=_DefaultCommandGroup,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # plain Click help: it wraps cleanly at 80 columns
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+app.command(DEFAULT_COMMAND)(audit)
+app.command("policies")(policies)
+
+
+def main() -> None:
+    """The console script: exits with the command's code."""
+    app(prog_name=PROG)

@@ -1,0 +1,129 @@
+"""What the user can type: the str-enums of every choice, the exit codes, and the options shared by
+commands, each defined once."""
+
+from __future__ import annotations
+
+import enum
+import os
+from pathlib import Path
+from typing import Annotated
+
+import jax
+import typer
+
+from te_ckpt_audit import Scope, __version__
+from te_ckpt_audit import DEFAULT_POLICIES
+
+
+class OutputFormat(enum.StrEnum):
+    TABLE = "table"
+    JSON = "json"
+    MARKDOWN = "markdown"
+
+
+class ExitCode(enum.IntEnum):
+    OK = 0
+    CHECK_FAILED = 1  # a budget or baseline check failed (budgets come in a later issue)
+    USAGE = 2  # what the user typed is wrong: an option, a path, a spec
+    TARGET = 3  # the user's code failed to load or trace
+    INTERNAL = 4  # a bug in te-ckpt-audit
+
+
+def _writable_output(path: Path | None) -> Path | None:
+    """Fail before the audit runs, not after it, when the report could not be written."""
+    if path is not None:
+        folder = path.parent
+        if path.is_dir() or not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+            raise typer.BadParameter(f"cannot write {path}: choose a file in a writable folder")
+    return path
+
+
+Target = Annotated[
+    str,
+    typer.Argument(
+        metavar="TARGET",
+        help="The function to audit, as path/to/file.py:NAME or package.module:NAME. "
+        "Its module is imported, so its code runs.",
+        show_default=False,
+    ),
+]
+Policies = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--policy",
+        "-p",
+        metavar="SPEC",
+        help="A checkpoint policy to compare; repeat for several. `te-ckpt-audit policies` lists "
+        f"the specs. Default: {', '.join(DEFAULT_POLICIES)}.",
+        show_default=False,
+    ),
+]
+Inputs = Annotated[
+    str | None,
+    typer.Option(
+        "--inputs",
+        metavar="FILE:CALLABLE",
+        help="A callable returning the example arguments (jax.ShapeDtypeStruct pytrees). "
+        "Default: NAME_inputs, else example_inputs, beside the target.",
+        show_default=False,
+    ),
+]
+Defines = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--define",
+        "-D",
+        metavar="KEY=VALUE",
+        help="Set a keyword parameter of the inputs callable, e.g. -D seq=8192; repeat for several.",
+        show_default=False,
+    ),
+]
+ScopeOption = Annotated[
+    Scope,
+    typer.Option(
+        "--scope",
+        help="Where the policy applies: inner replaces the policy of the model's own checkpoints, "
+        "outer wraps the whole function in one jax.checkpoint, auto picks inner if it has any.",
+    ),
+]
+Equations = Annotated[
+    bool,
+    typer.Option("--equations", help="Add the per-equation table: what each policy does to every equation."),
+]
+Top = Annotated[
+    int,
+    typer.Option("--top", min=0, metavar="N", help="Show the N source lines with the largest residuals."),
+]
+Format = Annotated[
+    OutputFormat,
+    typer.Option(
+        "--format", "-f", help="table for a terminal, json for machines, markdown for a CI summary."
+    ),
+]
+Output = Annotated[
+    Path | None,
+    typer.Option(
+        "--output",
+        "-o",
+        metavar="FILE",
+        callback=_writable_output,
+        help="Write the report to FILE (atomically) instead of standard output.",
+        show_default=False,
+    ),
+]
+Debug = Annotated[
+    bool,
+    typer.Option("--debug", help="Print the full traceback of an error, not just its one line."),
+]
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        print(f"te-ckpt-audit {__version__} (jax {jax.__version__})")
+        raise typer.Exit()
+
+
+Version = Annotated[
+    bool,
+    typer.Option("--version", callback=_print_version, is_eager=True, help="Print the version and exit."),
+]

@@ -1,0 +1,216 @@
+"""The terminal report: Rich tables built from the same columns, hotspots and marks as every other
+output, rendered to a string (`render_table` is pure: same report and view, same text).
+
+The tables fit the width they are given (80 columns included): numbers never wrap, multi-word
+headers stack on two lines, and policy specs and paths break after `_` or `/`, not mid-word.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import os
+import re
+
+from rich import box
+from rich.console import Console, Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from te_ckpt_audit import AuditReport, Outcome
+from te_ckpt_audit.render import (
+    COLUMNS,
+    MARK_SYMBOLS,
+    STANDIN_NOTE,
+    format_bytes,
+    format_flops,
+    hotspots,
+    marks_by_equation,
+)
+
+MARK_STYLES = {
+    Outcome.SAVED: "green",
+    Outcome.RECOMPUTED: "yellow",
+    Outcome.OFFLOADED: "cyan",
+    Outcome.NOT_NEEDED: "dim",
+}
+TE_STYLE = "bold magenta"
+MIN_TEXT_WIDTH = 12
+MADE_BY_WIDTH = 24  # the hotspots' last column keeps at least this much
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TableView:
+    top: int = 10  # hotspot lines shown; 0 for none
+    equations: bool = False  # add the per-equation table
+    width: int = 80
+    color: bool = False
+
+
+def _stack(header: str, widest_cell: int) -> str:
+    """A multi-word header wider than its cells goes on two lines, split where they come out most even."""
+    words = header.split(" ")
+    if len(words) == 1 or len(header) <= widest_cell:
+        return header
+    splits = [(" ".join(words[:i]), " ".join(words[i:])) for i in range(1, len(words))]
+    top, bottom = min(splits, key=lambda s: max(len(s[0]), len(s[1])))
+    return f"{top}\n{bottom}"
+
+
+def _break(text: str, width: int, after: str = "_/,:;") -> str:
+    """Lines of at most `width`, broken after one of `after` (Rich folds any longer piece)."""
+    lines = [""]
+    for piece in re.findall(rf"[^{after}]+[{after}]?|[{after}]", text):
+        if lines[-1] and len(lines[-1]) + len(piece) > width:
+            lines.append("")
+        lines[-1] += piece
+    return "\n".join(lines)
+
+
+def _table() -> Table:
+    return Table(
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        padding=(0, 0),  # one space between columns (the box's divider): room for the names at 80
+    )
+
+
+def _titled(title: str, table: Table) -> Group:
+    """The title above the table, wrapped to the console's width rather than the table's."""
+    return Group(Text(title, style="bold"), table)
+
+
+def _width(header: str, cells: list[str]) -> int:
+    return max(len(line) for line in [*_stack(header, max(map(len, cells), default=0)).splitlines(), *cells])
+
+
+def _fixed(table: Table, header: str, cells: list[str], justify: str = "right") -> int:
+    """Add a column that never wraps; return its width."""
+    header = _stack(header, max(map(len, cells), default=0))
+    table.add_column(header, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+    return _width(header, cells)
+
+
+def _comparison(report: AuditReport, title: str, headers: tuple[str, ...], width: int) -> Group:
+    """One row per policy, numbered: the other tables refer to policies by that number."""
+    table = _table()
+    table.add_column("#", justify="right", no_wrap=True)
+    table.add_column("policy", overflow="fold")
+    rows = [[c.cell(report, r) for r in report.results] for c in (COLUMNS[h] for h in headers)]
+    used = len(str(len(report.results))) + len(headers) + 1  # numbers and dividers
+    used += sum(_fixed(table, h, cells) for h, cells in zip(headers, rows, strict=True))
+    name_width = max(MIN_TEXT_WIDTH, width - used)
+    for i, result in enumerate(report.results):
+        table.add_row(str(i + 1), Text(_break(result.policy, name_width)), *(cells[i] for cells in rows))
+    return _titled(title, table)
+
+
+def _hotspots(report: AuditReport, top: int, width: int) -> Group:
+    table = _table()
+    spots = hotspots(report, top)
+    sizes = [format_bytes(s.most) for s in spots]
+    kept = [" ".join(map(str, s.kept_by)) for s in spots]
+    fixed = _width("bytes", sizes) + _width("kept by #", kept) + 3  # and the dividers
+    where = [_break(s.location, max(MIN_TEXT_WIDTH, width - fixed - MADE_BY_WIDTH), after="/") for s in spots]
+    table.add_column("source", no_wrap=True)  # broken after `/` above; only "made by" wraps
+    _fixed(table, "bytes", sizes)
+    _fixed(table, "kept by #", kept)
+    table.add_column("made by", overflow="fold")
+    for location, size, by, spot in zip(where, sizes, kept, spots, strict=True):
+        table.add_row(Text(location), size, by, Text(", ".join(spot.producers)))
+    title = f"Largest residuals by source line (top {top}; bytes: the most a policy keeps there)"
+    return _titled(title, table)
+
+
+def _short_dtype(dtype: str) -> str:
+    return dtype.replace("bfloat", "bf").replace("float", "f").replace("uint", "u").replace("int", "i")
+
+
+def _equations(report: AuditReport, width: int) -> Group:
+    """Every equation's outcome under each policy; the primitive column takes what the rest leave."""
+    legend = ", ".join(f"{s} {o.value.lower()}" for o, s in MARK_SYMBOLS.items())
+    table = _table()
+    rows = marks_by_equation(report)
+    equations = [e for e, _ in rows]
+    used = _fixed(table, "eqn", [e.id for e in equations], justify="left")
+    table.add_column("primitive", overflow="fold")
+    shapes = [f"{_short_dtype(e.dtype)}[{','.join(map(str, e.shape))}]" for e in equations]
+    sources = [f"{os.path.basename(e.source.file)}:{e.source.line}" if e.source else "" for e in equations]
+    used += _fixed(table, "shape", shapes, "left") + _fixed(table, "source", sources, "left")
+    for n in range(1, len(report.results) + 1):
+        used += _fixed(table, str(n), ["S"])
+    used += 3 + len(report.results)  # dividers
+    for i, (equation, outcomes) in enumerate(rows):
+        if i and len(set(outcomes)) == 1 and len(set(rows[i - 1][1])) > 1:
+            table.add_section()  # below: the equations every policy treats alike
+        what = ("*" if equation.is_te_gemm else "") + equation.primitive
+        what = _break(what, max(MIN_TEXT_WIDTH, width - used))
+        what += f" {equation.name}" if equation.name else ""
+        marks = [Text(MARK_SYMBOLS[o], style=MARK_STYLES[o]) for o in outcomes]
+        te_style = TE_STYLE if equation.is_te_gemm else ""
+        table.add_row(equation.id, Text(what, style=te_style), shapes[i], sources[i], *marks)
+    return _titled(f"Outcome per equation and policy # ({legend}; *TE GEMM); differing first", table)
+
+
+def _header(report: AuditReport) -> Text:
+    scopes = ", ".join(dict.fromkeys(r.scope.value for r in report.results))
+    return Text.assemble(
+        ("te-ckpt-audit ", "bold"),
+        report.target,
+        f"\n{len(report.arguments)} array inputs; forward pass {format_flops(report.forward_flops)}; "
+        f"scope {scopes}; jax {report.jax_version}",
+    )
+
+
+def _warnings(report: AuditReport) -> list[RenderableType]:
+    if not report.warnings:
+        return [Text("No warnings.", style="green")]
+    return [Text("Warnings", style="bold")] + [
+        Text.assemble(("! ", "bold yellow"), (f"[{w.code}] ", "yellow"), w.message) for w in report.warnings
+    ]
+
+
+def render_table(report: AuditReport, view: TableView = TableView()) -> str:
+    """The comparison, the hotspots, the per-equation table (if asked), then the warnings."""
+    sections: list[list[RenderableType]] = [
+        [_header(report)],
+        [
+            _comparison(
+                report,
+                "Kept for the backward pass, and recomputed",
+                ("activation", "arguments", "host", "residuals", "recompute", "% of forward"),
+                view.width,
+            )
+        ],
+        [
+            _comparison(
+                report,
+                "Activation bytes by producer",
+                ("TE GEMM", "dot", "named", "other", "TE GEMMs recomputed"),
+                view.width,
+            )
+        ],
+    ]
+    if view.top:
+        sections.append([_hotspots(report, view.top, view.width)])
+    if view.equations:
+        sections.append([_equations(report, view.width)])
+    sections.append(_warnings(report))
+    if report.te == "stand-in":
+        sections.append([Text(f"Note: {STANDIN_NOTE}", style="dim")])
+    out = io.StringIO()
+    console = Console(
+        file=out,
+        width=view.width,
+        force_terminal=view.color,
+        color_system="standard" if view.color else None,
+        no_color=not view.color,
+        markup=False,
+        highlight=False,
+        emoji=False,
+    )
+    for i, section in enumerate(sections):
+        if i:
+            console.print()
+        console.print(*section, sep="\n")
+    return "".join(line.rstrip() + "\n" for line in out.getvalue().splitlines())

@@ -1,0 +1,351 @@
+"""The command line, run in-process with Typer's runner: exit codes, one-line errors, outputs."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import re
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.main import get_command
+from typer.testing import CliRunner, Result
+
+import te_ckpt_audit_cli.audit_cmd as audit_cmd
+from te_ckpt_audit import (
+    AuditError,
+    Outcome,
+    PolicySpecError,
+    Scope,
+    TargetError,
+    UsageError,
+    __version__,
+    audit_target,
+)
+from te_ckpt_audit.specs import available_policies
+from te_ckpt_audit_cli.app import app
+from te_ckpt_audit_cli.options import ExitCode, OutputFormat
+from te_ckpt_audit_cli.tables import TableView
+
+ROOT = Path(__file__).resolve().parent.parent
+PREFIX = "te-ckpt-audit: error: "
+
+MODEL = """\
+import jax
+import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
+
+
+def loss(w, x):
+    h = checkpoint_name(jnp.sin(x @ w), "hidden")
+    return jnp.sum(jnp.cos(h) @ w)
+
+
+def loss_inputs(batch: int = 4, width: int = 8):
+    f32 = jnp.float32
+    return jax.ShapeDtypeStruct((width, width), f32), jax.ShapeDtypeStruct((batch, width), f32)
+"""
+
+
+def cli(*args: str, env: dict[str, str] | None = None) -> Result:
+    return CliRunner().invoke(app, list(args), env=env)
+
+
+@pytest.fixture
+def model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A small valid model, model.py:loss, in the current folder."""
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "model.py"
+    path.write_text(MODEL)
+    return path
+
+
+# --- bad input: exit code, one line on stderr, nothing on stdout, no output file ---------------
+
+BAD_INPUTS = [
+    # id, text appended to MODEL (or the whole file after "!"), arguments, exit code, in the message
+    ("missing-file", "", ["nope.py:loss"], 2, "no such file: nope.py"),
+    ("syntax-error", "!def loss(x:\n", ["model.py:loss"], 3, "syntax error in"),
+    ("missing-attribute", "", ["model.py:los"], 2, "did you mean 'loss'"),
+    ("not-callable", "lossy = 3\n", ["model.py:lossy"], 2, "not a function"),
+    ("no-inputs", "def lone(x):\n    return x\n", ["model.py:lone"], 2, "--inputs FILE.py:CALLABLE"),
+    (
+        "inputs-raise",
+        "def boom(x):\n    return x\ndef boom_inputs():\n    raise ValueError('no shapes')\n",
+        ["model.py:boom"],
+        3,
+        "ValueError",
+    ),
+    (
+        "inputs-wrong-type",
+        "def text(x):\n    return x\ndef text_inputs():\n    return 'hello'\n",
+        ["model.py:text"],
+        3,
+        "no array inputs",
+    ),
+    (
+        "trace-raises",  # the message names the user's line; the test derives it from the file
+        "def broken(w, x):\n    return w.nonexistent\nbroken_inputs = loss_inputs\n",
+        ["model.py:broken"],
+        3,
+        "model.py:",
+    ),
+    (
+        "integer-output",
+        "def count(w, x):\n    return jnp.sum(x > 0)\ncount_inputs = loss_inputs\n",
+        ["model.py:count"],
+        3,
+        "not differentiable",
+    ),
+    ("unknown-policy", "", ["model.py:loss", "-p", "checkpoint_dot"], 2, "did you mean 'checkpoint_dots'"),
+    (
+        "malformed-spec",
+        "",
+        ["model.py:loss", "-p", "save_and_offload_only_these_names:keep=a"],
+        2,
+        "malformed policy spec",
+    ),
+    ("custom-unresolved", "", ["model.py:loss", "-p", "model.py:no_policy"], 2, "does not resolve"),
+    (
+        "policy-raises",
+        "def bad_policy(prim, *avals, **params):\n    raise ValueError('boom')\n",
+        ["model.py:loss", "-p", "model.py:bad_policy"],
+        2,
+        "bad_policy",
+    ),
+    ("define-unknown-key", "", ["model.py:loss", "-D", "seq=8"], 2, "no parameter 'seq'"),
+    ("define-bad-value", "", ["model.py:loss", "-D", "batch=four"], 2, "not an int"),
+    ("output-folder-missing", "", ["model.py:loss", "-o", "no/such/folder/out.json"], 2, "cannot write"),
+    ("output-is-a-folder", "", ["model.py:loss", "-o", "."], 2, "cannot write"),
+    ("negative-top", "", ["model.py:loss", "--top", "-1"], 2, "--top"),
+    ("empty-target", "", [""], 2, "empty target"),
+    ("no-target", "", [], 2, "Missing argument 'TARGET'"),
+    ("unknown-option", "", ["model.py:loss", "--bogus"], 2, "No such option: --bogus"),
+    ("bad-format", "", ["model.py:loss", "--format", "yaml"], 2, "--format"),
+    ("bad-scope", "", ["model.py:loss", "--scope", "middle"], 2, "--scope"),
+]
+
+
+LIBRARY_BUGS: dict[str, pytest.MarkDecorator] = {}  # strict xfails for known library bugs: none now
+
+
+@pytest.mark.parametrize(
+    ("case", "source", "args", "code", "fragment"),
+    [pytest.param(*c, id=c[0], marks=LIBRARY_BUGS.get(c[0], ())) for c in BAD_INPUTS],
+)
+def test_bad_input_is_one_line_and_an_exit_code(
+    model: Path, case: str, source: str, args: list[str], code: int, fragment: str
+) -> None:
+    model.write_text(source[1:] if source.startswith("!") else MODEL + source)
+    if case == "trace-raises":  # the user's own line, derived from the file
+        lines = model.read_text().splitlines()
+        fragment = f"model.py:{1 + next(i for i, line in enumerate(lines) if 'nonexistent' in line)}"
+    out = model.parent / "out.json"
+    extra = [] if "-o" in args else ["-o", str(out)]
+    before = set(model.parent.iterdir())
+    result = cli(*args, *extra)
+    assert result.exit_code == code, result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(PREFIX), result.stderr
+    assert fragment in lines[0]
+    assert "Traceback" not in result.stderr
+    assert result.stdout == ""
+    assert set(model.parent.iterdir()) == before  # no report, no temporary file
+
+
+def test_debug_adds_the_traceback_and_keeps_the_exit_code(model: Path) -> None:
+    model.write_text(MODEL + "def broken(w, x):\n    return w.nonexistent\nbroken_inputs = loss_inputs\n")
+    result = cli("model.py:broken", "--debug")
+    assert result.exit_code == ExitCode.TARGET
+    assert "Traceback" in result.stderr
+    assert result.stderr.splitlines()[-1].startswith(PREFIX)
+
+
+def test_an_unexpected_exception_is_an_internal_error(model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def explode(*_: Any, **__: Any) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(audit_cmd, "audit_target", explode)
+    result = cli("model.py:loss")
+    assert result.exit_code == ExitCode.INTERNAL
+    hint = "rerun with --debug and report the traceback"
+    assert result.stderr.splitlines() == [f"{PREFIX}internal error: RuntimeError: a bug (hint: {hint})"]
+
+
+def test_library_errors_carry_the_cli_exit_codes() -> None:
+    assert (UsageError.exit_code, PolicySpecError.exit_code) == (ExitCode.USAGE, ExitCode.USAGE)
+    assert TargetError.exit_code == ExitCode.TARGET
+    assert AuditError.exit_code == ExitCode.INTERNAL
+
+
+# --- outputs ------------------------------------------------------------------------------------
+
+
+def test_json_on_stdout_is_the_report_and_nothing_else(model: Path) -> None:
+    model.write_text("print('hello from the model')\n" + MODEL)
+    result = cli("model.py:loss", "--format", "json", "-p", "checkpoint_dots", "-D", "batch=2")
+    assert result.exit_code == 0, result.stderr
+    expected = audit_target("model.py:loss", ["checkpoint_dots"], overrides=["batch=2"]).to_dict()
+    assert json.loads(result.stdout) == expected
+    assert "hello from the model" in result.stderr
+
+
+def test_the_report_reaches_stdout_though_a_spinner_swapped_it(
+    model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    @contextlib.contextmanager
+    def late_spinner() -> Iterator[Callable[[str], None]]:
+        """Like Rich's Live started after a delay: it swaps sys.stdout, then restores what it found."""
+        found: list[Any] = []
+
+        def progress(_: str) -> None:
+            if not found:
+                found.append(sys.stdout)
+                sys.stdout = io.StringIO()
+
+        try:
+            yield progress
+        finally:
+            if found:
+                sys.stdout = found[0]
+
+    monkeypatch.setattr(audit_cmd, "progress_on_stderr", late_spinner)
+    result = cli("model.py:loss", "-f", "json")
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["target"] == "model.py:loss"
+
+
+def test_output_is_written_atomically(model: Path) -> None:
+    result = cli("model.py:loss", "-f", "json", "-o", "report.json")
+    assert result.exit_code == 0 and result.stdout == ""
+    assert json.loads(Path("report.json").read_text()) == audit_target("model.py:loss").to_dict()
+    assert sorted(p.name for p in model.parent.iterdir()) == ["model.py", "report.json"]
+
+
+@pytest.fixture
+def refused_write(model: Path, monkeypatch: pytest.MonkeyPatch) -> Result:
+    def refuse(*_: Any) -> None:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(os, "replace", refuse)
+    return cli("model.py:loss", "-f", "json", "-o", "report.json")
+
+
+def test_a_failed_write_leaves_no_file(model: Path, refused_write: Result) -> None:
+    assert refused_write.exit_code != 0
+    assert len(refused_write.stderr.splitlines()) == 1
+    assert sorted(p.name for p in model.parent.iterdir()) == ["model.py"]
+
+
+def test_a_failed_write_is_a_usage_error(refused_write: Result) -> None:
+    assert refused_write.exit_code == ExitCode.USAGE
+    assert refused_write.stderr.startswith(f"{PREFIX}cannot write report.json")
+
+
+@pytest.mark.parametrize("fmt", list(OutputFormat))
+def test_every_format_is_handled(model: Path, fmt: OutputFormat) -> None:
+    assert audit_cmd.renderer(fmt, TableView()) is not None
+    result = cli("model.py:loss", "--format", fmt.value, "-p", "nothing_saveable")
+    assert result.exit_code == 0, result.stderr
+    assert "nothing_saveable" in result.stdout
+
+
+@pytest.mark.parametrize("scope", list(Scope))
+def test_every_scope_is_handled(model: Path, scope: Scope) -> None:
+    result = cli("model.py:loss", "--scope", scope.value, "-f", "json", "-p", "checkpoint_dots")
+    assert result.exit_code == 0, result.stderr
+    expected = audit_target("model.py:loss", ["checkpoint_dots"], scope=scope).to_dict()
+    assert json.loads(result.stdout) == expected
+
+
+def test_table_honours_columns_and_no_color(model: Path) -> None:
+    for env, width, coloured in [
+        ({"COLUMNS": "80"}, 80, False),
+        ({"COLUMNS": "120", "FORCE_COLOR": "1"}, 120, True),
+        ({"COLUMNS": "80", "FORCE_COLOR": "1", "NO_COLOR": "1"}, 80, False),
+    ]:
+        result = cli("model.py:loss", "--equations", env=env)
+        assert result.exit_code == 0, result.stderr
+        assert ("\x1b[" in result.stdout) is coloured
+        plain = re.sub(r"\x1b\[[0-9;]*m", "", result.stdout)
+        assert max(len(line) for line in plain.splitlines()) <= width
+
+
+def test_default_policies_and_the_explicit_audit_command(model: Path) -> None:
+    default = cli("model.py:loss", "-f", "json")
+    explicit = cli("audit", "model.py:loss", "-f", "json")
+    assert default.exit_code == explicit.exit_code == 0
+    assert default.stdout == explicit.stdout
+    assert json.loads(default.stdout) == audit_target("model.py:loss").to_dict()
+
+
+# --- the other entry points ---------------------------------------------------------------------
+
+
+def test_policies_lists_every_spec_one_a_line() -> None:
+    result = cli("policies")
+    assert result.exit_code == 0 and result.stderr == ""
+    lines = result.stdout.splitlines()
+    assert [line.split("  ")[0] for line in lines] == [spec for spec, _ in available_policies()]
+
+
+def test_version() -> None:
+    result = cli("--version")
+    assert result.exit_code == 0
+    assert result.stdout.startswith(f"te-ckpt-audit {__version__} ")
+
+
+def test_help_describes_every_option_in_a_sentence() -> None:
+    result = cli("--help")
+    assert result.exit_code == 0
+    audit = get_command(app).commands["audit"]  # type: ignore[attr-defined]
+    for param in audit.params:
+        assert param.help and param.help.rstrip().endswith("."), param.name
+        for flag in getattr(param, "opts", []):
+            assert flag in result.stdout or param.param_type_name == "argument", flag
+    assert "policies" in result.stdout
+
+
+# --- the Transformer Engine sample --------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def te_sample() -> tuple[Result, Result, dict[str, Any]]:
+    here = os.getcwd()
+    os.chdir(ROOT)
+    try:
+        table = cli("sample_models/te_transformer.py:loss", env={"COLUMNS": "80"})
+        as_json = cli("sample_models/te_transformer.py:loss", "-f", "json")
+        expected = audit_target("sample_models/te_transformer.py:loss").to_dict()
+    finally:
+        os.chdir(here)
+    return table, as_json, expected
+
+
+def test_te_sample_json_is_the_engine_report(te_sample: tuple[Result, Result, dict[str, Any]]) -> None:
+    _, as_json, expected = te_sample
+    assert as_json.exit_code == 0, as_json.stderr
+    doc = json.loads(as_json.stdout)
+    assert doc == expected
+    te = [e["id"] for e in doc["equations"] if e["is_te_gemm"]]
+    outcomes = {r["policy"]: {m["equation"]: m["outcome"] for m in r["marks"]} for r in doc["results"]}
+    assert te and {outcomes["checkpoint_dots"][e] for e in te} == {Outcome.RECOMPUTED.value}
+    assert {outcomes["checkpoint_dots_and_te_gemms"][e] for e in te} == {Outcome.SAVED.value}
+
+
+def test_te_sample_table_fits_80_columns(te_sample: tuple[Result, Result, dict[str, Any]]) -> None:
+    table, _, expected = te_sample
+    assert table.exit_code == 0, table.stderr
+    lines = table.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    assert table.stdout.count("CPU stand-in") == 1
+    n = sum(e["is_te_gemm"] for e in expected["equations"])
+    by_policy = {line.split()[1]: line for line in lines if line[:2].strip().isdigit() and "/" in line}
+    assert by_policy["checkpoint_dots"].endswith(f" {n}/{n}")
+    assert by_policy["checkpoint_dots_and_te_gemms"].endswith(f" 0/{n}")
+    assert "[te-gemms-recomputed] checkpoint_dots" in table.stdout

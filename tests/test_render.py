@@ -1,0 +1,237 @@
+"""Renderers against golden data, the JSON schema, and the figures every output shares.
+
+The golden report comes from `tiny` below, traced with the repository root as the current folder,
+so its source locations read `tests/test_render.py:LINE`: moving `tiny` changes the golden files.
+Regenerate them with `UPDATE_GOLDEN=1 python -m pytest tests/test_render.py`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.ad_checkpoint import checkpoint_name
+
+from te_ckpt_audit import SCHEMA, AuditReport, Outcome, audit
+from te_ckpt_audit.render import (
+    COLUMNS,
+    JSON_SCHEMA,
+    MARK_SYMBOLS,
+    format_bytes,
+    format_flops,
+    hotspots,
+    marks_by_equation,
+    render_json,
+    render_markdown,
+)
+from te_ckpt_audit_cli.tables import TableView, render_table
+
+
+def tiny(w: jax.Array, x: jax.Array) -> jax.Array:
+    h = checkpoint_name(jnp.sin(x @ w), "hidden")
+    return jnp.sum(jnp.cos(h) @ w)
+
+
+ROOT = Path(__file__).resolve().parent.parent
+GOLDEN = Path(__file__).parent / "golden"
+POLICIES = ["none", "nothing_saveable", "checkpoint_dots", "save_only_these_names:hidden"]
+
+
+def tiny_report() -> AuditReport:
+    w = jax.ShapeDtypeStruct((8, 8), jnp.float32)
+    x = jax.ShapeDtypeStruct((4, 8), jnp.float32)
+    here = os.getcwd()
+    os.chdir(ROOT)
+    try:
+        report = audit(tiny, w, x, policies=POLICIES)
+    finally:
+        os.chdir(here)
+    return dataclasses.replace(report, jax_version="0.0.0")  # golden data outlives a jax upgrade
+
+
+@pytest.fixture(scope="module")
+def report() -> AuditReport:
+    return tiny_report()
+
+
+# --- golden data ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "render"),
+    [
+        ("tiny.json", render_json),
+        ("tiny.md", render_markdown),
+        ("tiny.txt", lambda r: render_table(r, TableView(top=5, equations=True, width=80))),
+    ],
+)
+def test_golden(report: AuditReport, name: str, render: Any) -> None:
+    text = render(report)
+    if os.environ.get("UPDATE_GOLDEN"):
+        (GOLDEN / name).write_text(text, encoding="utf-8")
+    assert text == (GOLDEN / name).read_text(encoding="utf-8")
+
+
+def test_json_is_the_data_model_and_deterministic(report: AuditReport) -> None:
+    text = render_json(report)
+    assert json.loads(text) == report.to_dict()
+    assert render_json(tiny_report()) == text  # a second trace gives the same bytes
+
+
+def test_table_fits_its_width_without_colour(report: AuditReport) -> None:
+    for width in (80, 120):
+        text = render_table(report, TableView(top=10, equations=True, width=width))
+        assert max(len(line) for line in text.splitlines()) <= width
+        assert "\x1b[" not in text
+    assert "\x1b[" in render_table(report, TableView(color=True))
+
+
+# --- the schema ---------------------------------------------------------------------------------
+
+
+class SchemaError(AssertionError):
+    pass
+
+
+_TYPES = {
+    "object": lambda v: isinstance(v, dict),
+    "array": lambda v: isinstance(v, list),
+    "string": lambda v: isinstance(v, str),
+    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "number": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
+    "boolean": lambda v: isinstance(v, bool),
+    "null": lambda v: v is None,
+}
+
+
+def validate(doc: Any, schema: dict[str, Any], path: str = "$") -> None:
+    """The subset of JSON Schema that JSON_SCHEMA uses; an unknown keyword fails, never passes."""
+
+    def check(ok: bool, why: str) -> None:
+        if not ok:
+            raise SchemaError(f"{path}: {why}")
+
+    for key, rule in schema.items():
+        if key in ("$schema", "$id", "title"):
+            continue
+        if key == "type":
+            types = rule if isinstance(rule, list) else [rule]
+            check(any(_TYPES[t](doc) for t in types), f"not {rule}: {doc!r}")
+        elif key == "const":
+            check(doc == rule, f"{doc!r} is not {rule!r}")
+        elif key == "enum":
+            check(doc in rule, f"{doc!r} not in {rule}")
+        elif key == "minimum":
+            check(doc >= rule, f"{doc!r} < {rule}")
+        elif key == "required":
+            check(not set(rule) - set(doc), f"missing {sorted(set(rule) - set(doc))}")
+        elif key == "additionalProperties":
+            extra = set(doc) - set(schema["properties"])
+            check(rule is False and not extra, f"unexpected {sorted(extra)}")
+        elif key == "properties":
+            for name, sub in rule.items():
+                if name in doc:
+                    validate(doc[name], sub, f"{path}.{name}")
+        elif key == "items":
+            for i, item in enumerate(doc):
+                validate(item, rule, f"{path}[{i}]")
+        elif key == "oneOf":
+            passed = 0
+            for sub in rule:
+                try:
+                    validate(doc, sub, path)
+                    passed += 1
+                except SchemaError:
+                    pass
+            check(passed == 1, f"matches {passed} of oneOf")
+        else:
+            raise SchemaError(f"the test validator does not know {key!r}")
+
+
+def test_json_validates_against_the_schema(report: AuditReport) -> None:
+    doc = json.loads(render_json(report))
+    assert doc["schema"] == SCHEMA == JSON_SCHEMA["$id"]
+    validate(doc, JSON_SCHEMA)
+
+
+@pytest.mark.parametrize(
+    "spoil",
+    [
+        lambda d: d.update(extra=1),
+        lambda d: d.pop("target"),
+        lambda d: d.update(schema="te-ckpt-audit/2"),
+        lambda d: d["results"][0]["totals"].update(activation_bytes=-1),
+        lambda d: d["results"][0]["marks"][0].update(outcome="KEPT"),
+        lambda d: d["equations"][0].update(source={"file": "x.py"}),
+        lambda d: d["results"][0]["residuals"][0].update(bytes=True),
+    ],
+)
+def test_schema_rejects_a_spoiled_document(report: AuditReport, spoil: Any) -> None:
+    doc = json.loads(render_json(report))
+    spoil(doc)
+    with pytest.raises(SchemaError):
+        validate(doc, JSON_SCHEMA)
+
+
+def test_schema_is_valid_json_schema(report: AuditReport) -> None:
+    jsonschema = pytest.importorskip("jsonschema")  # a cross-check where it is installed; not a dependency
+    jsonschema.Draft202012Validator.check_schema(JSON_SCHEMA)
+    jsonschema.validate(report.to_dict(), JSON_SCHEMA, cls=jsonschema.Draft202012Validator)
+
+
+# --- shared figures -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("n", "text"),
+    [(0, "0 B"), (999, "999 B"), (1024, "1 KiB"), (50176, "49 KiB"), (836923, "817 KiB"), (3 << 30, "3 GiB")],
+)
+def test_format_bytes(n: int, text: str) -> None:
+    assert format_bytes(n) == text
+
+
+@pytest.mark.parametrize(
+    ("n", "text"), [(0, "0 FLOP"), (1_200_000_000, "1.2 GFLOP"), (7_440_627, "7.44 MFLOP")]
+)
+def test_format_flops(n: int, text: str) -> None:
+    assert format_flops(n) == text
+
+
+def test_hotspots_add_up_to_activation_and_host_bytes(report: AuditReport) -> None:
+    spots = hotspots(report, top=10**6)
+    for i, result in enumerate(report.results):
+        kept = sum(s.bytes_by_policy[i] for s in spots)
+        assert kept == result.totals.activation_bytes + result.totals.host_bytes
+    assert [s.most for s in spots] == sorted((s.most for s in spots), reverse=True)
+    assert hotspots(report, top=1) == spots[:1]
+    assert all(s.kept_by == tuple(i + 1 for i, b in enumerate(s.bytes_by_policy) if b) for s in spots)
+
+
+def test_marks_that_differ_come_first(report: AuditReport) -> None:
+    rows = marks_by_equation(report)
+    differ = [len(set(outcomes)) > 1 for _, outcomes in rows]
+    assert differ == sorted(differ, reverse=True)
+    assert sorted(e.id for e, _ in rows) == sorted(e.id for e in report.equations)
+    for equation, outcomes in rows:
+        assert outcomes == tuple(r.mark(equation.id).outcome for r in report.results)
+
+
+def test_every_outcome_has_a_mark_symbol() -> None:
+    assert set(MARK_SYMBOLS) == set(Outcome)
+    assert len(set(MARK_SYMBOLS.values())) == len(Outcome)
+
+
+def test_markdown_tables_have_every_column_and_policy(report: AuditReport) -> None:
+    lines = render_markdown(report).splitlines()
+    header = next(line for line in lines if line.startswith("| policy | scope"))
+    assert header.count("|") == len(COLUMNS) + 1
+    start = lines.index(header)
+    body = [line for line in lines[start + 2 :] if line.startswith("| ")]
+    policies = [row.split(" | ")[0][2:] for row in body[: len(report.results)]]
+    assert policies == [r.policy for r in report.results]
