@@ -12,6 +12,7 @@ from typer.core import TyperGroup
 from typer.exceptions import TyperException
 
 from .audit_cmd import audit
+from .check_cmd import check
 from .options import ExitCode
 from .policies_cmd import policies
 from .terminal import PROG, fail
@@ -55,6 +56,7 @@ app = typer.Typer(
 
 app.command(DEFAULT_COMMAND)(audit)
 app.command("policies")(policies)
+app.command("check")(check)
 
 
 def main() -> None:

@@ -9,24 +9,30 @@ from typing import assert_never
 
 from rich.console import Console
 
-from te_ckpt_audit import AuditReport, Scope, audit_target
-from te_ckpt_audit import DEFAULT_POLICIES
+from te_ckpt_audit import DEFAULT_POLICIES, AuditReport, Scope, check_target
+from te_ckpt_audit.gate import CheckResult, load_baseline, parse_budget, save_baseline
 from te_ckpt_audit.render import render_json, render_markdown
+from te_ckpt_audit.render_gate import render_audit_check_markdown, render_check_github
 
 from . import options as opt
 from .options import ExitCode, OutputFormat
 from .tables import TableView, render_table
-from .terminal import at_the_edge, emit, progress_on_stderr
+from .terminal import PROG, at_the_edge, emit, progress_on_stderr
 
 
-def renderer(fmt: OutputFormat, view: TableView) -> Callable[[AuditReport], str]:
+def renderer(fmt: OutputFormat, view: TableView) -> Callable[[AuditReport, CheckResult | None], str]:
+    """The report's text; gate results also go to stderr, so JSON stays the report alone."""
     match fmt:
         case OutputFormat.TABLE:
-            return lambda report: render_table(report, view)
+            return lambda report, _: render_table(report, view)
         case OutputFormat.JSON:
-            return render_json
+            return lambda report, _: render_json(report)
         case OutputFormat.MARKDOWN:
-            return render_markdown
+            return lambda report, gate: (
+                render_markdown(report) if gate is None else render_audit_check_markdown(report, gate)
+            )
+        case OutputFormat.GITHUB:
+            return lambda report, gate: render_check_github([(report, gate or CheckResult(report.target, (), ()))])
         case _:
             assert_never(fmt)
 
@@ -51,6 +57,12 @@ def audit(
     top: opt.Top = 10,
     format: opt.Format = OutputFormat.TABLE,  # noqa: A002 (the option's name)
     output: opt.Output = None,
+    budget: opt.Budgets = None,
+    max_recompute: opt.MaxRecompute = None,
+    baseline: opt.Baseline = None,
+    tolerance: opt.Tolerance = 0.0,
+    save_baseline_to: opt.SaveBaseline = None,
+    compile: opt.Compile = False,  # noqa: A002 (the option's name)
     debug: opt.Debug = False,
     version: opt.Version = False,
 ) -> int:
@@ -60,16 +72,29 @@ def audit(
     it. `te-ckpt-audit TARGET` is short for `te-ckpt-audit audit TARGET`. Exit codes: 0 ok, 1 a
     check failed, 2 usage or bad input, 3 the target failed to load or trace, 4 internal error.
     """
+    # Bad budgets and baselines fail before the user's code runs.
+    budgets = [parse_budget(b) for b in budget or []]
+    reference = load_baseline(baseline) if baseline is not None else None
+    gating = bool(budgets) or max_recompute is not None or reference is not None
     # The user's code may print, but stdout carries only the report. The spinner nests inside the
     # redirect: it swaps sys.stdout too while it runs, and must restore the redirect, not stdout.
     with contextlib.redirect_stdout(sys.stderr), progress_on_stderr() as progress:
-        report = audit_target(
+        report, gate = check_target(
             target,
             policy or DEFAULT_POLICIES,
+            budgets=budgets,
+            max_recompute=max_recompute,
+            baseline=reference,
+            tolerance=tolerance,
             inputs=inputs,
             overrides=define or [],
             scope=scope,
             progress=progress,
+            compile=compile,
         )
-    emit(renderer(format, table_view(top, equations, output is not None))(report), output)
-    return ExitCode.OK  # budget checks (a later issue) return ExitCode.CHECK_FAILED here
+    emit(renderer(format, table_view(top, equations, output is not None))(report, gate if gating else None), output)
+    if save_baseline_to is not None:
+        save_baseline(save_baseline_to, [report])
+    for v in gate.violations:
+        print(f"{PROG}: check failed: {v.message}", file=sys.stderr)
+    return ExitCode.CHECK_FAILED if gate.violations else ExitCode.OK

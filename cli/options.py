@@ -19,11 +19,12 @@ class OutputFormat(enum.StrEnum):
     TABLE = "table"
     JSON = "json"
     MARKDOWN = "markdown"
+    GITHUB = "github"  # GitHub Actions annotations for check failures and warnings
 
 
 class ExitCode(enum.IntEnum):
     OK = 0
-    CHECK_FAILED = 1  # a budget or baseline check failed (budgets come in a later issue)
+    CHECK_FAILED = 1  # a budget, recompute or baseline check failed
     USAGE = 2  # what the user typed is wrong: an option, a path, a spec
     TARGET = 3  # the user's code failed to load or trace
     INTERNAL = 4  # a bug in te-ckpt-audit
@@ -97,7 +98,62 @@ Top = Annotated[
 Format = Annotated[
     OutputFormat,
     typer.Option(
-        "--format", "-f", help="table for a terminal, json for machines, markdown for a CI summary."
+        "--format",
+        "-f",
+        help="table for a terminal, json for machines, markdown for a CI summary, github for "
+        "GitHub Actions annotations (::error at the model line of the largest residual).",
+    ),
+]
+Budgets = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--budget",
+        metavar="[POLICY=]SIZE",
+        help="Fail (exit 1) when activation bytes exceed SIZE (B, KB, MB, GB, KiB, MiB, GiB), for "
+        "every policy or, as POLICY=SIZE, for one; repeat for several.",
+        show_default=False,
+    ),
+]
+MaxRecompute = Annotated[
+    float | None,
+    typer.Option(
+        "--max-recompute",
+        metavar="PCT",
+        min=0.0,
+        help="Fail (exit 1) when a policy recomputes more than PCT percent of the forward FLOPs.",
+        show_default=False,
+    ),
+]
+Baseline = Annotated[
+    Path | None,
+    typer.Option(
+        "--baseline",
+        metavar="FILE",
+        help="Compare activation bytes with a baseline saved by --save-baseline; growth beyond "
+        "--tolerance fails (exit 1), shrinkage is reported.",
+        show_default=False,
+    ),
+]
+Tolerance = Annotated[
+    float,
+    typer.Option("--tolerance", metavar="PCT", min=0.0, help="Growth over the baseline allowed, in percent."),
+]
+SaveBaseline = Annotated[
+    Path | None,
+    typer.Option(
+        "--save-baseline",
+        metavar="FILE",
+        callback=_writable_output,
+        help="Write this run's activation bytes per policy to FILE, as the baseline for later runs.",
+        show_default=False,
+    ),
+]
+Compile = Annotated[
+    bool,
+    typer.Option(
+        "--compile",
+        help="Also compile each policy's training step and show XLA's memory analysis (temp, "
+        "argument, output, host bytes) beside the estimate. Slower.",
     ),
 ]
 Output = Annotated[

@@ -11,6 +11,7 @@ import dataclasses
 import io
 import os
 import re
+from collections.abc import Sequence
 
 from rich import box
 from rich.console import Console, Group, RenderableType
@@ -18,6 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from te_ckpt_audit import AuditReport, Outcome
+from te_ckpt_audit.render_gate import SUMMARY_HEADERS, SUMMARY_NUMERIC, Run, summary_rows
 from te_ckpt_audit.render import (
     COLUMNS,
     MARK_SYMBOLS,
@@ -168,6 +170,31 @@ def _warnings(report: AuditReport) -> list[RenderableType]:
     return [Text("Warnings", style="bold")] + [
         Text.assemble(("! ", "bold yellow"), (f"[{w.code}] ", "yellow"), w.message) for w in report.warnings
     ]
+
+
+def render_check_table(runs: Sequence[Run], width: int = 80) -> str:
+    """The gate's summary: one row per target and policy (the target named once), then the verdict."""
+    table = _table()
+    rows = summary_rows(runs)
+    table.add_column("target", overflow="fold")
+    table.add_column("policy", overflow="fold")
+    used = len(SUMMARY_HEADERS) + 1
+    for i, (header, numeric) in enumerate(zip(SUMMARY_HEADERS, SUMMARY_NUMERIC, strict=True)):
+        if i >= 2:
+            used += _fixed(table, header, [row[i] for row in rows], "right" if numeric else "left")
+    text_width = max(MIN_TEXT_WIDTH, (width - used) // 2)
+    previous = None
+    for target, policy, *figures in rows:
+        shown = "" if target == previous else _break(target, text_width)
+        previous = target
+        table.add_row(Text(shown), Text(_break(policy, text_width)), *figures)
+    failed = sum(len(result.violations) for _, result in runs)
+    verdict = f"{'FAILED' if failed else 'passed'}: {len(runs)} target(s), {failed} violation(s)"
+    buffer = io.StringIO()
+    console = Console(file=buffer, width=width, color_system=None, force_terminal=False)
+    console.print(_titled("te-ckpt-audit check", table))
+    console.print(verdict)
+    return buffer.getvalue()
 
 
 def render_table(report: AuditReport, view: TableView = TableView()) -> str:

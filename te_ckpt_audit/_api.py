@@ -124,6 +124,7 @@ def check_target(
     overrides: Sequence[str] = (),
     scope: Scope | str = Scope.AUTO,
     progress: Progress = _quiet,
+    compile: bool = False,
 ) -> tuple[AuditReport, CheckResult]:
     """Audit a target and check it against budgets and a baseline (the CI gate)."""
     for b in budgets:  # a budget for a policy that is not audited is a mistake, found before tracing
@@ -132,7 +133,9 @@ def check_target(
                 f"budget for {b.policy!r}, which is not among the audited policies",
                 f"add --policy {b.policy}, or audited: {', '.join(policies)}",
             )
-    report = audit_target(target, policies, inputs=inputs, overrides=overrides, scope=scope, progress=progress)
+    report = audit_target(
+        target, policies, inputs=inputs, overrides=overrides, scope=scope, progress=progress, compile=compile
+    )
     return report, check(report, budgets, max_recompute, baseline, tolerance)
 
 

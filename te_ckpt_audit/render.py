@@ -279,13 +279,13 @@ JSON_SCHEMA: dict[str, Any] = {
 # --- Markdown -----------------------------------------------------------------------------------
 
 
-def _md_row(cells: list[str]) -> str:
+def md_row(cells: list[str]) -> str:
     return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
 
 
-def _md_table(headers: list[str], rows: list[list[str]], numeric: list[bool]) -> list[str]:
+def md_table(headers: list[str], rows: list[list[str]], numeric: list[bool]) -> list[str]:
     rule = ["---:" if n else "---" for n in numeric]
-    return [_md_row(headers), "| " + " | ".join(rule) + " |", *(_md_row(r) for r in rows)]
+    return [md_row(headers), "| " + " | ".join(rule) + " |", *(md_row(r) for r in rows)]
 
 
 def render_markdown(report: AuditReport) -> str:
@@ -298,7 +298,7 @@ def render_markdown(report: AuditReport) -> str:
         "Bytes are residuals kept for the backward pass; TE GEMM, dot, named and other split "
         "the activation bytes.",
         "",
-        *_md_table(
+        *md_table(
             [c.header for c in columns],
             [[c.cell(report, r) for c in columns] for r in report.results],
             [c.numeric for c in columns],
@@ -310,7 +310,7 @@ def render_markdown(report: AuditReport) -> str:
     lines += ["### Warnings", ""]
     if report.warnings:
         rows = [[w.policy or "", w.code, w.message] for w in report.warnings]
-        lines += [*_md_table(["policy", "warning", "message"], rows, [False] * 3), ""]
+        lines += [*md_table(["policy", "warning", "message"], rows, [False] * 3), ""]
     else:
         lines += ["None.", ""]
     return "\n".join(lines)

@@ -170,7 +170,7 @@ def test_an_unexpected_exception_is_an_internal_error(model: Path, monkeypatch: 
     def explode(*_: Any, **__: Any) -> None:
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(audit_cmd, "audit_target", explode)
+    monkeypatch.setattr(audit_cmd, "check_target", explode)
     result = cli("model.py:loss")
     assert result.exit_code == ExitCode.INTERNAL
     hint = "rerun with --debug and report the traceback"

@@ -1,0 +1,98 @@
+"""`te-ckpt-audit check`: every target of `[tool.te-ckpt-audit]`, one summary, one exit code."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Annotated, assert_never
+
+import typer
+
+from te_ckpt_audit import DEFAULT_POLICIES, check_target
+from te_ckpt_audit.config import load_config
+from te_ckpt_audit.errors import UsageError
+from te_ckpt_audit.gate import load_baseline, save_baseline
+from te_ckpt_audit.render_gate import Run, render_check_github, render_check_json, render_check_markdown
+
+from . import options as opt
+from .options import ExitCode, OutputFormat
+from .tables import render_check_table
+from .terminal import PROG, at_the_edge, emit, progress_on_stderr
+
+ConfigPath = Annotated[
+    Path,
+    typer.Option("--config", metavar="PATH", help="The pyproject.toml holding [tool.te-ckpt-audit]."),
+]
+SaveFlag = Annotated[
+    bool,
+    typer.Option(
+        "--save-baseline",
+        help="Write this run's figures to the config's baseline file instead of comparing with it.",
+    ),
+]
+
+
+def check_renderer(fmt: OutputFormat) -> Callable[[Sequence[Run]], str]:
+    match fmt:
+        case OutputFormat.TABLE:
+            return render_check_table
+        case OutputFormat.JSON:
+            return render_check_json
+        case OutputFormat.MARKDOWN:
+            return render_check_markdown
+        case OutputFormat.GITHUB:
+            return render_check_github
+        case _:
+            assert_never(fmt)
+
+
+@at_the_edge
+def check(
+    config: ConfigPath = Path("pyproject.toml"),
+    format: opt.Format = OutputFormat.TABLE,  # noqa: A002 (the option's name)
+    output: opt.Output = None,
+    save_baseline_flag: SaveFlag = False,
+    debug: opt.Debug = False,
+) -> int:
+    """Audit every target declared in [tool.te-ckpt-audit] of pyproject.toml against its budgets
+    and the baseline; exit 1 if any check fails. --format markdown suits $GITHUB_STEP_SUMMARY,
+    --format github prints annotations."""
+    cfg = load_config(config)
+    reference = None
+    if save_baseline_flag and cfg.baseline is None:
+        raise UsageError(f"{config} names no baseline file", 'add baseline = "ckpt-baseline.json"')
+    if cfg.baseline is not None and not save_baseline_flag:
+        if not cfg.baseline.exists():
+            raise UsageError(
+                f"baseline {cfg.baseline} (named in {config}) does not exist",
+                f"create it with `{PROG} check --save-baseline`, and commit it",
+            )
+        reference = load_baseline(cfg.baseline)
+    runs: list[Run] = []
+    with contextlib.redirect_stdout(sys.stderr), progress_on_stderr() as progress:
+        for t in cfg.targets:
+            runs.append(
+                check_target(
+                    t.target,
+                    t.policies or DEFAULT_POLICIES,
+                    budgets=t.budgets,
+                    max_recompute=t.max_recompute,
+                    baseline=reference,
+                    tolerance=cfg.tolerance,
+                    inputs=t.inputs,
+                    overrides=t.defines,
+                    scope=t.scope,
+                    progress=progress,
+                )
+            )
+    emit(check_renderer(format)(runs), output)
+    if save_baseline_flag:
+        assert cfg.baseline is not None
+        save_baseline(cfg.baseline, [report for report, _ in runs])
+        print(f"{PROG}: baseline written to {cfg.baseline}", file=sys.stderr)
+    failed = [v for _, result in runs for v in result.violations]
+    for v in failed:
+        print(f"{PROG}: check failed: {v.message}", file=sys.stderr)
+    return ExitCode.CHECK_FAILED if failed else ExitCode.OK

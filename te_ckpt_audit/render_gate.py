@@ -1,0 +1,149 @@
+"""Renderers for CI gate results (`te-ckpt-audit check`, and `--budget`/`--baseline` on an audit):
+pure functions of (report, CheckResult) pairs, like the report renderers in `render.py`."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from .gate import Change, CheckResult, Violation
+from .render import md_table, format_bytes, format_percent, render_markdown
+from .report import AuditReport, ResidualKind, SourceLocation
+
+CHECK_SCHEMA = "te-ckpt-audit-check/1"
+
+Run = tuple[AuditReport, CheckResult]
+
+
+def _change_text(change: Change | None) -> str:
+    if change is None:
+        return ""
+    if change.baseline_bytes is None:
+        return "new"
+    pct = change.percent
+    return "=" if pct == 0 else f"{pct:+.2f}%"
+
+
+def summary_rows(runs: Sequence[Run]) -> list[list[str]]:
+    """One row per target and policy: target, policy, activation, recompute %, vs baseline, status."""
+    rows = []
+    for report, result in runs:
+        failed = {v.policy for v in result.violations}
+        changes = {c.policy: c for c in result.changes}
+        for r in report.results:
+            rows.append(
+                [
+                    report.target,
+                    r.policy,
+                    format_bytes(r.totals.activation_bytes),
+                    format_percent(r.recompute_percent),
+                    _change_text(changes.get(r.policy)),
+                    "FAIL" if r.policy in failed else "ok",
+                ]
+            )
+    return rows
+
+
+SUMMARY_HEADERS = ["target", "policy", "activation", "recompute", "vs baseline", "status"]
+SUMMARY_NUMERIC = [False, False, True, True, True, False]
+
+
+def render_check_markdown(runs: Sequence[Run]) -> str:
+    """A summary for `$GITHUB_STEP_SUMMARY`: the verdict, one table, the violations."""
+    failed = [v for _, result in runs for v in result.violations]
+    lines = [
+        "## te-ckpt-audit check",
+        "",
+        f"**{'FAILED' if failed else 'passed'}**: {len(runs)} target(s), {len(failed)} violation(s).",
+        "",
+        *md_table(SUMMARY_HEADERS, summary_rows(runs), SUMMARY_NUMERIC),
+    ]
+    if failed:
+        lines += ["", "### Violations", ""] + [f"- {v.message}" for v in failed]
+    return "\n".join(lines) + "\n"
+
+
+def render_audit_check_markdown(report: AuditReport, result: CheckResult) -> str:
+    """An audit's Markdown report followed by its gate verdict."""
+    return render_markdown(report) + "\n" + render_check_markdown([(report, result)])
+
+
+def _largest_source(report: AuditReport, policy: str) -> SourceLocation | None:
+    """Where the policy's largest activation (or offloaded) residual is made."""
+    residuals = [
+        r
+        for r in report.result(policy).residuals
+        if r.source is not None and r.kind in (ResidualKind.ACTIVATION, ResidualKind.HOST)
+    ]
+    return max(residuals, key=lambda r: r.bytes).source if residuals else None
+
+
+def _escape(text: str, prop: bool = False) -> str:
+    text = text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    return text.replace(":", "%3A").replace(",", "%2C") if prop else text
+
+
+def github_annotation(report: AuditReport, v: Violation) -> str:
+    """`::error file=...,line=...::message`, at the model line of the largest residual."""
+    where = _largest_source(report, v.policy)
+    props = [f"title={_escape(f'te-ckpt-audit: {v.policy}', prop=True)}"]
+    if where is not None:
+        props = [f"file={_escape(where.file, True)}", f"line={where.line}", *props]
+    return f"::error {','.join(props)}::{_escape(v.message)}"
+
+
+def render_check_github(runs: Sequence[Run]) -> str:
+    """GitHub Actions workflow commands: an error per violation, a warning per audit warning, a
+    notice per target and policy with its figures."""
+    lines = [github_annotation(report, v) for report, result in runs for v in result.violations]
+    lines += [
+        f"::notice title={_escape('te-ckpt-audit: ' + report.target, True)}::"
+        + _escape(
+            f"{r.policy}: activation {format_bytes(r.totals.activation_bytes)}, "
+            f"recompute {format_percent(r.recompute_percent)} of forward FLOPs"
+        )
+        for report, _ in runs
+        for r in report.results
+    ]
+    lines += [
+        f"::warning title={_escape('te-ckpt-audit: ' + (w.policy or ''), True)}::{_escape(w.message)}"
+        for report, _ in runs
+        for w in report.warnings
+    ]
+    failed = sum(len(result.violations) for _, result in runs)
+    lines.append(f"te-ckpt-audit check: {len(runs)} target(s), {failed} violation(s)")
+    return "\n".join(lines) + "\n"
+
+
+def _violation_dict(v: Violation) -> dict[str, Any]:
+    return {"policy": v.policy, "figure": v.figure, "value": v.value, "limit": v.limit, "message": v.message}
+
+
+def _finite(x: float | None) -> float | None:
+    return x if x is None or math.isfinite(x) else None  # JSON has no Infinity
+
+
+def check_to_dict(runs: Sequence[Run]) -> dict[str, Any]:
+    return {
+        "schema": CHECK_SCHEMA,
+        "ok": all(result.ok for _, result in runs),
+        "targets": [
+            {
+                "target": report.target,
+                "ok": result.ok,
+                "violations": [_violation_dict(v) for v in result.violations],
+                "changes": [
+                    {"policy": c.policy, "baseline_bytes": c.baseline_bytes, "bytes": c.bytes, "percent": _finite(c.percent)}
+                    for c in result.changes
+                ],
+                "report": report.to_dict(),
+            }
+            for report, result in runs
+        ],
+    }
+
+
+def render_check_json(runs: Sequence[Run]) -> str:
+    return json.dumps(check_to_dict(runs), indent=2) + "\n"

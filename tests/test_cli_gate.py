@@ -1,0 +1,188 @@
+"""CI gating from the command line: --budget, --max-recompute, baselines, and `check`."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner, Result
+
+from te_ckpt_audit import audit_target
+from te_ckpt_audit_cli.app import app
+from te_ckpt_audit_cli.options import ExitCode
+
+MODEL = """\
+import jax
+import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
+
+
+def loss(w, x):
+    h = checkpoint_name(jnp.sin(x @ w), "hidden")
+    return jnp.sum(jnp.cos(h) @ w)
+
+
+def loss_inputs(batch: int = 4, width: int = 8):
+    f32 = jnp.float32
+    return jax.ShapeDtypeStruct((width, width), f32), jax.ShapeDtypeStruct((batch, width), f32)
+"""
+POLICIES = ["checkpoint_dots", "everything_saveable"]
+
+
+def cli(*args: str) -> Result:
+    return CliRunner().invoke(app, list(args))
+
+
+@pytest.fixture
+def model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "model.py").write_text(MODEL)
+    return tmp_path / "model.py"
+
+
+@pytest.fixture
+def figures(model: Path) -> dict[str, int]:
+    report = audit_target("model.py:loss", POLICIES)
+    return {r.policy: r.totals.activation_bytes for r in report.results}
+
+
+def audit_args(*extra: str) -> list[str]:
+    return ["model.py:loss", *[a for p in POLICIES for a in ("-p", p)], "-f", "json", *extra]
+
+
+def test_within_budget_exits_0(model: Path, figures: dict[str, int]) -> None:
+    result = cli(*audit_args("--budget", f"{max(figures.values())}B"))
+    assert result.exit_code == ExitCode.OK, result.stderr
+    assert json.loads(result.stdout)["schema"] == "te-ckpt-audit/1"  # stdout stays the report
+
+
+def test_over_budget_exits_1_with_a_line_per_violation(model: Path, figures: dict[str, int]) -> None:
+    limit = figures["checkpoint_dots"]
+    result = cli(*audit_args("--budget", str(limit)))
+    assert result.exit_code == ExitCode.CHECK_FAILED
+    lines = [line for line in result.stderr.splitlines() if "check failed" in line]
+    assert len(lines) == 1
+    assert "model.py:loss [everything_saveable]" in lines[0] and f"({limit} B)" in lines[0]
+    assert json.loads(result.stdout)["results"][1]["totals"]["activation_bytes"] == figures["everything_saveable"]
+
+
+def test_per_policy_budget(model: Path, figures: dict[str, int]) -> None:
+    ok = cli(*audit_args("--budget", f"checkpoint_dots={figures['checkpoint_dots']}"))
+    assert ok.exit_code == ExitCode.OK
+    tight = cli(*audit_args("--budget", f"checkpoint_dots={figures['checkpoint_dots'] - 1}"))
+    assert tight.exit_code == ExitCode.CHECK_FAILED
+    assert "[checkpoint_dots]" in tight.stderr
+    unknown = cli(*audit_args("--budget", "dots_saveable=1GiB"))
+    assert unknown.exit_code == ExitCode.USAGE and "not among the audited" in unknown.stderr
+
+
+def test_bad_budget_is_a_usage_error(model: Path) -> None:
+    result = cli(*audit_args("--budget", "six gigs"))
+    assert result.exit_code == ExitCode.USAGE
+    assert result.stderr.count("\n") == 1 and "not a size" in result.stderr
+
+
+def test_max_recompute(model: Path) -> None:
+    result = cli("model.py:loss", "-p", "nothing_saveable", "--max-recompute", "1", "-f", "json")
+    assert result.exit_code == ExitCode.CHECK_FAILED
+    assert "recompute" in result.stderr and "--max-recompute 1%" in result.stderr
+
+
+def _baseline(path: Path, figures: dict[str, int], scale: dict[str, float]) -> None:
+    doc = {"schema": "te-ckpt-audit-baseline/1", "targets": {"model.py:loss": {
+        p: round(v * scale.get(p, 1.0)) for p, v in figures.items()}}}
+    path.write_text(json.dumps(doc))
+
+
+def test_save_and_compare_baseline(model: Path, figures: dict[str, int]) -> None:
+    saved = cli(*audit_args("--save-baseline", "base.json"))
+    assert saved.exit_code == ExitCode.OK
+    doc = json.loads(Path("base.json").read_text())
+    assert doc["targets"]["model.py:loss"] == figures
+    again = cli(*audit_args("--baseline", "base.json"))
+    assert again.exit_code == ExitCode.OK
+
+
+def test_baseline_growth_past_tolerance_fails(model: Path, figures: dict[str, int]) -> None:
+    _baseline(Path("base.json"), figures, {"checkpoint_dots": 0.5})  # now +100%
+    result = cli(*audit_args("--baseline", "base.json", "--tolerance", "99"))
+    assert result.exit_code == ExitCode.CHECK_FAILED
+    assert "grew +100.00%" in result.stderr and "[checkpoint_dots]" in result.stderr
+
+
+def test_growth_exactly_at_tolerance_passes(model: Path, figures: dict[str, int]) -> None:
+    _baseline(Path("base.json"), figures, {"checkpoint_dots": 0.5})
+    assert cli(*audit_args("--baseline", "base.json", "--tolerance", "100")).exit_code == ExitCode.OK
+
+
+def test_shrinkage_passes_and_is_reported(model: Path, figures: dict[str, int]) -> None:
+    _baseline(Path("base.json"), figures, {"checkpoint_dots": 2.0})
+    result = cli("model.py:loss", "-p", "checkpoint_dots", "-p", "everything_saveable",
+                 "--baseline", "base.json", "-f", "markdown")
+    assert result.exit_code == ExitCode.OK
+    assert "-50.00%" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("content", "fragment"),
+    [("{oops", "not valid JSON"), ('{"schema": "x/1", "targets": {}}', "expected 'te-ckpt-audit-baseline/1'")],
+)
+def test_corrupt_baseline_exits_2_before_tracing(model: Path, content: str, fragment: str) -> None:
+    Path("base.json").write_text(content)
+    Path("model.py").write_text(MODEL + "\nraise SystemExit('user code ran')\n")
+    result = cli(*audit_args("--baseline", "base.json"))
+    assert result.exit_code == ExitCode.USAGE
+    assert fragment in result.stderr and "user code ran" not in result.stderr
+
+
+def test_github_annotations_point_at_the_model_line(model: Path) -> None:
+    result = cli("model.py:loss", "-p", "everything_saveable", "--budget", "1B", "-f", "github")
+    assert result.exit_code == ExitCode.CHECK_FAILED
+    (error,) = [line for line in result.stdout.splitlines() if line.startswith("::error")]
+    assert error.startswith("::error file=model.py,line=7,")  # h = checkpoint_name(jnp.sin(x @ w), ...)
+    assert "exceed the budget 1 B" in error
+
+
+CONFIG = """\
+[tool.te-ckpt-audit]
+baseline = "base.json"
+tolerance = 5
+
+[[tool.te-ckpt-audit.targets]]
+target = "model.py:loss"
+defines = {{ batch = 8 }}
+policies = ["checkpoint_dots", "everything_saveable"]
+{budget}
+"""
+
+
+def test_check_command(model: Path) -> None:
+    Path("pyproject.toml").write_text(CONFIG.format(budget='budget = "1MiB"'))
+    missing = cli("check")
+    assert missing.exit_code == ExitCode.USAGE and "--save-baseline" in missing.stderr
+    assert cli("check", "--save-baseline").exit_code == ExitCode.OK
+    ok = cli("check", "-f", "markdown")
+    assert ok.exit_code == ExitCode.OK
+    assert "**passed**: 1 target(s), 0 violation(s)." in ok.stdout
+    assert "| model.py:loss | checkpoint_dots |" in ok.stdout
+    Path("pyproject.toml").write_text(CONFIG.format(budget='budget = "100B"'))
+    failed = cli("check", "-f", "json")
+    assert failed.exit_code == ExitCode.CHECK_FAILED
+    doc = json.loads(failed.stdout)
+    assert doc["ok"] is False and {v["policy"] for v in doc["targets"][0]["violations"]} == set(POLICIES)
+    assert doc["targets"][0]["report"]["arguments"][1].endswith("[8, 8]")  # defines applied
+
+
+def test_check_rejects_unknown_keys(model: Path) -> None:
+    Path("pyproject.toml").write_text(CONFIG.format(budget='budgit = "1MiB"'))
+    result = cli("check")
+    assert result.exit_code == ExitCode.USAGE
+    assert "unknown key 'budgit'" in result.stderr and "did you mean 'budget'" in result.stderr
+
+
+def test_check_with_a_malformed_config(model: Path) -> None:
+    Path("cfg.toml").write_text("[tool.te-ckpt-audit\n")
+    result = cli("check", "--config", "cfg.toml")
+    assert result.exit_code == ExitCode.USAGE and "not valid TOML" in result.stderr
