@@ -22,7 +22,7 @@ from .tables import render_check_table
 from .terminal import PROG, at_the_edge, emit, progress_on_stderr
 
 ConfigPath = Annotated[
-    Path,
+    str,
     typer.Option("--config", metavar="PATH", help="The pyproject.toml holding [tool.te-ckpt-audit]."),
 ]
 SaveFlag = Annotated[
@@ -50,7 +50,7 @@ def check_renderer(fmt: OutputFormat) -> Callable[[Sequence[Run]], str]:
 
 @at_the_edge
 def check(
-    config: ConfigPath = Path("pyproject.toml"),
+    config: ConfigPath = "pyproject.toml",
     format: opt.Format = OutputFormat.TABLE,  # noqa: A002 (the option's name)
     output: opt.Output = None,
     save_baseline_flag: SaveFlag = False,

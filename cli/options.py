@@ -30,8 +30,12 @@ class ExitCode(enum.IntEnum):
     INTERNAL = 4  # a bug in te-ckpt-audit
 
 
-def _writable_output(path: Path | None) -> Path | None:
-    """Fail before the audit runs, not after it, when the report could not be written."""
+def _writable_output(text: str | None) -> Path | None:
+    """Fail before the audit runs, not after it, when the report could not be written.
+    (Paths arrive as str: Typer would load pydantic, a fifth of a second, to coerce a Path.)"""
+    if text is None:
+        return None
+    path = Path(text)
     if path is not None:
         folder = path.parent
         if path.is_dir() or not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
@@ -125,9 +129,10 @@ MaxRecompute = Annotated[
     ),
 ]
 Baseline = Annotated[
-    Path | None,
+    str | None,
     typer.Option(
         "--baseline",
+        callback=lambda text: None if text is None else Path(text),
         metavar="FILE",
         help="Compare activation bytes with a baseline saved by --save-baseline; growth beyond "
         "--tolerance fails (exit 1), shrinkage is reported.",
@@ -139,7 +144,7 @@ Tolerance = Annotated[
     typer.Option("--tolerance", metavar="PCT", min=0.0, help="Growth over the baseline allowed, in percent."),
 ]
 SaveBaseline = Annotated[
-    Path | None,
+    str | None,
     typer.Option(
         "--save-baseline",
         metavar="FILE",
@@ -157,7 +162,7 @@ Compile = Annotated[
     ),
 ]
 Output = Annotated[
-    Path | None,
+    str | None,
     typer.Option(
         "--output",
         "-o",

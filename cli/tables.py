@@ -22,6 +22,9 @@ from te_ckpt_audit import AuditReport, Outcome
 from te_ckpt_audit.render_gate import SUMMARY_HEADERS, SUMMARY_NUMERIC, Run, summary_rows
 from te_ckpt_audit.render import (
     COLUMNS,
+    COMPILED_HEADERS,
+    COMPILED_NOTE,
+    compiled_errors,
     MARK_SYMBOLS,
     STANDIN_NOTE,
     format_bytes,
@@ -218,6 +221,17 @@ def render_table(report: AuditReport, view: TableView = TableView()) -> str:
             )
         ],
     ]
+    if any(r.compiled is not None for r in report.results):
+        backend = next(r.compiled.backend for r in report.results if r.compiled is not None)
+        sections.append(
+            [
+                _comparison(
+                    report, f"Compiled training step ({backend}): XLA memory analysis", COMPILED_HEADERS, view.width
+                ),
+                Text(COMPILED_NOTE, style="dim"),
+                *(Text(f"{p}: not compiled: {why}", style="yellow") for p, why in compiled_errors(report)),
+            ]
+        )
     if view.top:
         sections.append([_hotspots(report, view.top, view.width)])
     if view.equations:

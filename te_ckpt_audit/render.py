@@ -73,6 +73,22 @@ def _te_gemms_recomputed(report: AuditReport, result: PolicyResult) -> str:
     return f"{recomputed}/{len(te)}"
 
 
+def _compiled(field: str) -> Callable[[AuditReport, PolicyResult], str]:
+    def cell(_: AuditReport, r: PolicyResult) -> str:
+        value = None if r.compiled is None else getattr(r.compiled, field)
+        return "n/a" if value is None else format_bytes(value)
+
+    return cell
+
+
+COMPILED_HEADERS = ("activation", "XLA temp", "XLA arguments", "XLA output", "XLA host")
+
+
+def compiled_errors(report: AuditReport) -> list[tuple[str, str]]:
+    """(policy, why) for each policy whose training step did not compile."""
+    return [(r.policy, r.compiled.error) for r in report.results if r.compiled and r.compiled.error]
+
+
 COLUMNS: dict[str, Column] = {
     c.header: c
     for c in (
@@ -89,6 +105,10 @@ COLUMNS: dict[str, Column] = {
         Column("residuals", lambda _, r: str(len(r.residuals))),
         Column("recompute", lambda _, r: format_flops(r.recompute_flops)),
         Column("% of forward", lambda _, r: format_percent(r.recompute_percent)),
+        Column("XLA temp", _compiled("temp_bytes")),
+        Column("XLA arguments", _compiled("argument_bytes")),
+        Column("XLA output", _compiled("output_bytes")),
+        Column("XLA host", _compiled("host_bytes")),
     )
 }
 
@@ -156,6 +176,12 @@ STANDIN_NOTE = (
 
 
 # --- JSON ---------------------------------------------------------------------------------------
+
+
+COMPILED_NOTE = (
+    "XLA's memory_analysis() of the compiled forward+backward step for this backend; XLA fuses and "
+    "schedules on its own, so its temp bytes differ from the residual estimate."
+)
 
 
 def render_json(report: AuditReport) -> str:
@@ -290,7 +316,8 @@ def md_table(headers: list[str], rows: list[list[str]], numeric: list[bool]) -> 
 
 def render_markdown(report: AuditReport) -> str:
     """The comparison and the warnings as GitHub tables, for a pull-request or CI summary."""
-    columns = list(COLUMNS.values())
+    compiled = any(r.compiled is not None for r in report.results)
+    columns = [c for c in COLUMNS.values() if compiled or not c.header.startswith("XLA")]
     lines = [
         f"## te-ckpt-audit: `{report.target}`",
         "",
@@ -307,6 +334,10 @@ def render_markdown(report: AuditReport) -> str:
     ]
     if report.te == "stand-in":
         lines += [f"> {STANDIN_NOTE}", ""]
+    if compiled:
+        lines += [f"> XLA columns: {COMPILED_NOTE}", ""]
+        lines += [f"> {policy}: not compiled: {why}" for policy, why in compiled_errors(report)]
+        lines += [""] if compiled_errors(report) else []
     lines += ["### Warnings", ""]
     if report.warnings:
         rows = [[w.policy or "", w.code, w.message] for w in report.warnings]

@@ -1,0 +1,170 @@
+"""te-ckpt-audit benchmarks: every figure is a ratio against a baseline measured in the same run.
+
+    python bench/run.py            # all of it (a few minutes on 2 cores)
+    python bench/run.py --quick    # fewer repeats, no 96-layer runs
+
+(a) whole processes, median of --repeats runs: `te-ckpt-audit` comparing 5 policies against ONE
+    `jax.ad_checkpoint.print_saved_residuals` call on the same function with its own policy
+    (scanned GPT sample at 24 layers, and the Flax sample). Goal: ratio <= 1.5.
+(b) a GPT-3-175B-shaped stack (hidden 12288, 96 heads, sequence 2048, batch 1, bf16,
+    ShapeDtypeStructs only) at 48 and 96 unrolled layers and 96 scanned, each in a fresh process:
+    time and peak RSS of the audit against the floor, one `jax.make_jaxpr` of the VJP of the same
+    function. Goals: <= 2x time, <= 1.5x RSS, and 48 -> 96 layers <= 2.2x time.
+(c) where the time goes: load+trace / analysis / render, in one process, for (a)'s GPT.
+
+Timings on a shared 2-core machine are noisy; the medians and same-run baselines are the point.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+POLICIES = [
+    "nothing_saveable",
+    "checkpoint_dots",
+    "checkpoint_dots_and_te_gemms",
+    "dots_and_te_gemms_with_no_batch_dims",
+    "everything_saveable",
+]
+GPT3 = ["batch=1", "seq=2048", "d_model=12288", "heads=96", "d_ff=49152", "vocab=50304", "dtype=bfloat16"]
+
+# One process of each kind. They print a JSON line: {"seconds": ..., "rss_mib": ...}.
+_PRELUDE = """
+import json, resource, sys, time
+t0 = time.perf_counter()
+import jax
+sys.path.insert(0, {root!r})
+"""
+_BASELINE = _PRELUDE + """
+import importlib
+from te_ckpt_audit._loading import load_inputs, load_target
+target = load_target({target!r})
+args = load_inputs(target, overrides={defines!r}).args
+leaves, tree = jax.tree_util.tree_flatten(args)
+dyn = [i for i, x in enumerate(leaves) if isinstance(x, jax.ShapeDtypeStruct)]
+def f(*xs):
+    full = list(leaves)
+    for i, x in zip(dyn, xs):
+        full[i] = x
+    return target.fn(*jax.tree_util.tree_unflatten(tree, full))
+{work}
+print(json.dumps({{"seconds": time.perf_counter() - t0,
+                  "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}}))
+"""
+_PRINT_SAVED = "jax.ad_checkpoint.print_saved_residuals(f, *[leaves[i] for i in dyn])"
+_FLOOR = "jax.make_jaxpr(lambda *xs: jax.vjp(f, *xs)[1](jax.numpy.ones((), jax.numpy.float32)))(*[leaves[i] for i in dyn])"
+_AUDIT = _PRELUDE + """
+from te_ckpt_audit import audit_target
+from te_ckpt_audit.render import render_json
+report = audit_target({target!r}, {policies!r}, overrides={defines!r})
+render_json(report)
+print(json.dumps({{"seconds": time.perf_counter() - t0,
+                  "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "activation_gib": report.results[1].totals.activation_bytes / 2**30}}))
+"""
+
+
+def _run(code: str) -> dict[str, float]:
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False)
+    if out.returncode != 0:
+        raise SystemExit(f"benchmark process failed:\n{out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _cli_seconds(target: str, defines: list[str]) -> float:
+    args = ["te-ckpt-audit", target, "--format", "json"]
+    args += [a for p in POLICIES for a in ("-p", p)] + [a for d in defines for a in ("-D", d)]
+    t0 = time.perf_counter()
+    subprocess.run(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True,
+                   env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    return time.perf_counter() - t0
+
+
+def _baseline_seconds(target: str, defines: list[str]) -> float:
+    code = _BASELINE.format(root=str(ROOT), target=target, defines=defines, work=_PRINT_SAVED)
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.DEVNULL, check=True,
+                   env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    return time.perf_counter() - t0
+
+
+def bench_a(repeats: int) -> None:
+    print(f"(a) te-ckpt-audit, 5 policies, vs ONE print_saved_residuals; whole processes, median of {repeats}")
+    for target, defines in [("sample_models/gpt.py:loss", ["layers=24"]), ("sample_models/flax_model.py:loss", [])]:
+        ours = statistics.median(_cli_seconds(target, defines) for _ in range(repeats))
+        base = statistics.median(_baseline_seconds(target, defines) for _ in range(repeats))
+        goal = "meets" if ours / base <= 1.5 else "MISSES"
+        print(f"    {target} {' '.join(defines):10s} audit {ours:6.2f} s  print_saved_residuals "
+              f"{base:6.2f} s  ratio {ours / base:5.2f}  ({goal} the 1.5 goal)")
+
+
+def bench_b(quick: bool) -> None:
+    print("(b) GPT-3-175B shapes (ShapeDtypeStruct, bf16): audit of 5 policies vs one make_jaxpr of the VJP")
+    cases = [("48 unrolled", ["layers=48", "scan=False"]), ("96 scanned", ["layers=96", "scan=True"])]
+    if not quick:
+        cases.insert(1, ("96 unrolled", ["layers=96", "scan=False"]))
+    times = {}
+    for label, extra in cases:
+        defines = GPT3 + extra
+        target = "sample_models/gpt.py:loss"
+        floor = _run(_BASELINE.format(root=str(ROOT), target=target, defines=defines, work=_FLOOR))
+        ours = _run(_AUDIT.format(root=str(ROOT), target=target, defines=defines, policies=POLICIES))
+        times[label] = ours["seconds"]
+        t_ratio, m_ratio = ours["seconds"] / floor["seconds"], ours["rss_mib"] / floor["rss_mib"]
+        print(f"    {label:12s} audit {ours['seconds']:6.2f} s {ours['rss_mib']:6.0f} MiB | floor "
+              f"{floor['seconds']:6.2f} s {floor['rss_mib']:6.0f} MiB | time x{t_ratio:4.2f} "
+              f"({'meets' if t_ratio <= 2 else 'MISSES'} 2), RSS x{m_ratio:4.2f} "
+              f"({'meets' if m_ratio <= 1.5 else 'MISSES'} 1.5) | checkpoint_dots keeps "
+              f"{ours['activation_gib']:.1f} GiB")
+    if "96 unrolled" in times:
+        scale = times["96 unrolled"] / times["48 unrolled"]
+        print(f"    48 -> 96 unrolled layers: audit time x{scale:4.2f} ({'meets' if scale <= 2.2 else 'MISSES'} 2.2)")
+
+
+def bench_c() -> None:
+    sys.path.insert(0, str(ROOT))
+    from te_ckpt_audit._api import audit_traced
+    from te_ckpt_audit._loading import load_inputs, load_target
+    from te_ckpt_audit._trace import trace
+    from te_ckpt_audit.render import render_json
+    from te_ckpt_audit_cli.tables import TableView, render_table
+
+    target = "sample_models/gpt.py:loss"
+    t0 = time.perf_counter()
+    loaded = load_target(target)
+    traced = trace(loaded.fn, load_inputs(loaded, overrides=["layers=24"]).args, target)
+    t1 = time.perf_counter()
+    report = audit_traced(traced, POLICIES)
+    t2 = time.perf_counter()
+    render_json(report)
+    render_table(report, TableView(equations=True))
+    t3 = time.perf_counter()
+    total = t3 - t0
+    print("(c) where the time goes (gpt, 24 layers, 5 policies, one process, jax already imported)")
+    for name, s in [("load + trace", t1 - t0), ("analysis", t2 - t1), ("render", t3 - t2)]:
+        print(f"    {name:13s} {s:6.2f} s  {100 * s / total:5.1f}%")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="3 repeats, no 96-layer unrolled run")
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    repeats = 3 if args.quick else args.repeats
+    print(f"python {sys.version.split()[0]}, {os.cpu_count()} cores")
+    bench_a(repeats)
+    bench_b(args.quick)
+    bench_c()
+
+
+if __name__ == "__main__":
+    main()
