@@ -353,69 +353,82 @@ def _recomputed(tangent: Any) -> tuple[set[str], int]:
     residuals: the latter is remat's recomputation, which the backward pass runs before the
     transposed linear work.
     """
-    tags: set[str] = set()
-    flops = 0
+    _, tags, flops = _Walk().run(tangent, (True,) * len(tangent.invars))
+    return set(tags), flops
 
-    def walk(jaxpr: Any, tangent_in: list[bool], mult: int) -> list[bool]:
-        nonlocal flops
+
+class _Walk:
+    """Tangent-dependence through a jaxpr, memoized per (body, input flags): a layer body shared by
+    every layer is walked once, its FLOPs counted once per use."""
+
+    def __init__(self) -> None:
+        self._memo: dict[tuple[int, tuple[bool, ...]], tuple[Any, tuple[bool, ...], frozenset[str], int]] = {}
+
+    def run(self, jaxpr: Any, tangent_in: tuple[bool, ...]) -> tuple[tuple[bool, ...], frozenset[str], int]:
+        key = (id(jaxpr), tangent_in)
+        if key not in self._memo:
+            self._memo[key] = (jaxpr, *self._run(jaxpr, tangent_in))  # keeps `jaxpr` alive: ids stay unique
+        return self._memo[key][1:]
+
+    def _run(self, jaxpr: Any, tangent_in: tuple[bool, ...]) -> tuple[tuple[bool, ...], frozenset[str], int]:
         tangent_vars = {v for v, t in zip(jaxpr.invars, tangent_in, strict=True) if t}
+        tags: set[str] = set()
+        flops = 0
         for eqn in jaxpr.eqns:
-            ins = [not isinstance(v, jc.Literal) and v in tangent_vars for v in eqn.invars]
-            outs = _walk_structured(eqn, ins, mult, walk)
-            if outs is None:  # a leaf equation
-                outs = [any(ins)] * len(eqn.outvars)
+            ins = tuple(not isinstance(v, jc.Literal) and v in tangent_vars for v in eqn.invars)
+            structured = self._structured(eqn, ins)
+            if structured is None:  # a leaf equation
+                outs = (any(ins),) * len(eqn.outvars)
                 has_var_input = any(not isinstance(v, jc.Literal) for v in eqn.invars)
                 if not any(ins) and has_var_input and eqn.primitive is not jc.name_p:
                     tag = jc.eqn_tag(eqn)
                     if tag is not None:
                         tags.add(tag)
-                    flops += leaf_flops(eqn) * mult
+                    flops += leaf_flops(eqn)
+            else:
+                outs, inner_tags, inner_flops = structured
+                tags |= inner_tags
+                flops += inner_flops
             tangent_vars.update(v for v, t in zip(eqn.outvars, outs, strict=True) if t)
-        return [not isinstance(v, jc.Literal) and v in tangent_vars for v in jaxpr.outvars]
+        outs = tuple(not isinstance(v, jc.Literal) and v in tangent_vars for v in jaxpr.outvars)
+        return outs, frozenset(tags), flops
 
-    walk(tangent, [True] * len(tangent.invars), 1)
-    return tags, flops
+    def _structured(self, eqn: Any, ins: tuple[bool, ...]) -> tuple[tuple[bool, ...], frozenset[str], int] | None:
+        """(output flags, recomputed tags, FLOPs) of a structured equation; None for a leaf."""
+        prim = eqn.primitive
+        params = eqn.params
+        if prim is jc.scan_p:
+            body = open_jaxpr(params["jaxpr"])
+            lo, hi = params["num_consts"], params["num_consts"] + params["num_carry"]
+            flags = _carry_fixpoint(body, list(ins), lo, hi, params["num_carry"])
+            outs, tags, flops = self.run(body, flags)
+            return outs, tags, flops * int(params["length"])
+        if prim is jc.while_p:
+            body = open_jaxpr(params["body_jaxpr"])
+            lo = params["cond_nconsts"] + params["body_nconsts"]
+            flags = _carry_fixpoint(body, list(ins[params["cond_nconsts"] :]), params["body_nconsts"], len(ins) - params["cond_nconsts"], len(ins) - lo)
+            return self.run(body, flags)  # trip count unknown: FLOPs of one iteration
+        if prim is jc.cond_p:
+            results = [self.run(open_jaxpr(b), ins[1:]) for b in params["branches"]]
+            outs = tuple(any(col) for col in zip(*(r[0] for r in results), strict=True))
+            return outs, frozenset().union(*(r[1] for r in results)), max(r[2] for r in results)
+        subs = list(sub_jaxprs(params))
+        if len(subs) == 1 and prim is not jc.custom_jvp_call_p:
+            body = open_jaxpr(subs[0][2])
+            if len(body.invars) == len(eqn.invars) and len(body.outvars) == len(eqn.outvars):
+                return self.run(body, ins)
+        return None
 
 
-def _walk_structured(eqn: Any, ins: list[bool], mult: int, walk: Callable[..., list[bool]]) -> list[bool] | None:
-    """Tangent-dependence of a structured equation's outputs, walking its body; None for leaves."""
-    prim = eqn.primitive
-    params = eqn.params
-    if prim is jc.scan_p:
-        body = open_jaxpr(params["jaxpr"])
-        n_consts, n_carry = params["num_consts"], params["num_carry"]
-        flags = list(ins)
-        length = int(params["length"])
-        for _ in range(n_carry + 1):  # fixpoint over the carry, without counting FLOPs
-            outs = _dataflow_only(body, flags)
-            new = [a or b for a, b in zip(flags[n_consts : n_consts + n_carry], outs[:n_carry], strict=True)]
-            if new == flags[n_consts : n_consts + n_carry]:
-                break
-            flags[n_consts : n_consts + n_carry] = new
-        return walk(body, flags, length * mult)
-    if prim is jc.while_p:
-        cj, bj = open_jaxpr(params["cond_jaxpr"]), open_jaxpr(params["body_jaxpr"])
-        nc, nb = params["cond_nconsts"], params["body_nconsts"]
-        carry = ins[nc + nb :]
-        for _ in range(len(carry) + 1):
-            outs = _dataflow_only(bj, ins[nc : nc + nb] + carry)
-            new = [a or b for a, b in zip(carry, outs, strict=True)]
-            if new == carry:
-                break
-            carry = new
-        return walk(bj, ins[nc : nc + nb] + carry, mult)
-    if prim is jc.cond_p:
-        outs: list[bool] | None = None
-        for branch in params["branches"]:
-            b = walk(open_jaxpr(branch), ins[1:], mult)
-            outs = b if outs is None else [x or y for x, y in zip(outs, b, strict=True)]
-        return outs
-    subs = list(sub_jaxprs(params))
-    if len(subs) == 1 and prim is not jc.custom_jvp_call_p:
-        body = open_jaxpr(subs[0][2])
-        if len(body.invars) == len(eqn.invars) and len(body.outvars) == len(eqn.outvars):
-            return walk(body, ins, mult)
-    return None
+def _carry_fixpoint(body: Any, flags: list[bool], lo: int, hi: int, n_carry: int) -> tuple[bool, ...]:
+    """Input flags with the loop carry [lo:hi] tangent wherever an iteration can make it so."""
+    for _ in range(n_carry + 1):
+        outs = _dataflow_only(body, flags)
+        new = [a or b for a, b in zip(flags[lo:hi], outs[:n_carry], strict=True)]
+        if new == flags[lo:hi]:
+            break
+        flags[lo:hi] = new
+    return tuple(flags)
 
 
 def _dataflow_only(jaxpr: Any, tangent_in: list[bool]) -> list[bool]:

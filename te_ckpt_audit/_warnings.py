@@ -11,7 +11,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from ._analysis import analyse, resolve_scope, row_policy, verdict_of
+from ._analysis import analyse, row_policy, verdict_of
 from ._trace import Traced
 from .render import format_flops
 from .report import AuditWarning, Outcome, PolicyResult, Scope, Verdict
@@ -35,21 +35,24 @@ def add_warnings(
     traced: Traced, specs: Sequence[PolicySpec], results: Sequence[PolicyResult], scope: Scope
 ) -> list[PolicyResult]:
     """Each result with its warnings attached."""
+    given = {(p.text, r.scope): r for p, r in zip(specs, results, strict=True)}
     baseline: dict[Scope, PolicyResult] = {}
 
     def nothing_saveable(s: Scope) -> PolicyResult:
         if s not in baseline:
-            spec = resolve_policy("nothing_saveable")
-            found = [r for p, r in zip(specs, results, strict=True) if p.text == "nothing_saveable" and r.scope is s]
-            baseline[s] = found[0] if found else analyse(traced, spec, s)
+            found = given.get(("nothing_saveable", s))
+            baseline[s] = found or analyse(traced, resolve_policy("nothing_saveable"), s)
         return baseline[s]
 
     out = []
     for spec, result in zip(specs, results, strict=True):
         warnings = [*_spec_warnings(traced, spec, result)]
-        if spec.kind is SpecKind.POLICY and spec.text != "nothing_saveable":
-            base = nothing_saveable(resolve_scope(traced, spec, scope))
-            if _signature(base) == _signature(result):
+        # Only a policy that saves nothing itself can match nothing_saveable, unless the latter
+        # was audited anyway: the extra analysis is spent only on likely cases.
+        saves = any(m.verdict in (Verdict.SAVE, Verdict.OFFLOAD) for m in result.marks)
+        audited = ("nothing_saveable", result.scope) in given
+        if spec.kind is SpecKind.POLICY and spec.text != "nothing_saveable" and (audited or not saves):
+            if _signature(nothing_saveable(result.scope)) == _signature(result):
                 warnings.append(
                     AuditWarning(
                         "same-as-nothing-saveable",
