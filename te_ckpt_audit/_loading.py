@@ -54,7 +54,7 @@ def split_spec(text: str, what: str) -> tuple[str, str]:
     return where, attr
 
 
-def _user_location(exc: BaseException, roots: tuple[str, ...] = ()) -> str:
+def user_location(exc: BaseException, roots: tuple[str, ...] = ()) -> str:
     """file:line of the innermost frame of the user's code in an exception's traceback."""
     if isinstance(exc, SyntaxError) and exc.filename:
         return f"{exc.filename}:{exc.lineno}"
@@ -118,12 +118,12 @@ def import_module(where: str) -> ModuleType:
         ) from exc
     except ModuleNotFoundError as exc:
         raise TargetError(
-            f"importing {where} failed at {_user_location(exc)}: {exc}",
+            f"importing {where} failed at {user_location(exc)}: {exc}",
             "install the missing package or fix the import",
         ) from exc
     except Exception as exc:
         raise TargetError(
-            f"importing {where} raised {type(exc).__name__} at {_user_location(exc)}: {exc}",
+            f"importing {where} raised {type(exc).__name__} at {user_location(exc)}: {exc}",
             "the model module runs on import; fix the error there (rerun with --debug for the traceback)",
         ) from exc
 
@@ -239,7 +239,7 @@ def load_inputs(target: Target, inputs: str | None = None, overrides: Mapping[st
         value = fn(**kwargs)
     except Exception as exc:
         raise TargetError(
-            f"inputs callable {source} raised {type(exc).__name__} at {_user_location(exc)}: {exc}",
+            f"inputs callable {source} raised {type(exc).__name__} at {user_location(exc)}: {exc}",
             "fix the inputs callable (rerun with --debug for the traceback)",
         ) from exc
     args = value if isinstance(value, tuple) else (value,)

@@ -16,6 +16,7 @@ import numpy as np
 
 from . import _jax_compat as jc
 from ._jaxpr import SourceFinder, aval_dtype, aval_shape, leaf_flops, map_sub_jaxprs, open_jaxpr, sub_jaxprs
+from ._loading import user_location
 from .errors import TargetError, UsageError
 from .policies import is_te_gemm
 from .report import Equation, SourceLocation
@@ -115,7 +116,7 @@ def trace(fn: Callable[..., Any], args: tuple[Any, ...], target: str = "") -> Tr
         closed, out_shape = jax.make_jaxpr(flat_fn, return_shape=True)(*avals)
     except Exception as exc:
         raise TargetError(
-            f"tracing {target or 'the function'} raised {type(exc).__name__} at {_where(exc)}: "
+            f"tracing {target or 'the function'} raised {type(exc).__name__} at {user_location(exc)}: "
             f"{_first_line(exc)}",
             "fix the model code (rerun with --debug for the traceback)",
         ) from exc
@@ -139,10 +140,6 @@ def _first_line(exc: BaseException) -> str:
     return text[0] if text else type(exc).__name__
 
 
-def _where(exc: BaseException) -> str:
-    from ._loading import _user_location
-
-    return _user_location(exc)
 
 
 def _contains_remat(jaxpr: Any) -> bool:
