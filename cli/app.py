@@ -15,6 +15,8 @@ from .audit_cmd import audit
 from .check_cmd import check
 from .options import ExitCode
 from .policies_cmd import policies
+from te_ckpt_audit import AuditError, emulation
+
 from .terminal import PROG, fail
 
 DEFAULT_COMMAND = "audit"
@@ -59,6 +61,24 @@ app.command("policies")(policies)
 app.command("check")(check)
 
 
+def _emulate_gpu(argv: list[str]) -> tuple[str | None, list[str]]:
+    """Take `--emulate-gpu SPEC` out of argv: it is handled before parsing, by re-running."""
+    for i, arg in enumerate(argv):
+        if arg == "--emulate-gpu" and i + 1 < len(argv):
+            return argv[i + 1], argv[:i] + argv[i + 2 :]
+        if arg.startswith("--emulate-gpu="):
+            return arg.split("=", 1)[1], argv[:i] + argv[i + 1 :]
+    return None, argv
+
+
 def main() -> None:
-    """The console script: exits with the command's code."""
+    """The console script: exits with the command's code. With --emulate-gpu, the command runs
+    again in a process whose CUDA driver is the emulated one (te_ckpt_audit.emulation)."""
+    spec, rest = _emulate_gpu(sys.argv[1:])
+    if spec is not None and not emulation.current():
+        try:
+            emulation.exec_emulated(emulation.parse_gpu(spec), [sys.executable, "-m", "te_ckpt_audit_cli", *rest])
+        except AuditError as err:
+            sys.exit(fail(err.message, err.hint, err.exit_code))
+    sys.argv[1:] = rest
     app(prog_name=PROG)

@@ -65,6 +65,7 @@ def audit(
     compile: opt.Compile = False,  # noqa: A002 (the option's name)
     debug: opt.Debug = False,
     version: opt.Version = False,
+    emulate_gpu: opt.EmulateGpu = None,  # consumed by app.main before parsing; listed for --help
 ) -> int:
     """Show what each checkpoint policy saves, recomputes and offloads for TARGET, side by side.
 

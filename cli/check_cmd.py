@@ -55,6 +55,7 @@ def check(
     output: opt.Output = None,
     save_baseline_flag: SaveFlag = False,
     debug: opt.Debug = False,
+    emulate_gpu: opt.EmulateGpu = None,  # consumed by app.main before parsing; listed for --help
 ) -> int:
     """Audit every target declared in [tool.te-ckpt-audit] of pyproject.toml against its budgets
     and the baseline; exit 1 if any check fails. --format markdown suits $GITHUB_STEP_SUMMARY,

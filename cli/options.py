@@ -188,3 +188,16 @@ Version = Annotated[
     bool,
     typer.Option("--version", callback=_print_version, is_eager=True, help="Print the version and exit."),
 ]
+
+
+EmulateGpu = Annotated[
+    str | None,
+    typer.Option(
+        "--emulate-gpu",
+        metavar="CC:SMS",
+        help="Trace real Transformer Engine on a machine without a GPU: run on an emulated device "
+        "of compute capability CC with SMS multiprocessors (e.g. 9.0:132), after `bash "
+        "te_cpu/setup.sh`. Handled before the other options.",
+        show_default=False,
+    ),
+]

@@ -24,6 +24,7 @@ from te_ckpt_audit.render import (
     COLUMNS,
     COMPILED_HEADERS,
     COMPILED_NOTE,
+    EMULATED_NOTE,
     compiled_errors,
     MARK_SYMBOLS,
     STANDIN_NOTE,
@@ -239,6 +240,8 @@ def render_table(report: AuditReport, view: TableView = TableView()) -> str:
     sections.append(_warnings(report))
     if report.te == "stand-in":
         sections.append([Text(f"Note: {STANDIN_NOTE}", style="dim")])
+    if report.emulated_device:
+        sections.append([Text(f"Note: {EMULATED_NOTE.format(device=report.emulated_device)}", style="dim")])
     out = io.StringIO()
     console = Console(
         file=out,

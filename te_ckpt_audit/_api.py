@@ -9,6 +9,7 @@ import jax
 
 import dataclasses
 
+from . import emulation
 from ._analysis import analyse
 from ._compile import compiled_memory
 from ._loading import load_inputs, load_target
@@ -87,6 +88,7 @@ def audit_traced(
         te=te,
         equations=equations,
         results=tuple(results),
+        emulated_device=emulation.current(),
     )
 
 

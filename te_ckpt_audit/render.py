@@ -169,6 +169,12 @@ def marks_by_equation(report: AuditReport) -> list[tuple[Equation, tuple[Outcome
     return sorted(rows, key=lambda row: len(set(row[1])) == 1)  # stable: id order within each group
 
 
+EMULATED_NOTE = (
+    "Traced on an emulated GPU ({device}): what Transformer Engine selects by compute capability "
+    "(FP8 recipes, attention backends) and its workspace sizes depend on it; residual bytes only "
+    "through those selections."
+)
+
 STANDIN_NOTE = (
     "TE GEMMs here are a CPU stand-in (transformer_engine.jax does not import): primitives with "
     "TE's names, bound as TE binds them."
@@ -298,6 +304,7 @@ JSON_SCHEMA: dict[str, Any] = {
             )
         ),
         forward_flops=_INT,
+        emulated_device=_OPT_STR,
     ),
 }
 
@@ -334,6 +341,8 @@ def render_markdown(report: AuditReport) -> str:
     ]
     if report.te == "stand-in":
         lines += [f"> {STANDIN_NOTE}", ""]
+    if report.emulated_device:
+        lines += [f"> {EMULATED_NOTE.format(device=report.emulated_device)}", ""]
     if compiled:
         lines += [f"> XLA columns: {COMPILED_NOTE}", ""]
         lines += [f"> {policy}: not compiled: {why}" for policy, why in compiled_errors(report)]

@@ -172,6 +172,9 @@ class AuditReport:
     te: str  # "real" (Transformer Engine imported), "stand-in", or "none" (no TE GEMMs)
     equations: tuple[Equation, ...]
     results: tuple[PolicyResult, ...]
+    # The emulated GPU TE traced against (te_ckpt_audit.emulation), or None. What TE selects by
+    # compute capability and its workspace sizes depend on it; residual bytes only through those.
+    emulated_device: str | None = None
 
     @property
     def forward_flops(self) -> int:
