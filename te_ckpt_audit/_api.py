@@ -9,7 +9,6 @@ import jax
 
 import dataclasses
 
-from . import emulation
 from ._analysis import analyse
 from ._compile import compiled_memory
 from ._loading import load_inputs, load_target
@@ -88,8 +87,14 @@ def audit_traced(
         te=te,
         equations=equations,
         results=tuple(results),
-        emulated_device=emulation.current(),
+        emulated_device=_emulated_device(),
     )
+
+
+def _emulated_device() -> str | None:
+    from .emulation import current  # imported late: `python -m te_ckpt_audit.emulation` runs it
+
+    return current()
 
 
 def audit(

@@ -38,7 +38,7 @@ class Gpu:
     memory_gib: float = 80.0
 
     def __str__(self) -> str:
-        return f"sm_{self.major}{self.minor}, {self.sms} SMs, {self.memory_gib:g} GiB (emulated)"
+        return f"sm_{self.major}{self.minor}, {self.sms} SMs, {self.memory_gib:g} GiB"
 
 
 def parse_gpu(text: str) -> Gpu:

@@ -16,6 +16,7 @@ primitives, and JAX's ``scaled_matmul_wrapper`` (``jax.nn.scaled_matmul``), as T
 from __future__ import annotations
 
 import functools
+import importlib
 from typing import Any
 
 import jax
@@ -40,8 +41,8 @@ SCALED_MATMUL_NAME = "scaled_matmul_wrapper"
 @functools.cache
 def _real_te_primitives() -> frozenset[Any] | None:
     """TE's outer GEMM primitives when TE imports, else None (then names decide)."""
-    try:
-        from transformer_engine.jax.cpp_extensions import gemm  # type: ignore[import-not-found]
+    try:  # the module, not the function of the same name that cpp_extensions re-exports
+        gemm = importlib.import_module("transformer_engine.jax.cpp_extensions.gemm")
     except Exception:  # TE absent, or present without CUDA: fall back to names
         return None
     prims = set()

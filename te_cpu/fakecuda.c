@@ -1,6 +1,7 @@
 /*
- * An emulated CUDA driver (libcuda.so.1) for tracing Transformer Engine models on a machine
- * without a GPU. te-ckpt-audit preloads it into the tracing process only.
+ * An emulated CUDA device for tracing Transformer Engine models on a machine without a GPU.
+ * te-ckpt-audit preloads it (as libcuda.so.1) into the tracing process only. It defines the CUDA
+ * runtime calls TE makes (interposing libcudart's) and the driver calls those lead to.
  *
  * It answers the device queries TE makes while tracing (compute capability, SM count, device
  * limits, loading an NVRTC-compiled kernel and asking its occupancy) as ONE device, and answers
@@ -12,8 +13,8 @@
  *   TE_CKPT_AUDIT_GPU_MEM   device memory in GiB, 80 by default
  *   TE_CKPT_AUDIT_FAKECUDA_TRACE=1 prints each driver entry point asked for, to stderr
  *
- * Written from the public CUDA driver API documentation (function names, signatures and enum
- * values as in cuda.h of the CUDA 12 wheels); no NVIDIA code.
+ * Written from the public CUDA API documentation; compiled against the CUDA 12 wheels' headers
+ * (cuda.h, cuda_runtime_api.h) so every signature and struct layout is theirs. No NVIDIA code.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -22,20 +23,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef int CUresult;
-typedef int CUdevice;
-typedef void *CUcontext;
-typedef void *CUmodule;
-typedef void *CUfunction;
-
-enum {
-  CUDA_SUCCESS = 0,
-  CUDA_ERROR_INVALID_VALUE = 1,
-  CUDA_ERROR_NO_DEVICE = 100,
-  CUDA_ERROR_INVALID_DEVICE = 101,
-  CUDA_ERROR_NOT_FOUND = 500,
-  CUDA_ERROR_NOT_SUPPORTED = 801,
-};
+#include <cuda.h>
+#include <cuda_runtime_api.h>
 
 static int trace_enabled(void) {
   const char *v = getenv("TE_CKPT_AUDIT_FAKECUDA_TRACE");
@@ -101,14 +90,12 @@ CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
   return CUDA_SUCCESS;
 }
 
-CUresult cuDeviceGetUuid(unsigned char *uuid, CUdevice dev) {
+CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev) {
   if (!uuid) return CUDA_ERROR_INVALID_VALUE;
   if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
-  memset(uuid, 0x7e, 16);
+  memset(uuid, 0x7e, sizeof *uuid);
   return CUDA_SUCCESS;
 }
-
-CUresult cuDeviceGetUuid_v2(unsigned char *uuid, CUdevice dev) { return cuDeviceGetUuid(uuid, dev); }
 
 static int attribute(int attrib) {
   switch (attrib) {
@@ -144,7 +131,7 @@ static int attribute(int attrib) {
   }
 }
 
-CUresult cuDeviceGetAttribute(int *value, int attrib, CUdevice dev) {
+CUresult cuDeviceGetAttribute(int *value, CUdevice_attribute attrib, CUdevice dev) {
   if (!value) return CUDA_ERROR_INVALID_VALUE;
   if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
   *value = attribute(attrib);
@@ -159,9 +146,27 @@ CUresult cuDeviceComputeCapability(int *major, int *minor, CUdevice dev) {
   return CUDA_SUCCESS;
 }
 
+/* One context, so that a kernel can be "loaded" in it; nothing can run in it. */
+static char fake_context;
+static __thread CUcontext current_context;
+
+CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev) {
+  if (!ctx) return CUDA_ERROR_INVALID_VALUE;
+  if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
+  *ctx = (CUcontext)&fake_context;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) { return dev == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE; }
+
+CUresult cuCtxSetCurrent(CUcontext ctx) {
+  current_context = ctx;
+  return CUDA_SUCCESS;
+}
+
 CUresult cuCtxGetCurrent(CUcontext *ctx) {
   if (!ctx) return CUDA_ERROR_INVALID_VALUE;
-  *ctx = NULL;
+  *ctx = current_context;
   return CUDA_SUCCESS;
 }
 
@@ -177,11 +182,11 @@ static char fake_module, fake_function;
 CUresult cuModuleLoadData(CUmodule *module, const void *image) {
   (void)image;
   if (!module) return CUDA_ERROR_INVALID_VALUE;
-  *module = &fake_module;
+  *module = (CUmodule)&fake_module;
   return CUDA_SUCCESS;
 }
 
-CUresult cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned n, void *options, void **values) {
+CUresult cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned n, CUjit_option *options, void **values) {
   (void)n; (void)options; (void)values;
   return cuModuleLoadData(module, image);
 }
@@ -191,16 +196,16 @@ CUresult cuModuleUnload(CUmodule module) { (void)module; return CUDA_SUCCESS; }
 CUresult cuModuleGetFunction(CUfunction *fn, CUmodule module, const char *name) {
   (void)module; (void)name;
   if (!fn) return CUDA_ERROR_INVALID_VALUE;
-  *fn = &fake_function;
+  *fn = (CUfunction)&fake_function;
   return CUDA_SUCCESS;
 }
 
-CUresult cuFuncSetAttribute(CUfunction fn, int attrib, int value) {
+CUresult cuFuncSetAttribute(CUfunction fn, CUfunction_attribute attrib, int value) {
   (void)fn; (void)attrib; (void)value;
   return CUDA_SUCCESS;
 }
 
-CUresult cuFuncGetAttribute(int *value, int attrib, CUfunction fn) {
+CUresult cuFuncGetAttribute(int *value, CUfunction_attribute attrib, CUfunction fn) {
   (void)fn; (void)attrib;
   if (!value) return CUDA_ERROR_INVALID_VALUE;
   *value = 0;
@@ -238,10 +243,11 @@ CUresult cuGetErrorName(CUresult error, const char **text) {
 /* Everything else: no device. Under the x86-64 and AArch64 C calling conventions a function that
  * ignores its arguments can stand in for any driver entry point returning CUresult. */
 static CUresult no_device(void) { return CUDA_ERROR_NO_DEVICE; }
+static void *entry_point(const char *symbol);
 
-CUresult cuGetExportTable(const void **table, const void *id) {
+CUresult cuGetExportTable(const void **table, const CUuuid *id) {
   (void)table; (void)id;
-  return CUDA_ERROR_NOT_SUPPORTED;
+  return CUDA_ERROR_NOT_SUPPORTED;  /* libcudart's private tables: the runtime is interposed instead */
 }
 
 /* Our own definition of `symbol` ("cuDeviceTotalMem" means cuDeviceTotalMem_v2 at CUDA >= 3.2,
@@ -258,16 +264,138 @@ static void *own(const char *symbol) {
   return fn;
 }
 
-CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cuda_version, uint64_t flags, int *status) {
-  (void)cuda_version; (void)flags;
-  if (!symbol || !pfn) return CUDA_ERROR_INVALID_VALUE;
+static void *entry_point(const char *symbol) {
   void *fn = own(symbol);
   if (trace_enabled()) fprintf(stderr, "fakecuda: %s%s\n", symbol, fn ? "" : " -> no device");
-  *pfn = fn ? fn : (void *)no_device;
-  if (status) *status = 0; /* CU_GET_PROC_ADDRESS_SUCCESS */
+  return fn ? fn : (void *)no_device;
+}
+
+/* cuda.h maps cuGetProcAddress to cuGetProcAddress_v2; this defines the latter. */
+CUresult cuGetProcAddress(const char *symbol, void **pfn, int cuda_version, cuuint64_t flags,
+                          CUdriverProcAddressQueryResult *status) {
+  (void)cuda_version; (void)flags;
+  if (!symbol || !pfn) return CUDA_ERROR_INVALID_VALUE;
+  *pfn = entry_point(symbol);
+  if (status) *status = CU_GET_PROC_ADDRESS_SUCCESS;
   return CUDA_SUCCESS;
 }
 
-CUresult cuGetProcAddress(const char *symbol, void **pfn, int cuda_version, uint64_t flags) {
-  return cuGetProcAddress_v2(symbol, pfn, cuda_version, flags, NULL);
+/* --- the CUDA runtime calls TE makes while tracing (interposing libcudart.so.12) ----------- */
+
+cudaError_t cudaGetDeviceCount(int *count) { return cuDeviceGetCount(count) ? cudaErrorInvalidValue : cudaSuccess; }
+
+cudaError_t cudaGetDevice(int *device) {
+  if (!device) return cudaErrorInvalidValue;
+  *device = 0;
+  return cudaSuccess;
 }
+
+cudaError_t cudaSetDevice(int device) { return device == 0 ? cudaSuccess : cudaErrorInvalidDevice; }
+
+cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int device) {
+  if (!value) return cudaErrorInvalidValue;
+  if (device != 0) return cudaErrorInvalidDevice;
+  *value = attribute((int)attr);  /* the runtime's numbering is the driver's */
+  return cudaSuccess;
+}
+
+/* cuda_runtime_api.h maps cudaGetDeviceProperties to cudaGetDeviceProperties_v2. */
+cudaError_t cudaGetDeviceProperties_v2(struct cudaDeviceProp *prop, int device) {
+  if (!prop) return cudaErrorInvalidValue;
+  if (device != 0) return cudaErrorInvalidDevice;
+  memset(prop, 0, sizeof *prop);
+  cuDeviceGetName(prop->name, sizeof prop->name, 0);
+  prop->totalGlobalMem = total_mem();
+  prop->sharedMemPerBlock = (size_t)attribute(8);
+  prop->regsPerBlock = attribute(12);
+  prop->warpSize = attribute(10);
+  prop->maxThreadsPerBlock = attribute(1);
+  prop->maxThreadsDim[0] = attribute(2); prop->maxThreadsDim[1] = attribute(3); prop->maxThreadsDim[2] = attribute(4);
+  prop->maxGridSize[0] = attribute(5); prop->maxGridSize[1] = attribute(6); prop->maxGridSize[2] = attribute(7);
+  prop->totalConstMem = (size_t)attribute(9);
+  prop->major = cc_major();
+  prop->minor = cc_minor();
+  prop->multiProcessorCount = sm_count();
+  prop->l2CacheSize = attribute(38);
+  prop->maxThreadsPerMultiProcessor = attribute(39);
+  prop->sharedMemPerMultiprocessor = (size_t)attribute(81);
+  prop->regsPerMultiprocessor = attribute(82);
+  prop->sharedMemPerBlockOptin = (size_t)attribute(97);
+  prop->maxBlocksPerMultiProcessor = attribute(106);
+  prop->memoryBusWidth = attribute(37);
+  prop->unifiedAddressing = 1;
+  prop->concurrentKernels = 1;
+  return cudaSuccess;
+}
+
+cudaError_t cudaDriverGetVersion(int *version) { return cuDriverGetVersion(version) ? cudaErrorInvalidValue : cudaSuccess; }
+
+cudaError_t cudaRuntimeGetVersion(int *version) {
+  if (!version) return cudaErrorInvalidValue;
+  *version = CUDART_VERSION;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetLastError(void) { return cudaSuccess; }
+cudaError_t cudaPeekAtLastError(void) { return cudaSuccess; }
+
+const char *cudaGetErrorString(cudaError_t error) {
+  return error == cudaSuccess ? "no error" : "not available on the te-ckpt-audit emulated GPU";
+}
+
+const char *cudaGetErrorName(cudaError_t error) {
+  return error == cudaSuccess ? "cudaSuccess" : "cudaErrorNoDevice";
+}
+
+cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **fn, unsigned int version,
+                                             unsigned long long flags,
+                                             enum cudaDriverEntryPointQueryResult *status) {
+  (void)version; (void)flags;
+  if (!symbol || !fn) return cudaErrorInvalidValue;
+  *fn = entry_point(symbol);
+  if (status) *status = cudaDriverEntryPointSuccess;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetDriverEntryPoint(const char *symbol, void **fn, unsigned long long flags,
+                                    enum cudaDriverEntryPointQueryResult *status) {
+  return cudaGetDriverEntryPointByVersion(symbol, fn, CUDART_VERSION, flags, status);
+}
+
+cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int *blocks, const void *fn, int block_size,
+                                                                   size_t smem, unsigned int flags) {
+  (void)flags;
+  return cuOccupancyMaxActiveBlocksPerMultiprocessor(blocks, (CUfunction)fn, block_size, smem)
+             ? cudaErrorInvalidValue : cudaSuccess;
+}
+
+/* --- cuDNN: a handle can be created (TE makes one to choose its attention backend) -------- */
+
+static char fake_cudnn_handle;
+int cudnnCreate(void **handle) {  /* cudnnStatus_t cudnnCreate(cudnnHandle_t *) */
+  if (!handle) return 3;          /* CUDNN_STATUS_BAD_PARAM */
+  *handle = &fake_cudnn_handle;
+  return 0;                       /* CUDNN_STATUS_SUCCESS */
+}
+int cudnnDestroy(void *handle) { (void)handle; return 0; }
+int cudnnSetStream(void *handle, void *stream) { (void)handle; (void)stream; return 0; }
+
+/* Anything that would allocate, copy, launch or synchronise: no device. The assembler names let
+ * one argument-ignoring body stand for each, whatever its prototype in cuda_runtime_api.h. */
+#define NO_DEVICE(name)                                          \
+  cudaError_t no_device_##name(void) __asm__(#name);             \
+  cudaError_t no_device_##name(void) { return cudaErrorNoDevice; }
+NO_DEVICE(cudaMalloc) NO_DEVICE(cudaMallocAsync) NO_DEVICE(cudaMallocHost) NO_DEVICE(cudaHostAlloc)
+NO_DEVICE(cudaFree) NO_DEVICE(cudaFreeAsync) NO_DEVICE(cudaFreeHost)
+NO_DEVICE(cudaMemcpy) NO_DEVICE(cudaMemcpyAsync) NO_DEVICE(cudaMemcpy2DAsync) NO_DEVICE(cudaMemcpyToSymbol)
+NO_DEVICE(cudaMemset) NO_DEVICE(cudaMemsetAsync)
+NO_DEVICE(cudaLaunchKernel) NO_DEVICE(cudaLaunchKernelExC)
+NO_DEVICE(cudaDeviceSynchronize) NO_DEVICE(cudaStreamSynchronize) NO_DEVICE(cudaStreamCreate)
+NO_DEVICE(cudaStreamCreateWithPriority) NO_DEVICE(cudaStreamDestroy) NO_DEVICE(cudaStreamWaitEvent)
+NO_DEVICE(cudaStreamBeginCapture) NO_DEVICE(cudaStreamEndCapture) NO_DEVICE(cudaStreamIsCapturing)
+NO_DEVICE(cudaEventCreate) NO_DEVICE(cudaEventCreateWithFlags) NO_DEVICE(cudaEventDestroy)
+NO_DEVICE(cudaEventRecord) NO_DEVICE(cudaEventSynchronize) NO_DEVICE(cudaEventElapsedTime)
+NO_DEVICE(cudaDeviceCanAccessPeer) NO_DEVICE(cudaDeviceGetStreamPriorityRange)
+NO_DEVICE(cudaFuncGetAttributes) NO_DEVICE(cudaFuncSetAttribute) NO_DEVICE(cudaGetSymbolAddress)
+NO_DEVICE(cudaIpcGetMemHandle) NO_DEVICE(cudaIpcOpenMemHandle) NO_DEVICE(cudaIpcCloseMemHandle)
+NO_DEVICE(cudaPointerGetAttributes) NO_DEVICE(cudaGraphDestroy) NO_DEVICE(cudaOccupancyMaxActiveClusters)

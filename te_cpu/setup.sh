@@ -40,7 +40,16 @@ if [ ! -f "$STAMP" ]; then
   touch "$STAMP"
 fi
 
-"$ENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps -e "$ROOT"
+if ! "$ENV/bin/python" -c "import sys, te_ckpt_audit; sys.exit(not te_ckpt_audit.__file__.startswith('$ROOT/'))" 2>/dev/null; then
+  "$ENV/bin/python" -m pip install -q --disable-pip-version-check -e "$ROOT[test]" >/dev/null 2>&1 \
+    || "$ENV/bin/python" -m pip install -q --disable-pip-version-check -e "$ROOT[test]"
+fi
 log "compiling the emulated CUDA driver"
-mkdir -p "$ENV/fakecuda" && gcc -O2 -shared -fPIC -Wl,-soname,libcuda.so.1 -o "$ENV/fakecuda/libcuda.so.1" "$ROOT/te_cpu/fakecuda.c" -ldl
+NV="$("$ENV/bin/python" -c 'import nvidia, os; print(os.path.dirname(nvidia.__path__[0] + "/x"))')"
+mkdir -p "$ENV/fakecuda"
+# Every driver symbol that the CUDA libraries of this environment link against must exist.
+"$ENV/bin/python" "$ROOT/te_cpu/stubs.py" "$ROOT/te_cpu/fakecuda.c" "$ENV/fakecuda/stubs.c" \
+  $(find "$NV" "$ENV"/lib/python*/site-packages/transformer_engine -name '*.so*' -type f)
+gcc -O2 -Wall -shared -fPIC -Wl,-soname,libcuda.so.1 -I"$NV/cuda_runtime/include" -I"$NV/cuda_nvcc/include" \
+  -o "$ENV/fakecuda/libcuda.so.1" "$ROOT/te_cpu/fakecuda.c" "$ENV/fakecuda/stubs.c" -ldl
 echo "$ENV/bin/python"
