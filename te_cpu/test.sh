@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # The te lane: real Transformer Engine on this CPU-only machine. Sets up (or reuses) the cached TE
-# environment, then runs the tests marked `te` on an emulated H100 (compute capability 9.0, 132 SMs).
+# environment, then runs the tests marked `te` on an emulated H100 (compute capability 9.0, 132 SMs),
+# and the MXFP8 test on an emulated B200 (10.0, 148 SMs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="$(bash te_cpu/setup.sh | tail -n 1)"
-exec "$PY" -m te_ckpt_audit.emulation --gpu "${TE_CKPT_AUDIT_GPU:-9.0:132}" -- \
+"$PY" -m te_ckpt_audit.emulation --gpu "${TE_CKPT_AUDIT_GPU:-9.0:132}" -- \
   "$PY" -m pytest -m te tests/test_real_te.py "$@"
+# MXFP8 needs compute capability >= 9.9: the same file again on an emulated B200, for that test.
+"$PY" -m te_ckpt_audit.emulation --gpu 10.0:148 -- \
+  "$PY" -m pytest -m te tests/test_real_te.py -k mxfp8 "$@"

@@ -19,7 +19,7 @@ try:
     with warnings.catch_warnings():  # TE's import touches deprecated JAX APIs
         warnings.simplefilter("ignore")
         import transformer_engine.jax as te
-        from transformer_engine.common.recipe import DelayedScaling
+        from transformer_engine.common.recipe import DelayedScaling, MXFP8BlockScaling
         from transformer_engine.jax import checkpoint_policies as te_cp
         from transformer_engine.jax import flax as te_flax
         from transformer_engine.jax.dense import grouped_dense
@@ -53,9 +53,11 @@ def no_recipe() -> Iterator[None]:
     yield
 
 
-def _module_case(module: Any, recipe: Callable[[], Any] = no_recipe) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+def _module_case(
+    module: Any, recipe: Callable[[], Any] = no_recipe, shape: tuple[int, ...] = (B, S, D)
+) -> tuple[Callable[..., Any], tuple[Any, ...]]:
     """loss(params, x) for a TE Flax module, with ShapeDtypeStruct params from eval_shape."""
-    x = jax.ShapeDtypeStruct((B, S, D), bf16)
+    x = jax.ShapeDtypeStruct(shape, bf16)
     with recipe():
         params = jax.eval_shape(lambda k, x: module.init(k, x, deterministic=True) if _takes_deterministic(module) else module.init(k, x), jax.random.key(0), x)
 
@@ -165,6 +167,25 @@ def test_our_policies_agree_with_tes_on_every_equation(case) -> None:
             assert bool(ours(eqn.primitive, *avals, **eqn.params)) == bool(
                 theirs(eqn.primitive, *avals, **eqn.params)
             ), (eqn.primitive.name, ours)
+
+
+def _emulated_cc() -> float:
+    import os
+
+    return float(os.environ.get("TE_CKPT_AUDIT_GPU_CC", "0"))
+
+
+@pytest.mark.skipif(_emulated_cc() < 9.9, reason="MXFP8 needs compute capability 9.9 or more")
+def test_mxfp8_on_an_emulated_blackwell() -> None:
+    def mxfp8() -> Any:
+        return te.autocast(enabled=True, recipe=MXFP8BlockScaling())
+
+    # MXFP8 scales blocks of 32 along the token axes too
+    fn, args = _module_case(te_flax.DenseGeneral(features=F, dtype=bf16), mxfp8, shape=(B, 32, D))
+    report = audit(fn, *args, policies=["checkpoint_dots", "checkpoint_dots_and_te_gemms"])
+    rows = te_rows(report)
+    assert all(report.result("checkpoint_dots").mark(e.id).outcome is Outcome.RECOMPUTED for e in rows)
+    assert report.result("checkpoint_dots_and_te_gemms").totals.te_gemm_bytes > 0
 
 
 def test_te_sample_model_runs_on_real_te() -> None:
