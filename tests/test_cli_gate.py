@@ -3,36 +3,15 @@
 from __future__ import annotations
 
 import json
-import textwrap
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner, Result
 
 from te_ckpt_audit import audit_target
-from te_ckpt_audit_cli.app import app
 from te_ckpt_audit_cli.options import ExitCode
+from test_cli import MODEL, cli  # the same small model and runner as the CLI tests
 
-MODEL = """\
-import jax
-import jax.numpy as jnp
-from jax.ad_checkpoint import checkpoint_name
-
-
-def loss(w, x):
-    h = checkpoint_name(jnp.sin(x @ w), "hidden")
-    return jnp.sum(jnp.cos(h) @ w)
-
-
-def loss_inputs(batch: int = 4, width: int = 8):
-    f32 = jnp.float32
-    return jax.ShapeDtypeStruct((width, width), f32), jax.ShapeDtypeStruct((batch, width), f32)
-"""
 POLICIES = ["checkpoint_dots", "everything_saveable"]
-
-
-def cli(*args: str) -> Result:
-    return CliRunner().invoke(app, list(args))
 
 
 @pytest.fixture
