@@ -339,9 +339,9 @@ class _Resolver:
             if n_consts <= j < n_consts + n_carry and body.outvars[j - n_consts] is not out:
                 out = body.outvars[j - n_consts]
                 continue
-            # a loop-invariant or per-iteration input: its producer is outside the scan
-            outer_mult = mult if (j < n_consts + n_carry or not stacked) else mult
-            return self._resolve(jaxpr, eqn.invars[j], inner.name, outer_mult, depth + 1, top)
+            # a loop-invariant or per-iteration input: its producer is outside the scan (stacked,
+            # it is still one value per layer)
+            return self._resolve(jaxpr, eqn.invars[j], inner.name, inner_mult, depth + 1, top)
         return _Producer(eqn, name, inner_mult, None)
 
 
