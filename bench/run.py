@@ -60,7 +60,10 @@ print(json.dumps({{"seconds": time.perf_counter() - t0,
                   "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}}))
 """
 _PRINT_SAVED = "jax.ad_checkpoint.print_saved_residuals(f, *[leaves[i] for i in dyn])"
-_FLOOR = "jax.make_jaxpr(lambda *xs: jax.vjp(f, *xs)[1](jax.numpy.ones((), jax.numpy.float32)))(*[leaves[i] for i in dyn])"
+_FLOOR = (
+    "jax.make_jaxpr(lambda *xs: jax.vjp(f, *xs)[1](jax.numpy.ones((), jax.numpy.float32)))"
+    "(*[leaves[i] for i in dyn])"
+)
 _AUDIT = _PRELUDE + """
 from te_ckpt_audit import audit_target
 from te_ckpt_audit.render import render_json

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Annotated, assert_never
 
 import typer

@@ -13,7 +13,7 @@ reference (a process-wide registration, meant for tests).
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp

@@ -5,7 +5,7 @@ With no remat inside, the tool's ``auto`` scope wraps the whole loss in one
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp

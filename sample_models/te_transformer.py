@@ -10,7 +10,8 @@ context are plain batched einsums. Layers are unrolled; there is no internal rem
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp

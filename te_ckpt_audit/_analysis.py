@@ -185,9 +185,10 @@ def analyse(traced: Traced, spec: PolicySpec, scope: Scope = Scope.AUTO) -> Poli
     except AuditError:
         raise
     except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise TargetError(
             f"differentiating {traced.target or 'the function'} under {spec.text} raised "
-            f"{type(exc).__name__} at {user_location(exc)}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}",
+            f"{type(exc).__name__} at {user_location(exc)}: {first}",
             "fix the model's differentiation rules (rerun with --debug for the traceback)",
         ) from exc
     rows = traced.rows.by_id  # complete now: custom_vjp forward rules were traced just above
@@ -268,7 +269,7 @@ def _residuals(traced: Traced, jaxpr: Any) -> list[Residual]:
                 primitive=eqn.primitive.name if eqn is not None else None,
                 name=name,
                 equation=eid if row is not None else None,
-                source=row.equation.source if row is not None else (traced.rows.finder(eqn) if eqn is not None else None),
+                source=row.equation.source if row else (traced.rows.finder(eqn) if eqn is not None else None),
                 multiplicity=producer.multiplicity if producer else 1,
                 argument=argument,
                 standin=te and bool(getattr(eqn.primitive, "te_ckpt_audit_standin", False)),
@@ -324,7 +325,9 @@ class _Resolver:
                 return inner
         return _Producer(eqn, name, mult, None)
 
-    def _through_scan(self, jaxpr: Any, eqn: Any, i: int, name: str | None, mult: int, depth: int, top: bool) -> _Producer:
+    def _through_scan(
+        self, jaxpr: Any, eqn: Any, i: int, name: str | None, mult: int, depth: int, top: bool
+    ) -> _Producer:
         body = open_jaxpr(eqn.params["jaxpr"])
         n_consts, n_carry = eqn.params["num_consts"], eqn.params["num_carry"]
         length = int(eqn.params["length"])
@@ -405,7 +408,8 @@ class _Walk:
         if prim is jc.while_p:
             body = open_jaxpr(params["body_jaxpr"])
             lo = params["cond_nconsts"] + params["body_nconsts"]
-            flags = _carry_fixpoint(body, list(ins[params["cond_nconsts"] :]), params["body_nconsts"], len(ins) - params["cond_nconsts"], len(ins) - lo)
+            own = list(ins[params["cond_nconsts"] :])  # the body's inputs: its consts, then the carry
+            flags = _carry_fixpoint(body, own, params["body_nconsts"], len(own), len(ins) - lo)
             return self.run(body, flags)  # trip count unknown: FLOPs of one iteration
         if prim is jc.cond_p:
             results = [self.run(open_jaxpr(b), ins[1:]) for b in params["branches"]]

@@ -212,7 +212,9 @@ def _tag(jaxpr: Any, prefix: str, ctx: _Context, rows: Rows) -> Any:
             sub_ctx = dataclasses.replace(_sub_context(eqn, ctx), source=here, out_names=())
             params = map_sub_jaxprs(
                 params,
-                lambda j, sub, eid=eid: _tag(sub, f"{eid}." if single else f"{eid}.{j}.", sub_ctx, rows),
+                lambda j, sub, eid=eid, single=single, ctx=sub_ctx: _tag(
+                    sub, f"{eid}." if single else f"{eid}.{j}.", ctx, rows
+                ),
                 rows.memo,
             )
         tagged = jc.with_tag(eqn, eid, params)

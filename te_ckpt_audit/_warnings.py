@@ -73,7 +73,8 @@ def _spec_warnings(traced: Traced, spec: PolicySpec, result: PolicyResult) -> li
         policies = {id(p): p for r in te_rows if (p := row_policy(r, spec, result.scope)) is not None}
         saves_dots = any(verdict_of(p, _probe_dot(), spec.text) is Verdict.SAVE for p in policies.values())
         if recomputed and len(recomputed) == len(te_rows) and saves_dots:
-            flops = sum(e.flops * e.multiplicity for e in (traced.rows.equation(r.equation.id) for r in recomputed))
+            totals = (traced.rows.equation(r.equation.id) for r in recomputed)
+            flops = sum(e.flops * e.multiplicity for e in totals)
             warnings.append(
                 AuditWarning(
                     "te-gemms-recomputed",
@@ -87,7 +88,8 @@ def _spec_warnings(traced: Traced, spec: PolicySpec, result: PolicyResult) -> li
     for name in (*spec.names, *spec.offload_names):
         if name not in used:
             close = difflib.get_close_matches(name, sorted(used), n=1)
-            hint = f"did you mean {close[0]!r}?" if close else f"names in the model: {', '.join(sorted(used)) or 'none'}"
+            known = ", ".join(sorted(used)) or "none"
+            hint = f"did you mean {close[0]!r}?" if close else f"names in the model: {known}"
             warnings.append(
                 AuditWarning(
                     "unknown-name",

@@ -32,13 +32,11 @@ from .report import (
 
 def _human(value: float, units: tuple[str, ...], base: int) -> str:
     """Three significant digits in the largest unit that keeps the number under 1000."""
-    for unit in units[:-1]:
-        if abs(value) < 999.5:
-            break
+    i = 0
+    while abs(value) >= 999.5 and i < len(units) - 1:
         value /= base
-    else:
-        unit = units[-1]
-    return f"{value:.3g} {unit}" if abs(value) < 999.5 else f"{value:.0f} {unit}"
+        i += 1
+    return f"{value:.3g} {units[i]}" if abs(value) < 999.5 else f"{value:.0f} {units[i]}"
 
 
 def format_bytes(n: int) -> str:

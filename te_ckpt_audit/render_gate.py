@@ -135,7 +135,12 @@ def check_to_dict(runs: Sequence[Run]) -> dict[str, Any]:
                 "ok": result.ok,
                 "violations": [_violation_dict(v) for v in result.violations],
                 "changes": [
-                    {"policy": c.policy, "baseline_bytes": c.baseline_bytes, "bytes": c.bytes, "percent": _finite(c.percent)}
+                    {
+                        "policy": c.policy,
+                        "baseline_bytes": c.baseline_bytes,
+                        "bytes": c.bytes,
+                        "percent": _finite(c.percent),
+                    }
                     for c in result.changes
                 ],
                 "report": report.to_dict(),

@@ -93,7 +93,11 @@ def test_bad_overrides(tmp_path, pairs, fragment) -> None:
 
 def test_explicit_inputs_callable(tmp_path) -> None:
     path = _write(tmp_path, "model5.py", MODEL)
-    other = _write(tmp_path, "shapes.py", "import jax, jax.numpy as jnp\ndef big():\n    return (jax.ShapeDtypeStruct((64,), jnp.float32), 3.0)\n")
+    other = _write(
+        tmp_path,
+        "shapes.py",
+        "import jax, jax.numpy as jnp\ndef big():\n    return (jax.ShapeDtypeStruct((64,), jnp.float32), 3.0)\n",
+    )
     target = load_target(f"{path}:loss")
     assert load_inputs(target, f"{other}:big").args[0].shape == (64,)
 

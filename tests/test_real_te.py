@@ -45,7 +45,12 @@ OURS_AND_TES = [
     (policies.checkpoint_dots_and_te_gemms, te_cp.checkpoint_dots_and_te_gemms),
     (policies.dots_and_te_gemms_with_no_batch_dims, te_cp.dots_and_te_gemms_with_no_batch_dims),
 ]
-POLICIES = ["checkpoint_dots", "checkpoint_dots_and_te_gemms", "dots_and_te_gemms_with_no_batch_dims", "te_gemms_saveable"]
+POLICIES = [
+    "checkpoint_dots",
+    "checkpoint_dots_and_te_gemms",
+    "dots_and_te_gemms_with_no_batch_dims",
+    "te_gemms_saveable",
+]
 
 
 @contextlib.contextmanager
@@ -59,7 +64,8 @@ def _module_case(
     """loss(params, x) for a TE Flax module, with ShapeDtypeStruct params from eval_shape."""
     x = jax.ShapeDtypeStruct(shape, bf16)
     with recipe():
-        params = jax.eval_shape(lambda k, x: module.init(k, x, deterministic=True) if _takes_deterministic(module) else module.init(k, x), jax.random.key(0), x)
+        kwargs = {"deterministic": True} if _takes_deterministic(module) else {}
+        params = jax.eval_shape(lambda k, x: module.init(k, x, **kwargs), jax.random.key(0), x)
 
     def loss(params: Any, x: jax.Array) -> jax.Array:
         with recipe():
