@@ -31,12 +31,13 @@ class _DefaultCommandGroup(TyperGroup):
             args = [DEFAULT_COMMAND, *args]
         return super().parse_args(ctx, args)
 
-    def main(  # type: ignore[override]
+    def main(
         self, args: Sequence[str] | None = None, prog_name: str | None = None, *a: Any, **kw: Any
     ) -> int:
         standalone = kw.pop("standalone_mode", True)
+        kw["standalone_mode"] = False
         try:
-            code = super().main(args, prog_name or PROG, *a, standalone_mode=False, **kw)
+            code = super().main(args, prog_name or PROG, *a, **kw)
         except TyperException as err:  # usage errors: bad option, missing TARGET, bad value
             code = fail(err.format_message(), f"see `{PROG} --help`", ExitCode.USAGE)
         except typer.Abort:

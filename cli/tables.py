@@ -171,9 +171,9 @@ def _header(report: AuditReport) -> Text:
 def _warnings(report: AuditReport) -> list[RenderableType]:
     if not report.warnings:
         return [Text("No warnings.", style="green")]
-    return [Text("Warnings", style="bold")] + [
+    return [Text("Warnings", style="bold"), *[
         Text.assemble(("! ", "bold yellow"), (f"[{w.code}] ", "yellow"), w.message) for w in report.warnings
-    ]
+    ]]
 
 
 def render_check_table(runs: Sequence[Run], width: int = 80) -> str:

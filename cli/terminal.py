@@ -56,7 +56,7 @@ def at_the_edge(command: Callable[..., int]) -> Callable[..., int]:
     return run
 
 
-def emit(text: str, output: Path | None) -> None:
+def emit(text: str, output: str | Path | None) -> None:
     """The report goes to `output` (written atomically: on any failure no file is left), else to
     stdout as plain text."""
     if output is None:

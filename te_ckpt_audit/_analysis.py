@@ -109,7 +109,7 @@ def _inline(eqn: Any, body: Any) -> list[Any]:
     """The body's equations in place of the checkpoint equation, with fresh variables (the same
     body is shared by every call of a layer, and each copy needs its own)."""
     env: dict[Any, Any] = dict(zip(body.invars, eqn.invars, strict=True))
-    results = {}  # the body's results take the checkpoint's own output variables
+    results: dict[Any, Any] = {}  # the body's results take the checkpoint's own output variables
     for body_v, outer_v in zip(body.outvars, eqn.outvars, strict=True):
         if not isinstance(body_v, jc.Literal) and not isinstance(outer_v, jc.DropVar):
             results.setdefault(body_v, outer_v)
@@ -272,7 +272,7 @@ def _residuals(traced: Traced, jaxpr: Any) -> list[Residual]:
                 source=row.equation.source if row else (traced.rows.finder(eqn) if eqn is not None else None),
                 multiplicity=producer.multiplicity if producer else 1,
                 argument=argument,
-                standin=te and bool(getattr(eqn.primitive, "te_ckpt_audit_standin", False)),
+                standin=te and bool(getattr(getattr(eqn, "primitive", None), "te_ckpt_audit_standin", False)),
             )
         )
     return out

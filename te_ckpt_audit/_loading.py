@@ -16,7 +16,7 @@ import inspect
 import os
 import sys
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -230,7 +230,7 @@ def _convert(key: str, raw: str, default: Any) -> Any:
     return float(value) if isinstance(default, float) else value
 
 
-def load_inputs(target: Target, inputs: str | None = None, overrides: Mapping[str, str] | list[str] = ()) -> Inputs:
+def load_inputs(target: Target, inputs: str | None = None, overrides: Mapping[str, str] | Sequence[str] = ()) -> Inputs:
     """Call the inputs callable (with `-D` overrides) and return the positional arguments."""
     fn, source = find_inputs_callable(target, inputs)
     pairs = [f"{k}={v}" for k, v in overrides.items()] if isinstance(overrides, Mapping) else list(overrides)

@@ -8,6 +8,7 @@ recomputed equations found in the differentiated jaxpr point back at a row of th
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -199,24 +200,21 @@ def _tag(jaxpr: Any, prefix: str, ctx: _Context, rows: Rows) -> Any:
             names = tuple(consumers_named.get(v) for v in eqn.outvars)
             inner = _Context(1, ctx.remat_policy, ctx.in_remat, eqn.source_info.traceback, here, names, eid)
             params["fwd_jaxpr_thunk"] = jc.wrap_jaxpr_thunk(
-                params["fwd_jaxpr_thunk"],
-                lambda fwd, eid=eid, inner=inner: _tag(fwd, f"{eid}.fwd.", inner, rows),
+                params["fwd_jaxpr_thunk"], functools.partial(_tag, prefix=f"{eid}.fwd.", ctx=inner, rows=rows)
             )
         elif eqn.primitive is jc.custom_jvp_call_p:  # one row; its jvp rule's equations map to it
             tb = eqn.source_info.traceback if ctx.traceback_from is None else ctx.traceback_from
             params["jvp_jaxpr_fun"] = jc.wrap_jaxpr_thunk(
-                params["jvp_jaxpr_fun"], lambda jvp, eid=eid, tb=tb: _tag_all(jvp, eid, tb)
+                params["jvp_jaxpr_fun"], functools.partial(_tag_all, eid=eid, tb=tb)
             )
         else:
             single = len(list(sub_jaxprs(eqn.params))) == 1
             sub_ctx = dataclasses.replace(_sub_context(eqn, ctx), source=here, out_names=())
-            params = map_sub_jaxprs(
-                params,
-                lambda j, sub, eid=eid, single=single, ctx=sub_ctx: _tag(
-                    sub, f"{eid}." if single else f"{eid}.{j}.", ctx, rows
-                ),
-                rows.memo,
-            )
+
+            def tag_body(j: int, sub: Any, eid: str = eid, single: bool = single, ctx: _Context = sub_ctx) -> Any:
+                return _tag(sub, f"{eid}." if single else f"{eid}.{j}.", ctx, rows)
+
+            params = map_sub_jaxprs(params, tag_body, rows.memo)
         tagged = jc.with_tag(eqn, eid, params)
         new_eqns.append(tagged)
         if eqn.primitive is jc.name_p:

@@ -115,7 +115,7 @@ def _spec_warnings(traced: Traced, spec: PolicySpec, result: PolicyResult) -> li
                 f"{spec.text} offloads nothing to host memory in this model",
             )
         )
-    if spec.kind is SpecKind.POLICY and jax.config.jax_remat3:
+    if spec.kind is SpecKind.POLICY and jax.config.values.get("jax_remat3"):
         warnings.append(
             AuditWarning(
                 "remat3",

@@ -206,7 +206,7 @@ def load_baseline(path: str | Path) -> dict[str, dict[str, int]]:
     if not isinstance(doc, dict) or doc.get("schema") != BASELINE_SCHEMA:
         found = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
         raise UsageError(f"baseline {path} has schema {found!r}, expected {BASELINE_SCHEMA!r}", hint)
-    targets = doc.get("targets")
+    targets: Any = doc.get("targets")
     ok = isinstance(targets, dict) and all(
         isinstance(pols, dict)
         and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in pols.values())
