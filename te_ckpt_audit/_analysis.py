@@ -19,7 +19,7 @@ from ._jaxpr import aval_bytes, aval_dtype, aval_shape, is_gemm, leaf_flops, map
 from ._loading import user_location
 from ._trace import Row, Traced, id_key
 from .errors import AuditError, PolicySpecError, TargetError
-from .policies import is_te_gemm
+from .policies import is_te_gemm, is_te_standin
 from .report import (
     Category,
     EquationMark,
@@ -272,7 +272,7 @@ def _residuals(traced: Traced, jaxpr: Any) -> list[Residual]:
                 source=row.equation.source if row else (traced.rows.finder(eqn) if eqn is not None else None),
                 multiplicity=producer.multiplicity if producer else 1,
                 argument=argument,
-                standin=te and bool(getattr(getattr(eqn, "primitive", None), "te_ckpt_audit_standin", False)),
+                standin=eqn is not None and is_te_standin(eqn.primitive),
             )
         )
     return out

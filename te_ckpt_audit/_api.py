@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import jax
-
-import dataclasses
 
 from ._analysis import analyse
 from ._compile import compiled_memory
@@ -17,7 +16,7 @@ from ._warnings import add_warnings
 from .errors import UsageError
 from .gate import Budget, CheckResult, check
 from .report import AuditReport, Scope
-from .specs import PolicySpec, resolve_policy
+from .specs import PolicySpec, SpecKind, resolve_policy
 
 DEFAULT_POLICIES = (
     "none",
@@ -37,8 +36,6 @@ def _specs(policies: Iterable[str | PolicySpec | Callable[..., Any]]) -> list[Po
         elif isinstance(p, str):
             out.append(resolve_policy(p))
         elif callable(p):
-            from .specs import SpecKind
-
             out.append(PolicySpec(getattr(p, "__name__", repr(p)), SpecKind.POLICY, p))
         else:
             raise TypeError(f"a policy is a spec string or a callable, not {type(p).__name__}")

@@ -52,6 +52,11 @@ def map_sub_jaxprs(
     return new
 
 
+def has_body(eqn: Any) -> bool:
+    """Whether the equation holds sub-jaxprs (scan, jit, checkpoint, cond, ...)."""
+    return next(iter(sub_jaxprs(eqn.params)), None) is not None
+
+
 def open_jaxpr(j: Any) -> Any:
     return j.jaxpr if isinstance(j, jc.ClosedJaxpr) else j
 

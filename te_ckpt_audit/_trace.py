@@ -16,10 +16,19 @@ import jax
 import numpy as np
 
 from . import _jax_compat as jc
-from ._jaxpr import SourceFinder, aval_dtype, aval_shape, leaf_flops, map_sub_jaxprs, open_jaxpr, sub_jaxprs
+from ._jaxpr import (
+    SourceFinder,
+    aval_dtype,
+    aval_shape,
+    has_body,
+    leaf_flops,
+    map_sub_jaxprs,
+    open_jaxpr,
+    sub_jaxprs,
+)
 from ._loading import user_location
 from .errors import TargetError, UsageError
-from .policies import is_te_gemm
+from .policies import is_te_gemm, is_te_standin
 from .report import Equation, SourceLocation
 
 
@@ -220,7 +229,7 @@ def _tag(jaxpr: Any, prefix: str, ctx: _Context, rows: Rows) -> Any:
         if eqn.primitive is jc.name_p:
             rows.names.add(eqn.params["name"])
         elif eqn.primitive is jc.custom_vjp_call_p or (
-            eqn.primitive is not jc.custom_jvp_call_p and next(iter(sub_jaxprs(eqn.params)), None)
+            eqn.primitive is not jc.custom_jvp_call_p and has_body(eqn)
         ):
             continue  # structural: its body's equations are the rows
         else:
@@ -262,7 +271,7 @@ def _add_row(
         name=next((named[v] for v in eqn.outvars if v in named), None),
         source=source,
         is_te_gemm=te,
-        standin=te and bool(getattr(eqn.primitive, "te_ckpt_audit_standin", False)),
+        standin=is_te_standin(eqn.primitive),
         flops=flops,
         multiplicity=ctx.multiplicity,
     )
@@ -273,5 +282,5 @@ def _nested_flops(eqn: Any) -> int:
     total = 0
     for _, _, sub in sub_jaxprs(eqn.params):
         for inner in open_jaxpr(sub).eqns:
-            total += _nested_flops(inner) if next(iter(sub_jaxprs(inner.params)), None) else leaf_flops(inner)
+            total += _nested_flops(inner) if has_body(inner) else leaf_flops(inner)
     return total

@@ -64,6 +64,11 @@ def is_te_gemm(prim: Any) -> bool:
     return getattr(prim, "name", None) in TE_GEMM_NAMES
 
 
+def is_te_standin(prim: Any) -> bool:
+    """A TE GEMM primitive that is the labelled CPU stand-in of the sample models, not TE's own."""
+    return is_te_gemm(prim) and bool(getattr(prim, "te_ckpt_audit_standin", False))
+
+
 def te_gemms_saveable(prim: Any, *_: Any, **__: Any) -> bool:
     """Save the outputs of TE GEMMs and of JAX's ``scaled_matmul_wrapper``; recompute the rest.
 
