@@ -40,7 +40,9 @@ if [ ! -f "$STAMP" ]; then
   touch "$STAMP"
 fi
 
-if ! "$ENV/bin/python" -c "import sys, te_ckpt_audit; sys.exit(not te_ckpt_audit.__file__.startswith('$ROOT/'))" 2>/dev/null; then
+# Installed from this checkout, with its test extras? Asked from / in isolated mode (-I): from the
+# repository root, `import te_ckpt_audit` would find the source tree itself and always say yes.
+if ! (cd / && "$ENV/bin/python" -I -c "import sys, pytest, hypothesis, te_ckpt_audit; sys.exit(not te_ckpt_audit.__file__.startswith('$ROOT/'))") 2>/dev/null; then
   "$ENV/bin/python" -m pip install -q --disable-pip-version-check -e "$ROOT[test]" >/dev/null 2>&1 \
     || "$ENV/bin/python" -m pip install -q --disable-pip-version-check -e "$ROOT[test]"
 fi
