@@ -85,11 +85,18 @@ _RETURN_HINT = (
 
 
 def _swap_policies(jaxpr: Any, policy: Callable[..., Any] | None, memo: dict[int, Any] | None = None) -> Any:
-    """Every checkpoint gets `policy`; with None, checkpoints become plain calls (no remat)."""
+    """Every checkpoint gets `policy`; with None, checkpoints are inlined (plain autodiff)."""
     memo = {} if memo is None else memo
-    eqns = []
+    eqns: list[Any] = []
+    alias: dict[Any, Any] = {}  # an inlined checkpoint's output -> the value it passed through
+
+    def look(v: Any) -> Any:
+        return v if isinstance(v, jc.Literal) else alias.get(v, v)
+
     for eqn in jaxpr.eqns:
         params = dict(eqn.params)
+        if alias:
+            eqn = eqn.replace(invars=[look(v) for v in eqn.invars])
         if eqn.primitive is jc.custom_vjp_call_p:
             params["fwd_jaxpr_thunk"] = jc.wrap_jaxpr_thunk(
                 params["fwd_jaxpr_thunk"], lambda fwd: _swap_policies(fwd, policy)
@@ -98,20 +105,24 @@ def _swap_policies(jaxpr: Any, policy: Callable[..., Any] | None, memo: dict[int
             params = map_sub_jaxprs(params, lambda _, sub: _swap_policies(sub, policy, memo), memo)
         if eqn.primitive is jc.remat_p:
             if policy is None:
-                eqns.extend(_inline(eqn, params["jaxpr"]))
+                eqns.extend(_inline(eqn, params["jaxpr"], alias))
                 continue
             params["policy"] = policy
         eqns.append(eqn.replace(params=params))
-    return jaxpr.replace(eqns=eqns)
+    return jaxpr.replace(eqns=eqns, outvars=[look(v) for v in jaxpr.outvars]) if alias else jaxpr.replace(eqns=eqns)
 
 
-def _inline(eqn: Any, body: Any) -> list[Any]:
+def _inline(eqn: Any, body: Any, alias: dict[Any, Any]) -> list[Any]:
     """The body's equations in place of the checkpoint equation, with fresh variables (the same
-    body is shared by every call of a layer, and each copy needs its own)."""
+    body is shared by every call of a layer, and each copy needs its own).
+
+    An output that is an input passed through, a literal, or a value returned twice becomes an
+    alias of that value (recorded in `alias`), as in the function without the checkpoint: no copy
+    is made, so no extra residual appears."""
     env: dict[Any, Any] = dict(zip(body.invars, eqn.invars, strict=True))
     results: dict[Any, Any] = {}  # the body's results take the checkpoint's own output variables
     for body_v, outer_v in zip(body.outvars, eqn.outvars, strict=True):
-        if not isinstance(body_v, jc.Literal) and not isinstance(outer_v, jc.DropVar):
+        if not isinstance(body_v, jc.Literal) and body_v not in env and not isinstance(outer_v, jc.DropVar):
             results.setdefault(body_v, outer_v)
 
     def bind(v: Any) -> Any:
@@ -127,8 +138,8 @@ def _inline(eqn: Any, body: Any) -> list[Any]:
         out.append(inner.replace(invars=invars, outvars=[bind(v) for v in inner.outvars]))
     for body_v, outer_v in zip(body.outvars, eqn.outvars, strict=True):
         src = body_v if isinstance(body_v, jc.Literal) else env[body_v]
-        if src is not outer_v and not isinstance(outer_v, jc.DropVar):  # passed through or repeated
-            out.append(jc.copy_eqn(src, outer_v, eqn))
+        if src is not outer_v and not isinstance(outer_v, jc.DropVar):
+            alias[outer_v] = src
     return out
 
 

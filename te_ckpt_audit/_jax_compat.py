@@ -125,10 +125,3 @@ def saved_residuals(fn: Callable[..., Any], *args: Any) -> list[tuple[Any, str]]
 
 
 DropVar = jex.DropVar
-
-
-def copy_eqn(src: Any, dst: Any, like: Any) -> Any:
-    """`dst = src` as an equation (a no-op `copy_p`), with `like`'s source info."""
-    from jax._src.lax.lax import copy_p
-
-    return jex.new_jaxpr_eqn([src], [dst], copy_p, {}, set(), like.source_info, like.ctx)

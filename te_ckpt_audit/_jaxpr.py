@@ -19,15 +19,29 @@ _HERE = str(Path(__file__).parent)
 _GEMM_NAMES = {"dot_general", "conv_general_dilated", SCALED_MATMUL_NAME, "ragged_dot", "ragged_dot_general"}
 
 
+def _is_jaxpr(x: Any) -> bool:
+    return isinstance(x, jc.Jaxpr | jc.ClosedJaxpr)
+
+
 def sub_jaxprs(params: dict[str, Any]) -> Iterator[tuple[str, int | None, Any]]:
-    """(param name, index in a tuple or None, Jaxpr | ClosedJaxpr) for each sub-jaxpr param."""
+    """(param name, index in a tuple or None, Jaxpr | ClosedJaxpr) for each sub-jaxpr param.
+
+    Jaxprs sit in params directly or in tuples (cond's branches, custom_linear_solve's named
+    tuple, whose unused slots are None); any other container is left alone."""
     for key, value in params.items():
-        if isinstance(value, jc.Jaxpr | jc.ClosedJaxpr):
+        if _is_jaxpr(value):
             yield key, None, value
-        elif isinstance(value, tuple):
+        elif isinstance(value, tuple | list):
             for i, item in enumerate(value):
-                if isinstance(item, jc.Jaxpr | jc.ClosedJaxpr):
+                if _is_jaxpr(item):
                     yield key, i, item
+
+
+def _rebuilt(container: Any, items: list[Any]) -> Any:
+    """`container`'s own type holding `items`: a named tuple stays that named tuple."""
+    if isinstance(container, tuple) and hasattr(container, "_fields"):
+        return type(container)(*items)
+    return type(container)(items)
 
 
 def map_sub_jaxprs(
@@ -48,7 +62,12 @@ def map_sub_jaxprs(
             out = sub.replace(jaxpr=out) if isinstance(sub, jc.ClosedJaxpr) else out
             if memo is not None:
                 memo[id(sub)] = (sub, out)  # the original is kept alive so its id stays unique
-        new[key] = out if idx is None else new[key][:idx] + (out,) + new[key][idx + 1 :]
+        if idx is None:
+            new[key] = out
+        else:
+            items = list(new[key])
+            items[idx] = out
+            new[key] = _rebuilt(new[key], items)
     return new
 
 
@@ -61,12 +80,22 @@ def open_jaxpr(j: Any) -> Any:
     return j.jaxpr if isinstance(j, jc.ClosedJaxpr) else j
 
 
-def aval_bytes(aval: Any) -> int:
-    shape = getattr(aval, "shape", ())
+def _dtype(aval: Any) -> Any:
     dtype = getattr(aval, "dtype", None)
+    if dtype is None or isinstance(dtype, np.dtype):
+        return dtype
+    try:
+        return np.dtype(dtype)
+    except TypeError:  # an extended dtype (PRNG keys: key<fry>): JAX's own dtype object
+        return dtype
+
+
+def aval_bytes(aval: Any) -> int:
+    """Bytes the value occupies: for a PRNG key array, its key data (key<fry> is 2 x uint32)."""
+    dtype = _dtype(aval)
     if dtype is None:
         return 0
-    return int(math.prod(shape)) * int(np.dtype(dtype).itemsize)
+    return int(math.prod(aval_shape(aval))) * int(dtype.itemsize)
 
 
 def aval_shape(aval: Any) -> tuple[int, ...]:
@@ -74,8 +103,9 @@ def aval_shape(aval: Any) -> tuple[int, ...]:
 
 
 def aval_dtype(aval: Any) -> str:
-    dtype = getattr(aval, "dtype", None)
-    return str(np.dtype(dtype)) if dtype is not None else type(aval).__name__
+    """The dtype as JAX prints it ("bfloat16", "key<fry>")."""
+    dtype = _dtype(aval)
+    return str(dtype) if dtype is not None else type(aval).__name__
 
 
 def is_gemm(prim: Any) -> bool:

@@ -57,6 +57,7 @@ class Rows:
         self.finder = SourceFinder()
         self.uses: dict[str, int] = {}  # equation id -> times it runs, shared bodies included
         self.memo: dict[int, tuple[Any, Any]] = {}
+        self.has_remat = False  # a checkpoint anywhere, custom_vjp forward rules included
 
     def equation(self, eid: str) -> Equation:
         row = self.by_id[eid]
@@ -107,8 +108,8 @@ def trace(fn: Callable[..., Any], args: tuple[Any, ...], target: str = "") -> Tr
     for _, leaf in leaves_with_path:
         if isinstance(leaf, jax.core.Tracer):
             raise UsageError("inputs contain a JAX tracer", "return plain arrays or jax.ShapeDtypeStruct")
-    avals = tuple(jax.ShapeDtypeStruct(np.shape(leaves[i]), leaves[i].dtype) for i in dynamic)
     names = tuple(_arg_name(leaves_with_path[i][0]) for i in dynamic)
+    avals = tuple(_abstract(leaves[i], name) for i, name in zip(dynamic, names, strict=True))
     if not avals:
         got = ", ".join(sorted({type(leaf).__name__ for leaf in leaves})) or "nothing"
         raise TargetError(
@@ -130,7 +131,14 @@ def trace(fn: Callable[..., Any], args: tuple[Any, ...], target: str = "") -> Tr
             f"{_first_line(exc)}",
             "fix the model code (rerun with --debug for the traceback)",
         ) from exc
-    for leaf in jax.tree_util.tree_leaves(out_shape):
+    out_leaves = jax.tree_util.tree_leaves(out_shape)
+    if not out_leaves:
+        raise TargetError(
+            f"{target or 'the function'} returns {'None' if out_shape is None else 'no array'}; "
+            "it must return the loss",
+            "return a floating-point scalar (or arrays) to differentiate",
+        )
+    for leaf in out_leaves:
         if not jax.numpy.issubdtype(leaf.dtype, jax.numpy.inexact):
             raise TargetError(
                 f"{target or 'the function'} returns a value of dtype {leaf.dtype}: it is not differentiable",
@@ -138,7 +146,22 @@ def trace(fn: Callable[..., Any], args: tuple[Any, ...], target: str = "") -> Tr
             )
     rows = Rows()
     tagged = tag_jaxpr(closed, rows)
-    return Traced(tagged, avals, names, _contains_remat(closed.jaxpr), rows, target)
+    return Traced(tagged, avals, names, rows.has_remat, rows, target)
+
+
+def _abstract(leaf: Any, name: str) -> jax.ShapeDtypeStruct:
+    """The leaf as a ShapeDtypeStruct that keeps what JAX keys on: weak type and sharding."""
+    shape = tuple(np.shape(leaf))
+    if any(not isinstance(d, int | np.integer) or d < 0 for d in shape):
+        raise UsageError(
+            f"input {name} has shape {shape}: every dimension must be a non-negative int",
+            "check the sizes the inputs callable computes (and any -D values)",
+        )
+    if isinstance(leaf, jax.ShapeDtypeStruct):
+        return leaf
+    sharding = getattr(leaf, "sharding", None) if isinstance(leaf, jax.Array) else None
+    weak = bool(getattr(leaf, "weak_type", False))
+    return jax.ShapeDtypeStruct(shape, leaf.dtype, weak_type=weak, sharding=sharding)
 
 
 def _arg_name(path: Any) -> str:
@@ -150,15 +173,6 @@ def _first_line(exc: BaseException) -> str:
     return text[0] if text else type(exc).__name__
 
 
-
-
-def _contains_remat(jaxpr: Any) -> bool:
-    for eqn in jaxpr.eqns:
-        if eqn.primitive is jc.remat_p:
-            return True
-        if any(_contains_remat(open_jaxpr(j)) for _, _, j in sub_jaxprs(eqn.params)):
-            return True
-    return False
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -211,6 +225,11 @@ def _tag(jaxpr: Any, prefix: str, ctx: _Context, rows: Rows) -> Any:
             params["fwd_jaxpr_thunk"] = jc.wrap_jaxpr_thunk(
                 params["fwd_jaxpr_thunk"], functools.partial(_tag, prefix=f"{eid}.fwd.", ctx=inner, rows=rows)
             )
+            # JAX traces a forward rule lazily, when it first differentiates; trace it now, for the
+            # tangents a differentiation will have (floating inputs), so that its rows and any
+            # checkpoint inside it are known before the first policy is analysed.
+            call_avals = params["call_jaxpr"].in_avals[params["num_consts"] :]
+            params["fwd_jaxpr_thunk"].call_wrapped(*(_differentiable(a) for a in call_avals))
         elif eqn.primitive is jc.custom_jvp_call_p:  # one row; its jvp rule's equations map to it
             tb = eqn.source_info.traceback if ctx.traceback_from is None else ctx.traceback_from
             params["jvp_jaxpr_fun"] = jc.wrap_jaxpr_thunk(
@@ -226,6 +245,8 @@ def _tag(jaxpr: Any, prefix: str, ctx: _Context, rows: Rows) -> Any:
             params = map_sub_jaxprs(params, tag_body, rows.memo)
         tagged = jc.with_tag(eqn, eid, params)
         new_eqns.append(tagged)
+        if eqn.primitive is jc.remat_p:
+            rows.has_remat = True
         if eqn.primitive is jc.name_p:
             rows.names.add(eqn.params["name"])
         elif eqn.primitive is jc.custom_vjp_call_p or (
@@ -235,6 +256,10 @@ def _tag(jaxpr: Any, prefix: str, ctx: _Context, rows: Rows) -> Any:
         else:
             _add_row(rows, eid, tagged, ctx, consumers_named, here)
     return jaxpr.replace(eqns=new_eqns)
+
+
+def _differentiable(aval: Any) -> bool:
+    return bool(jax.numpy.issubdtype(getattr(aval, "dtype", np.int32), jax.numpy.inexact))
 
 
 def _tag_all(jaxpr: Any, eid: str, tb: Any) -> Any:
