@@ -17,6 +17,7 @@ import jax
 from . import _jax_compat as jc
 from ._jaxpr import aval_bytes, aval_dtype, aval_shape, is_gemm, leaf_flops, map_sub_jaxprs, open_jaxpr, sub_jaxprs
 from ._loading import user_location
+from ._source import Origin
 from ._trace import Row, Traced, id_key
 from .errors import AuditError, PolicySpecError, TargetError
 from .policies import is_te_gemm, is_te_standin
@@ -204,7 +205,7 @@ def analyse(traced: Traced, spec: PolicySpec, scope: Scope = Scope.AUTO) -> Poli
         ) from exc
     rows = traced.rows.by_id  # complete now: custom_vjp forward rules were traced just above
     residuals = _residuals(traced, forward)
-    recomputed, recompute_flops = _recomputed(captured["tangent"])
+    recomputed, recompute_flops = _recomputed(traced, captured["tangent"])
 
     saved: dict[str, Outcome] = {}
     for r in residuals:
@@ -232,12 +233,27 @@ def analyse(traced: Traced, spec: PolicySpec, scope: Scope = Scope.AUTO) -> Poli
     )
 
 
+def failed(traced: Traced, spec: PolicySpec, scope: Scope, error: TargetError) -> PolicyResult:
+    """The row of a policy under which JAX could not differentiate the function: empty, with why."""
+    return PolicyResult(
+        policy=spec.text,
+        scope=resolve_scope(traced, spec, scope),
+        residuals=(),
+        totals=_totals(()),
+        marks=(),
+        recompute_flops=0,
+        forward_flops=sum(e.flops * e.multiplicity for e in traced.rows.equations()),
+        warnings=(),
+        error=error.message,
+    )
+
+
 def _residuals(traced: Traced, jaxpr: Any) -> list[Residual]:
     """The residual set exactly as `jax.ad_checkpoint.saved_residuals` forms it, with provenance."""
     subst = {e.outvars[0]: e.invars[0] for e in jaxpr.eqns if e.primitive is jc.reduce_precision_p}
     literals = [v for v in jaxpr.outvars if isinstance(v, jc.Literal)]
     res_vars = {subst.get(v, v) for v in jaxpr.outvars if not isinstance(v, jc.Literal)}
-    ordered: list[tuple[Any, ResidualKind]] = [(v, ResidualKind.CONSTANT) for v in literals]
+    ordered: list[tuple[Any, ResidualKind]] = [(v, ResidualKind.LITERAL) for v in literals]
     ordered += [(v, ResidualKind.CONSTANT) for v in jaxpr.constvars if v in res_vars]
     ordered += [(v, ResidualKind.ARGUMENT) for v in jaxpr.invars if v in res_vars]
     ordered += [
@@ -249,7 +265,7 @@ def _residuals(traced: Traced, jaxpr: Any) -> list[Residual]:
     resolver = _Resolver()
     out = []
     for var, kind in ordered:
-        producer = resolver.resolve(jaxpr, var) if kind is not ResidualKind.CONSTANT else None
+        producer = resolver.resolve(jaxpr, var) if kind not in (ResidualKind.CONSTANT, ResidualKind.LITERAL) else None
         eqn = producer.eqn if producer else None
         eid = jc.eqn_tag(eqn) if eqn is not None else None
         row = traced.rows.by_id.get(eid) if eid else None
@@ -270,23 +286,32 @@ def _residuals(traced: Traced, jaxpr: Any) -> list[Residual]:
             argument = traced.arg_names[jaxpr.invars.index(var)]
         elif producer is not None and producer.argument is not None:
             argument = traced.arg_names[producer.argument]
+        origin = _origin(traced, row, eqn)
         out.append(
             Residual(
                 shape=aval_shape(var.aval),
                 dtype=aval_dtype(var.aval),
-                bytes=aval_bytes(var.aval),
+                bytes=0 if kind is ResidualKind.LITERAL else aval_bytes(var.aval),
                 kind=kind,
                 category=category,
                 primitive=eqn.primitive.name if eqn is not None else None,
                 name=name,
                 equation=eid if row is not None else None,
-                source=row.equation.source if row else (traced.rows.finder(eqn) if eqn is not None else None),
+                source=origin.source,
+                frame=origin.frame,
+                module=row.equation.module if row else None,
                 multiplicity=producer.multiplicity if producer else 1,
                 argument=argument,
                 standin=eqn is not None and is_te_standin(eqn.primitive),
             )
         )
     return out
+
+
+def _origin(traced: Traced, row: Row | None, eqn: Any) -> Origin:
+    if row is not None:
+        return Origin(row.equation.source, row.equation.frame)
+    return traced.rows.finder(eqn) if eqn is not None else Origin(None, None)
 
 
 def _on_host(aval: Any) -> bool:
@@ -359,34 +384,49 @@ class _Resolver:
         return _Producer(eqn, name, inner_mult, None)
 
 
-def _recomputed(tangent: Any) -> tuple[set[str], int]:
-    """Tags of forward equations that run again in the backward pass, and their FLOPs.
+def _recomputed(traced: Traced, tangent: Any) -> tuple[set[str], int]:
+    """Forward equations that run again in the backward pass, and their FLOPs.
 
     In the tangent jaxpr every equation either depends on a tangent (linear work) or only on
     residuals: the latter is remat's recomputation, which the backward pass runs before the
-    transposed linear work.
+    transposed linear work. An equation counts as recomputed when the tangent jaxpr runs its own
+    primitive again; what a derivative rule adds (`cos` for `sin`) is not a rerun of the forward
+    pass. FLOPs are each recomputed equation's forward FLOPs, once per run of the forward pass,
+    so recomputation is at most 100% of the forward FLOPs.
     """
-    _, tags, flops = _Walk().run(tangent, (True,) * len(tangent.invars))
-    return set(tags), flops
+    rows = traced.rows.by_id
+    seen = _Walk().run(tangent, (True,) * len(tangent.invars))[1]
+    tags = {
+        tag
+        for tag, prim in seen
+        if tag in rows and (rows[tag].equation.primitive == prim or rows[tag].eqn.primitive is jc.custom_jvp_call_p)
+    }
+    flops = 0
+    for tag in tags:
+        eq = traced.rows.equation(tag)
+        flops += eq.flops * eq.multiplicity
+    return tags, flops
+
+
+_Seen = frozenset[tuple[str, str]]  # (tag, primitive) of equations that depend on no tangent
 
 
 class _Walk:
     """Tangent-dependence through a jaxpr, memoized per (body, input flags): a layer body shared by
-    every layer is walked once, its FLOPs counted once per use."""
+    every layer is walked once."""
 
     def __init__(self) -> None:
-        self._memo: dict[tuple[int, tuple[bool, ...]], tuple[Any, tuple[bool, ...], frozenset[str], int]] = {}
+        self._memo: dict[tuple[int, tuple[bool, ...]], tuple[Any, tuple[bool, ...], _Seen]] = {}
 
-    def run(self, jaxpr: Any, tangent_in: tuple[bool, ...]) -> tuple[tuple[bool, ...], frozenset[str], int]:
+    def run(self, jaxpr: Any, tangent_in: tuple[bool, ...]) -> tuple[tuple[bool, ...], _Seen]:
         key = (id(jaxpr), tangent_in)
         if key not in self._memo:
             self._memo[key] = (jaxpr, *self._run(jaxpr, tangent_in))  # keeps `jaxpr` alive: ids stay unique
         return self._memo[key][1:]
 
-    def _run(self, jaxpr: Any, tangent_in: tuple[bool, ...]) -> tuple[tuple[bool, ...], frozenset[str], int]:
+    def _run(self, jaxpr: Any, tangent_in: tuple[bool, ...]) -> tuple[tuple[bool, ...], _Seen]:
         tangent_vars = {v for v, t in zip(jaxpr.invars, tangent_in, strict=True) if t}
-        tags: set[str] = set()
-        flops = 0
+        seen: set[tuple[str, str]] = set()
         for eqn in jaxpr.eqns:
             ins = tuple(not isinstance(v, jc.Literal) and v in tangent_vars for v in eqn.invars)
             structured = self._structured(eqn, ins)
@@ -396,36 +436,33 @@ class _Walk:
                 if not any(ins) and has_var_input and eqn.primitive is not jc.name_p:
                     tag = jc.eqn_tag(eqn)
                     if tag is not None:
-                        tags.add(tag)
-                    flops += leaf_flops(eqn)
+                        seen.add((tag, eqn.primitive.name))
             else:
-                outs, inner_tags, inner_flops = structured
-                tags |= inner_tags
-                flops += inner_flops
+                outs, inner = structured
+                seen |= inner
             tangent_vars.update(v for v, t in zip(eqn.outvars, outs, strict=True) if t)
         outs = tuple(not isinstance(v, jc.Literal) and v in tangent_vars for v in jaxpr.outvars)
-        return outs, frozenset(tags), flops
+        return outs, frozenset(seen)
 
-    def _structured(self, eqn: Any, ins: tuple[bool, ...]) -> tuple[tuple[bool, ...], frozenset[str], int] | None:
-        """(output flags, recomputed tags, FLOPs) of a structured equation; None for a leaf."""
+    def _structured(self, eqn: Any, ins: tuple[bool, ...]) -> tuple[tuple[bool, ...], _Seen] | None:
+        """(output flags, equations seen) of a structured equation; None for a leaf."""
         prim = eqn.primitive
         params = eqn.params
         if prim is jc.scan_p:
             body = open_jaxpr(params["jaxpr"])
             lo, hi = params["num_consts"], params["num_consts"] + params["num_carry"]
             flags = _carry_fixpoint(body, list(ins), lo, hi, params["num_carry"])
-            outs, tags, flops = self.run(body, flags)
-            return outs, tags, flops * int(params["length"])
+            return self.run(body, flags)
         if prim is jc.while_p:
             body = open_jaxpr(params["body_jaxpr"])
             lo = params["cond_nconsts"] + params["body_nconsts"]
             own = list(ins[params["cond_nconsts"] :])  # the body's inputs: its consts, then the carry
             flags = _carry_fixpoint(body, own, params["body_nconsts"], len(own), len(ins) - lo)
-            return self.run(body, flags)  # trip count unknown: FLOPs of one iteration
+            return self.run(body, flags)
         if prim is jc.cond_p:
             results = [self.run(open_jaxpr(b), ins[1:]) for b in params["branches"]]
             outs = tuple(any(col) for col in zip(*(r[0] for r in results), strict=True))
-            return outs, frozenset().union(*(r[1] for r in results)), max(r[2] for r in results)
+            return outs, frozenset().union(*(r[1] for r in results))
         subs = list(sub_jaxprs(params))
         if len(subs) == 1 and prim is not jc.custom_jvp_call_p:
             body = open_jaxpr(subs[0][2])

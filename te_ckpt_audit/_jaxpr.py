@@ -3,19 +3,14 @@
 from __future__ import annotations
 
 import math
-import os
-import sys
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from . import _jax_compat as jc
 from .policies import SCALED_MATMUL_NAME, is_te_gemm
-from .report import SourceLocation
 
-_HERE = str(Path(__file__).parent)
 _GEMM_NAMES = {"dot_general", "conv_general_dilated", SCALED_MATMUL_NAME, "ragged_dot", "ragged_dot_general"}
 
 
@@ -150,61 +145,3 @@ def _contracted_size(eqn: Any, lhs_shape: tuple[int, ...]) -> int:
         except (IndexError, TypeError):
             pass
     return lhs_shape[-1] if lhs_shape else 1
-
-
-def _library_files() -> frozenset[str]:
-    """Files of modules that ask to be treated as library code (`__te_ckpt_audit_library__ = True`)."""
-    return frozenset(
-        getattr(m, "__file__", None) or ""
-        for m in list(sys.modules.values())
-        if getattr(m, "__te_ckpt_audit_library__", False)
-    )
-
-
-class SourceFinder:
-    """Picks, for an equation, the innermost frame of the user's own code.
-
-    Frames in installed packages (site-packages), in te-ckpt-audit itself, and in modules that set
-    `__te_ckpt_audit_library__ = True` (the TE stand-in) are skipped; if nothing is left, the
-    innermost frame JAX calls "user" is used.
-    """
-
-    def __init__(self) -> None:
-        self._library = _library_files()
-        self._cache: dict[int, SourceLocation | None] = {}
-
-    def _is_library(self, filename: str) -> bool:
-        return (
-            filename.startswith(_HERE)
-            or filename in self._library
-            or f"{os.sep}site-packages{os.sep}" in filename
-            or f"{os.sep}dist-packages{os.sep}" in filename
-        )
-
-    def __call__(self, eqn: Any) -> SourceLocation | None:
-        tb = eqn.source_info.traceback
-        key = id(tb)
-        if key in self._cache:
-            return self._cache[key]
-        first = None
-        chosen = None
-        for frame in jc.user_frames(eqn):
-            if first is None:
-                first = frame
-            if not self._is_library(frame.file_name):
-                chosen = frame
-                break
-        frame = chosen or first
-        loc = None
-        if frame is not None:
-            loc = SourceLocation(_display_path(frame.file_name), int(frame.start_line), frame.function_name)
-        self._cache[key] = loc
-        return loc
-
-
-def _display_path(filename: str) -> str:
-    try:
-        rel = os.path.relpath(filename)
-    except ValueError:
-        return filename
-    return filename if rel.startswith("..") else rel

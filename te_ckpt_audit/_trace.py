@@ -17,7 +17,6 @@ import numpy as np
 
 from . import _jax_compat as jc
 from ._jaxpr import (
-    SourceFinder,
     aval_dtype,
     aval_shape,
     has_body,
@@ -29,7 +28,8 @@ from ._jaxpr import (
 from ._loading import user_location
 from .errors import TargetError, UsageError
 from .policies import is_te_gemm, is_te_standin
-from .report import Equation, SourceLocation
+from ._source import Origin, SourceFinder, module_path
+from .report import Equation
 
 
 @dataclasses.dataclass(slots=True)
@@ -181,7 +181,8 @@ class _Context:
     remat_policy: Callable[..., Any] | None = None
     in_remat: bool = False
     traceback_from: Any = None  # equations of a custom_vjp fwd rule take the call site's source
-    source: SourceLocation | None = None  # the enclosing equation's, for bodies JAX traced apart (jit)
+    origin: Origin | None = None  # the enclosing equation's, for bodies JAX traced apart (jit)
+    module: tuple[str, ...] = ()  # the enclosing equations' scopes (module path)
     out_names: tuple[str | None, ...] = ()  # checkpoint names given to the last outputs outside
     anchor: str | None = None  # the custom_vjp call whose forward rule this is
 
@@ -218,10 +219,20 @@ def _tag(jaxpr: Any, prefix: str, ctx: _Context, rows: Rows) -> Any:
         if ctx.traceback_from is not None:
             eqn = eqn.replace(source_info=eqn.source_info.replace(traceback=ctx.traceback_from))
         params = dict(eqn.params)
-        here = rows.finder(eqn) or ctx.source
+        found = rows.finder(eqn)
+        here = found if found.source is not None or ctx.origin is None else ctx.origin
+        module = module_path(ctx.module, eqn)
         if eqn.primitive is jc.custom_vjp_call_p:
             names = tuple(consumers_named.get(v) for v in eqn.outvars)
-            inner = _Context(1, ctx.remat_policy, ctx.in_remat, eqn.source_info.traceback, here, names, eid)
+            inner = _Context(
+                remat_policy=ctx.remat_policy,
+                in_remat=ctx.in_remat,
+                traceback_from=eqn.source_info.traceback,
+                origin=here,
+                module=module,
+                out_names=names,
+                anchor=eid,
+            )
             params["fwd_jaxpr_thunk"] = jc.wrap_jaxpr_thunk(
                 params["fwd_jaxpr_thunk"], functools.partial(_tag, prefix=f"{eid}.fwd.", ctx=inner, rows=rows)
             )
@@ -237,7 +248,7 @@ def _tag(jaxpr: Any, prefix: str, ctx: _Context, rows: Rows) -> Any:
             )
         else:
             single = len(list(sub_jaxprs(eqn.params))) == 1
-            sub_ctx = dataclasses.replace(_sub_context(eqn, ctx), source=here, out_names=())
+            sub_ctx = dataclasses.replace(_sub_context(eqn, ctx), origin=here, module=module, out_names=())
 
             def tag_body(j: int, sub: Any, eid: str = eid, single: bool = single, ctx: _Context = sub_ctx) -> Any:
                 return _tag(sub, f"{eid}." if single else f"{eid}.{j}.", ctx, rows)
@@ -254,7 +265,7 @@ def _tag(jaxpr: Any, prefix: str, ctx: _Context, rows: Rows) -> Any:
         ):
             continue  # structural: its body's equations are the rows
         else:
-            _add_row(rows, eid, tagged, ctx, consumers_named, here)
+            _add_row(rows, eid, tagged, ctx, consumers_named, here, module)
     return jaxpr.replace(eqns=new_eqns)
 
 
@@ -281,7 +292,13 @@ def _sub_context(eqn: Any, ctx: _Context) -> _Context:
 
 
 def _add_row(
-    rows: Rows, eid: str, eqn: Any, ctx: _Context, named: dict[Any, str], source: SourceLocation | None
+    rows: Rows,
+    eid: str,
+    eqn: Any,
+    ctx: _Context,
+    named: dict[Any, str],
+    origin: Origin,
+    module: tuple[str, ...],
 ) -> None:
     if eid in rows.by_id:
         return
@@ -294,7 +311,9 @@ def _add_row(
         shape=aval_shape(out) if out is not None else (),
         dtype=aval_dtype(out) if out is not None else "",
         name=next((named[v] for v in eqn.outvars if v in named), None),
-        source=source,
+        source=origin.source,
+        frame=origin.frame,
+        module="/".join(module) or None,
         is_te_gemm=te,
         standin=is_te_standin(eqn.primitive),
         flops=flops,

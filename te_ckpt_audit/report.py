@@ -32,7 +32,8 @@ class ResidualKind(enum.StrEnum):
     ACTIVATION = "activation"  # computed in the forward pass, kept on the device
     ARGUMENT = "argument"  # an input of the function, kept alive (live anyway)
     HOST = "host"  # offloaded to host memory
-    CONSTANT = "constant"  # a literal or closed-over constant
+    CONSTANT = "constant"  # a closed-over constant
+    LITERAL = "literal"  # a compile-time literal JAX lists "from a literal": no memory, 0 bytes
 
 
 class Category(enum.StrEnum):
@@ -73,7 +74,9 @@ class Equation:
     shape: tuple[int, ...]
     dtype: str
     name: str | None
-    source: SourceLocation | None
+    source: SourceLocation | None  # innermost frame of the user's own code
+    frame: SourceLocation | None  # innermost frame overall: a library's line, for library models
+    module: str | None  # module path from JAX's name stack ("Transformer/Dense_0"), if any
     is_te_gemm: bool
     standin: bool
     flops: int
@@ -92,7 +95,9 @@ class Residual:
     primitive: str | None  # the producer, looked through names, scans, jit and offload copies
     name: str | None  # checkpoint_name, if the value carries one
     equation: str | None  # id of the producing Equation
-    source: SourceLocation | None
+    source: SourceLocation | None  # innermost frame of the user's own code
+    frame: SourceLocation | None  # innermost frame overall
+    module: str | None  # module path from JAX's name stack, if any
     multiplicity: int  # layers stacked by enclosing scans (1 if not stacked)
     argument: str | None  # the argument's path, for kind == ARGUMENT
     standin: bool  # produced by the labelled CPU stand-in of a TE GEMM
@@ -152,6 +157,8 @@ class PolicyResult:
     forward_flops: int
     warnings: tuple[AuditWarning, ...]
     compiled: CompiledMemory | None = None  # only with --compile
+    # Why JAX could not differentiate the function under this policy; the row is then empty.
+    error: str | None = None
 
     @property
     def recompute_percent(self) -> float:

@@ -1,0 +1,87 @@
+"""Where an equation comes from: the module path on JAX's name stack, the innermost frame of the
+user's own code, and the innermost frame overall (often a library's line)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from . import _jax_compat as jc
+from .report import SourceLocation
+
+_HERE = str(Path(__file__).parent)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Origin:
+    source: SourceLocation | None  # innermost frame of the user's code
+    frame: SourceLocation | None  # innermost frame overall (JAX's own frames left out)
+
+
+def module_path(prefix: tuple[str, ...], eqn: Any) -> tuple[str, ...]:
+    """The enclosing scopes (`prefix`, from the equations whose bodies hold this one) and the
+    equation's own: Flax module paths, Keras layer names, `jax.named_scope`s."""
+    return prefix + jc.scope_names(eqn)
+
+
+def _library_files() -> frozenset[str]:
+    """Files of modules that ask to be treated as library code (`__te_ckpt_audit_library__ = True`)."""
+    return frozenset(
+        getattr(m, "__file__", None) or ""
+        for m in list(sys.modules.values())
+        if getattr(m, "__te_ckpt_audit_library__", False)
+    )
+
+
+class SourceFinder:
+    """Picks, for an equation, the innermost frame of the user's own code and the innermost frame.
+
+    Frames in installed packages (site-packages), in te-ckpt-audit itself, and in modules that set
+    `__te_ckpt_audit_library__ = True` (the TE stand-in) are not the user's; if only those are
+    left, the innermost frame stands for both.
+    """
+
+    def __init__(self) -> None:
+        self._library = _library_files()
+        self._cache: dict[int, tuple[Any, Origin]] = {}
+
+    def _is_library(self, filename: str) -> bool:
+        return (
+            filename.startswith(_HERE)
+            or filename in self._library
+            or f"{os.sep}site-packages{os.sep}" in filename
+            or f"{os.sep}dist-packages{os.sep}" in filename
+        )
+
+    def __call__(self, eqn: Any) -> Origin:
+        tb = eqn.source_info.traceback
+        key = id(tb)
+        if key in self._cache:
+            return self._cache[key][1]
+        first = chosen = None
+        for frame in jc.user_frames(eqn):
+            if first is None:
+                first = frame
+            if not self._is_library(frame.file_name):
+                chosen = frame
+                break
+        origin = Origin(_location(chosen or first), _location(first))
+        self._cache[key] = (tb, origin)  # the traceback is kept alive so its id stays unique
+        return origin
+
+
+def _location(frame: Any) -> SourceLocation | None:
+    if frame is None:
+        return None
+    return SourceLocation(_display_path(frame.file_name), int(frame.start_line), frame.function_name)
+
+
+def _display_path(filename: str) -> str:
+    try:
+        rel = os.path.relpath(filename)
+    except ValueError:
+        return filename
+    return filename if rel.startswith("..") else rel
