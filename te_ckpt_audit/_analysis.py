@@ -15,7 +15,7 @@ from typing import Any
 import jax
 
 from . import _jax_compat as jc
-from ._jaxpr import aval_bytes, aval_dtype, aval_shape, is_gemm, leaf_flops, map_sub_jaxprs, open_jaxpr, sub_jaxprs
+from ._jaxpr import aval_bytes, aval_dtype, aval_shape, is_gemm, map_sub_jaxprs, open_jaxpr, sub_jaxprs
 from ._loading import user_location
 from ._source import Origin
 from ._trace import Row, Traced, id_key

@@ -25,7 +25,9 @@ def _concrete(x: Any) -> Any:
     return jnp.zeros(x.shape, x.dtype) if isinstance(x, SDS) else x
 
 
-def truth(fn: Callable[..., Any], args: tuple[Any, ...], policy: str, inner: Callable[..., Any] | None = None) -> Counter:
+def truth(
+    fn: Callable[..., Any], args: tuple[Any, ...], policy: str, inner: Callable[..., Any] | None = None
+) -> Counter:
     """(shape, dtype) multiset of JAX's saved residuals, literals left out: they cost nothing,
     and whether JAX lists one depends on how a Python number entered the trace.
 
