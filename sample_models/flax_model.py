@@ -1,4 +1,5 @@
-"""A Flax linen transformer: ``nn.scan`` over ``nn.remat``-wrapped blocks.
+"""A Flax linen transformer: ``nn.scan`` over ``nn.remat``-wrapped blocks (or, with
+``-D scan=False``, the same blocks unrolled: one module, and one traced body, per layer).
 
 The remat policy is a module attribute (default ``dots_with_no_batch_dims_saveable``);
 ``make_loss(policy)`` swaps it. Parameters come from ``jax.eval_shape(model.init, ...)``
@@ -29,6 +30,7 @@ class Config:
     d_ff: int
     vocab: int
     dtype: str = "float32"
+    scan: bool = True
 
 
 class Block(nn.Module):
@@ -65,10 +67,14 @@ class Transformer(nn.Module):
         cfg, dt = self.cfg, jnp.dtype(self.cfg.dtype)
         x = nn.Embed(cfg.vocab, cfg.d_model, dtype=dt, param_dtype=dt)(tokens)
         block = Block if self.policy is None else nn.remat(Block, policy=self.policy, prevent_cse=False)
-        stack = nn.scan(block,
-                        variable_axes={"params": 0}, split_rngs={"params": True},
-                        length=cfg.layers)
-        x, _ = stack(cfg, name="layers")(x, None)
+        if cfg.scan:
+            stack = nn.scan(block,
+                            variable_axes={"params": 0}, split_rngs={"params": True},
+                            length=cfg.layers)
+            x, _ = stack(cfg, name="layers")(x, None)
+        else:
+            for i in range(cfg.layers):
+                x, _ = block(cfg, name=f"block_{i}")(x, None)
         x = nn.LayerNorm(dtype=dt, param_dtype=dt)(x)
         return nn.Dense(cfg.vocab, use_bias=False, dtype=dt, param_dtype=dt)(x)
 
@@ -90,9 +96,9 @@ loss = make_loss()
 
 def loss_inputs(layers: int = 2, batch: int = 2, seq: int = 16, d_model: int = 64,
                 heads: int = 4, d_ff: int = 256, vocab: int = 128,
-                dtype: str = "float32") -> tuple[Any, jax.ShapeDtypeStruct, Config]:
+                dtype: str = "float32", scan: bool = True) -> tuple[Any, jax.ShapeDtypeStruct, Config]:
     """Shapes only: (params from jax.eval_shape(model.init, ...), tokens, cfg)."""
-    cfg = Config(layers=layers, d_model=d_model, heads=heads, d_ff=d_ff, vocab=vocab, dtype=dtype)
+    cfg = Config(layers=layers, d_model=d_model, heads=heads, d_ff=d_ff, vocab=vocab, dtype=dtype, scan=scan)
     tokens = jax.ShapeDtypeStruct((batch, seq), jnp.int32)
     # eval_shape traces init abstractly: params are ShapeDtypeStructs, nothing is allocated.
     params = jax.eval_shape(Transformer(cfg).init, jax.random.key(0), tokens)

@@ -21,10 +21,12 @@ class Origin:
     frame: SourceLocation | None  # innermost frame overall (JAX's own frames left out)
 
 
-def module_path(prefix: tuple[str, ...], eqn: Any) -> tuple[str, ...]:
+def module_path(prefix: tuple[str, ...], eqn: Any, merged: dict[int, tuple[str, ...]]) -> tuple[str, ...]:
     """The enclosing scopes (`prefix`, from the equations whose bodies hold this one) and the
-    equation's own: Flax module paths, Keras layer names, `jax.named_scope`s."""
-    return prefix + jc.scope_names(eqn)
+    equation's own: Flax module paths, Keras layer names, `jax.named_scope`s. An equation of a
+    body shared by several layers has its scopes `merged` across them ("block_*")."""
+    own = merged.get(id(eqn))
+    return prefix + (own if own is not None else jc.scope_names(eqn))
 
 
 def _library_files() -> frozenset[str]:

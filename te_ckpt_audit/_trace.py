@@ -28,6 +28,7 @@ from ._jaxpr import (
 from ._loading import user_location
 from .errors import TargetError, UsageError
 from .policies import is_te_gemm, is_te_standin
+from ._intern import intern_bodies
 from ._source import Origin, SourceFinder, module_path
 from .report import Equation
 
@@ -58,6 +59,7 @@ class Rows:
         self.uses: dict[str, int] = {}  # equation id -> times it runs, shared bodies included
         self.memo: dict[int, tuple[Any, Any]] = {}
         self.has_remat = False  # a checkpoint anywhere, custom_vjp forward rules included
+        self.scopes: dict[int, tuple[str, ...]] = {}  # merged scopes of shared bodies (_intern)
 
     def equation(self, eid: str) -> Equation:
         row = self.by_id[eid]
@@ -145,7 +147,8 @@ def trace(fn: Callable[..., Any], args: tuple[Any, ...], target: str = "") -> Tr
                 "return a floating-point loss (drop integer or boolean outputs)",
             )
     rows = Rows()
-    tagged = tag_jaxpr(closed, rows)
+    interned, rows.scopes = intern_bodies(closed.jaxpr)
+    tagged = tag_jaxpr(closed.replace(jaxpr=interned), rows)
     return Traced(tagged, avals, names, rows.has_remat, rows, target)
 
 
@@ -216,12 +219,12 @@ def _tag(jaxpr: Any, prefix: str, ctx: _Context, rows: Rows) -> Any:
     new_eqns = []
     for i, eqn in enumerate(jaxpr.eqns):
         eid = f"{prefix}{i}"
+        module = module_path(ctx.module, eqn, rows.scopes)
         if ctx.traceback_from is not None:
             eqn = eqn.replace(source_info=eqn.source_info.replace(traceback=ctx.traceback_from))
         params = dict(eqn.params)
         found = rows.finder(eqn)
         here = found if found.source is not None or ctx.origin is None else ctx.origin
-        module = module_path(ctx.module, eqn)
         if eqn.primitive is jc.custom_vjp_call_p:
             names = tuple(consumers_named.get(v) for v in eqn.outvars)
             inner = _Context(
