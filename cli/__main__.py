@@ -1,5 +1,5 @@
 """`python -m te_ckpt_audit_cli`: the same as the `te-ckpt-audit` command."""
 
-from .app import main
+from ._launch import main
 
 main()

@@ -13,34 +13,81 @@ import jax
 import jax.extend.core as jex
 from jax.extend.core import primitives as _prims
 
-SUPPORTED = ((0, 10, 0), (0, 11, 0))  # [lowest, highest) jax versions this module was written for
+# [lowest, highest) jax versions this module was written and tested for: both ends run in CI.
+SUPPORTED = ((0, 10, 2), (0, 13, 0))
+SUPPORTED_TEXT = "jax >= 0.10.2, < 0.13"
+
+
+class UnsupportedJaxError(ImportError):
+    """The installed jax is outside `SUPPORTED`. An ImportError, raised while this module imports;
+    `message` and `hint` let the command line turn it into its one-line error (exit 2)."""
+
+    def __init__(self, found: str) -> None:
+        self.supported = SUPPORTED_TEXT
+        self.message = f"te-ckpt-audit supports {SUPPORTED_TEXT} (found jax {found})"
+        self.hint = "install a supported jax: pip install 'jax>=0.10.2,<0.13' 'jaxlib>=0.10.2,<0.13'"
+        super().__init__(f"{self.message}; {self.hint}")
 
 
 def _version_tuple(version: str) -> tuple[int, ...]:
     parts = []
     for piece in version.split(".")[:3]:
-        digits = "".join(ch for ch in piece if ch.isdigit())
+        digits = ""
+        for ch in piece:  # "0rc1" -> 0, "0.dev2026" stops at the dev tag
+            if not ch.isdigit():
+                break
+            digits += ch
         parts.append(int(digits or 0))
     return tuple(parts)
 
 
 JAX_VERSION = _version_tuple(jax.__version__)
-if not (SUPPORTED[0] <= JAX_VERSION < SUPPORTED[1]):  # pragma: no cover - depends on the install
-    raise ImportError(
-        f"te-ckpt-audit supports jax >= 0.10.0, < 0.11 (found {jax.__version__}); "
-        "install a supported jax: pip install 'jax>=0.10.2,<0.11'"
-    )
+if not (SUPPORTED[0] <= JAX_VERSION < SUPPORTED[1]):
+    raise UnsupportedJaxError(jax.__version__)
 
+# One branch per jax release that moved or changed something used here (0.10.2 is the base).
+# tests/test_jax_compat.py checks each private name on the installed jax, by name.
 from jax._src import linear_util as _lu  # noqa: E402
 from jax._src import source_info_util as _siu  # noqa: E402
 from jax._src.ad_checkpoint import saved_residuals as _saved_residuals  # noqa: E402
 from jax._src.interpreters import ad as _ad  # noqa: E402
 from jax._src.interpreters import partial_eval as _pe  # noqa: E402
-from jax._src.tree_util import FlatTree as _FlatTree  # noqa: E402
+
+# 0.11.0: FlatTree left jax._src.tree_util for jax._src.flattree (`flatten` is a function there).
+# 0.11.0: scan's params give its inputs as FlatTrees (ft_in: consts, carry, xs), not as counts
+#         (num_consts, num_carry).
+# 0.11.0: Jaxpr and ClosedJaxpr are one class (`.jaxpr` is the jaxpr itself; its constvars are the
+#         invars with values attached): nothing here depends on the difference.
+if JAX_VERSION >= (0, 11, 0):
+    from jax._src import flattree as _flattree  # type: ignore[attr-defined, unused-ignore]
+
+    _flatten: Callable[[Any], Any] = _flattree.flatten
+else:
+    from jax._src.tree_util import FlatTree as _FlatTree  # type: ignore[attr-defined, unused-ignore]
+
+    _flatten = _FlatTree.flatten
+SCAN_PARAMS_ARE_FLAT_TREES = JAX_VERSION >= (0, 11, 0)
+
+# 0.11.1: ad.linearize also returns the structured residuals (those of hijax rules), and its
+#         tangent jaxpr binds the residuals as leading invars, no longer as constvars.
+LINEARIZE_HAS_STRUCTURED_RESIDUALS = JAX_VERSION >= (0, 11, 1)
+
+# 0.12.0: in a vjp's tangent jaxpr, the equation of jit, scan, cond, shard_map, ... is a
+#         `vjp_node[prim]`: a primitive wrapping `prim`, with `prim`'s params.
+_VJPNode: Any = _ad.VJPNode if JAX_VERSION >= (0, 12, 0) else None  # type: ignore[attr-defined, unused-ignore]
+
+
+def scan_counts(params: dict[str, Any]) -> tuple[int, int]:
+    """(number of consts, number of carry values) among a scan equation's inputs; the xs follow."""
+    if SCAN_PARAMS_ARE_FLAT_TREES:
+        consts, carry, _ = params["ft_in"].unpack()
+        return len(consts), len(carry)
+    return params["num_consts"], params["num_carry"]
+
 
 # Public names re-exported so the rest of the package imports JAX's jaxpr types from one place.
 Jaxpr = jex.Jaxpr
-ClosedJaxpr = jex.ClosedJaxpr
+ClosedJaxpr: Any = jex.ClosedJaxpr  # type: ignore[attr-defined, unused-ignore]  # 0.11.0: = Jaxpr
 JaxprEqn = jex.JaxprEqn
 Literal = jex.Literal
 Var = jex.Var
@@ -74,6 +121,15 @@ def eqn_tag(eqn: Any) -> str | None:
         if isinstance(elem, _siu.Scope) and elem.name.startswith(TAG_PREFIX):
             return elem.name[len(TAG_PREFIX) :]
     return None
+
+
+def scope_names(eqn: Any) -> tuple[str, ...]:
+    """The `jax.named_scope`s on the equation's name stack (transformations and our tags left out)."""
+    return tuple(
+        e.name
+        for e in eqn.source_info.name_stack.stack
+        if isinstance(e, _siu.Scope) and not e.name.startswith(TAG_PREFIX)
+    )
 
 
 def with_tag(eqn: Any, tag: str, params: dict[str, Any]) -> Any:
@@ -110,13 +166,62 @@ def linearize_for_vjp(fun: Callable[..., Any], args: Sequence[Any]) -> tuple[lis
     """Residuals and tangent jaxpr of `fun` at `args`, exactly as `jax.vjp` computes them.
 
     `jax.vjp` calls this very function (`ad.linearize(..., is_vjp=True)`) and keeps the returned
-    residuals; `jax.ad_checkpoint.print_saved_residuals` lists them. The tangent jaxpr's constvars
-    are the residuals, in order; remat's recomputation lives in its equations.
+    residuals; `jax.ad_checkpoint.print_saved_residuals` lists them. On every supported jax the
+    tangent jaxpr comes back in one shape: its constvars are the residuals, in order, its invars
+    the input tangents, and its equations name JAX's own primitives (remat's recomputation lives
+    there).
     """
-    _, _, tangent_jaxpr, residuals = _ad.linearize(
-        lambda *xs: fun(*xs), _FlatTree.flatten(tuple(args)), is_vjp=True
-    )
-    return list(residuals), tangent_jaxpr
+    out = _ad.linearize(lambda *xs: fun(*xs), _flatten(tuple(args)), is_vjp=True)
+    tangent, residuals = out[2], list(out[3])
+    if LINEARIZE_HAS_STRUCTURED_RESIDUALS:
+        structured = jax.tree_util.tree_leaves(out[4])
+        n_res, n_in = len(residuals), len(tangent.invars) - len(residuals) - len(structured)
+        # Its invars: the residuals, the input tangents, then one per structured residual leaf.
+        # A jaxpr's constvars are, since 0.11.0, the invars with values attached: attach the
+        # residuals (this jaxpr is for reading; it never runs).
+        residuals += structured
+        tangent = tangent.replace(
+            constvars=tangent.invars[:n_res] + tangent.invars[n_res + n_in :],
+            invars=tangent.invars[n_res : n_res + n_in],
+            consts=residuals,
+        )
+    if _VJPNode is not None:
+        tangent = _unwrap_vjp_nodes(tangent, {})
+    return residuals, tangent
+
+
+def _is_jaxpr(value: Any) -> bool:
+    return isinstance(value, jex.Jaxpr | ClosedJaxpr)
+
+
+def _unwrap_vjp_nodes(jaxpr: Any, memo: dict[int, Any]) -> Any:
+    """`jaxpr` with every `vjp_node[prim]` equation (at any depth) made a `prim` equation; a body
+    shared by several equations stays shared (memoized by identity), an unchanged one is kept."""
+    key = id(jaxpr)
+    if key in memo:
+        return memo[key][1]
+    eqns = [_unwrap_eqn(e, memo) for e in jaxpr.eqns]
+    same = all(a is b for a, b in zip(eqns, jaxpr.eqns, strict=True))
+    new = jaxpr if same else jaxpr.replace(eqns=eqns)  # since 0.11.0 a Jaxpr keeps its consts
+    memo[key] = (jaxpr, new)  # keeps `jaxpr` alive, so its id is not reused
+    return new
+
+
+def _unwrap_eqn(eqn: Any, memo: dict[int, Any]) -> Any:
+    params = {}
+    for name, value in eqn.params.items():
+        if _is_jaxpr(value):
+            value = _unwrap_vjp_nodes(value, memo)
+        elif isinstance(value, tuple | list) and any(_is_jaxpr(v) for v in value):
+            items = [_unwrap_vjp_nodes(v, memo) if _is_jaxpr(v) else v for v in value]
+            if any(a is not b for a, b in zip(items, value, strict=True)):  # a named tuple stays one
+                value = type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+        params[name] = value
+    prim = eqn.primitive
+    changed = any(params[k] is not v for k, v in eqn.params.items())
+    if _VJPNode is not None and isinstance(prim, _VJPNode):
+        return eqn.replace(primitive=prim.prim, params=params)
+    return eqn.replace(params=params) if changed else eqn
 
 
 def saved_residuals(fn: Callable[..., Any], *args: Any) -> list[tuple[Any, str]]:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from te_ckpt_audit import audit_target
+import jax
+import jax.numpy as jnp
+from jax.extend.core import Primitive
+
+from te_ckpt_audit import audit, audit_target
 
 POLICIES = [
     "nothing_saveable",
@@ -32,11 +36,21 @@ def test_policy_order_by_activation_bytes_matches_compiled_temp_bytes() -> None:
 
 
 def test_a_step_that_cannot_compile_is_reported_not_raised() -> None:
-    # jax.nn.scaled_matmul has no CPU lowering in jax 0.10: the audit stands, the error is kept
-    report = audit_target("sample_models/fp8_block.py:loss", ["nothing_saveable"], compile=True)
+    # A primitive with no lowering on any backend (jax.nn.scaled_matmul, used before, gained a CPU
+    # lowering in jax 0.12): the audit stands, the compile error is kept.
+    unlowered = Primitive("unlowered_here")
+    unlowered.def_abstract_eval(lambda aval: aval)
+
+    @jax.custom_jvp
+    def f(x: jax.Array) -> jax.Array:
+        return unlowered.bind(x)
+
+    f.defjvp(lambda primals, tangents: (f(primals[0]), tangents[0]))
+    x = jax.ShapeDtypeStruct((8, 16), jnp.float32)
+    report = audit(lambda x: jnp.sum(jnp.sin(f(x))), x, policies=["nothing_saveable"], compile=True)
     (result,) = report.results
     assert result.compiled is not None and result.compiled.temp_bytes is None
-    assert result.compiled.error is not None and "scaled_matmul" in result.compiled.error
+    assert result.compiled.error is not None and "unlowered_here" in result.compiled.error
     assert result.totals.total_bytes > 0
 
 

@@ -1,0 +1,23 @@
+"""The console script's entry point. te-ckpt-audit refuses a jax outside its supported range while
+importing (`te_ckpt_audit._jax_compat`); here, before any command exists, that refusal becomes the
+command line's one-line error and exit 2 (bad input), not an ImportError traceback."""
+
+from __future__ import annotations
+
+import sys
+
+_USAGE = 2  # ExitCode.USAGE; options.py cannot be imported before the version check passes
+
+
+def main() -> None:
+    """Run `te-ckpt-audit`, or say in one line on stderr which jax versions it supports."""
+    try:
+        from .app import main as run
+    except ImportError as err:
+        message = getattr(err, "message", None)
+        if getattr(err, "supported", None) is None or message is None:
+            raise  # not the version check: a broken install, shown as it is
+        hint = getattr(err, "hint", "")
+        print(f"te-ckpt-audit: error: {message}" + (f" (hint: {hint})" if hint else ""), file=sys.stderr)
+        sys.exit(_USAGE)
+    run()
