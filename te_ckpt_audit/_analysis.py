@@ -365,7 +365,7 @@ class _Resolver:
         self, jaxpr: Any, eqn: Any, i: int, name: str | None, mult: int, depth: int, top: bool
     ) -> _Producer:
         body = open_jaxpr(eqn.params["jaxpr"])
-        n_consts, n_carry = eqn.params["num_consts"], eqn.params["num_carry"]
+        n_consts, n_carry = jc.scan_counts(eqn.params)
         length = int(eqn.params["length"])
         stacked = i >= n_carry
         inner_mult = mult * length if stacked else mult
@@ -450,8 +450,8 @@ class _Walk:
         params = eqn.params
         if prim is jc.scan_p:
             body = open_jaxpr(params["jaxpr"])
-            lo, hi = params["num_consts"], params["num_consts"] + params["num_carry"]
-            flags = _carry_fixpoint(body, list(ins), lo, hi, params["num_carry"])
+            n_consts, n_carry = jc.scan_counts(params)
+            flags = _carry_fixpoint(body, list(ins), n_consts, n_consts + n_carry, n_carry)
             return self.run(body, flags)
         if prim is jc.while_p:
             body = open_jaxpr(params["body_jaxpr"])
