@@ -15,14 +15,17 @@ primitives, and JAX's ``scaled_matmul_wrapper`` (``jax.nn.scaled_matmul``), as T
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
+from collections.abc import Callable
 from typing import Any
 
 import jax
 
 __all__ = [
     "TE_GEMM_NAMES",
+    "SaveFromBoth",
     "checkpoint_dots_and_te_gemms",
     "dots_and_te_gemms_with_no_batch_dims",
     "is_te_gemm",
@@ -80,16 +83,42 @@ def te_gemms_saveable(prim: Any, *_: Any, **__: Any) -> bool:
     return is_te_gemm(prim) or getattr(prim, "name", None) == SCALED_MATMUL_NAME
 
 
-dots_and_te_gemms_with_no_batch_dims = jax.checkpoint_policies.save_from_both_policies(
-    jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims, te_gemms_saveable
-)
-dots_and_te_gemms_with_no_batch_dims.__doc__ = (
-    "Save dots without batch dimensions, every TE GEMM and scaled_matmul; recompute the rest."
-)
+@dataclasses.dataclass(frozen=True, slots=True, weakref_slot=True)  # JAX keeps weak references to policies
+class SaveFromBoth:
+    """A named policy that saves what either of two policies saves, built with JAX's
+    ``save_from_both_policies``. Frozen and hashable, as JAX's own parametrised policies are: JAX
+    caches partial evaluation on the policy object, and a report shows `name`.
 
-checkpoint_dots_and_te_gemms = jax.checkpoint_policies.save_from_both_policies(
-    jax.checkpoint_policies.checkpoint_dots, te_gemms_saveable
+    >>> from te_ckpt_audit.policies import checkpoint_dots_and_te_gemms
+    >>> checkpoint_dots_and_te_gemms.__name__
+    'checkpoint_dots_and_te_gemms'
+    """
+
+    name: str
+    first: Callable[..., Any]
+    second: Callable[..., Any]
+    _both: Callable[..., Any] = dataclasses.field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        both = jax.checkpoint_policies.save_from_both_policies(self.first, self.second)
+        object.__setattr__(self, "_both", both)
+
+    def __call__(self, prim: Any, *avals: Any, **params: Any) -> Any:
+        return self._both(prim, *avals, **params)
+
+    @property
+    def __name__(self) -> str:
+        return self.name
+
+
+dots_and_te_gemms_with_no_batch_dims = SaveFromBoth(
+    "dots_and_te_gemms_with_no_batch_dims",
+    jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
+    te_gemms_saveable,
 )
-checkpoint_dots_and_te_gemms.__doc__ = (
-    "Save every dot, TE GEMM and scaled_matmul output; recompute the rest."
+"""Save dots without batch dimensions, every TE GEMM and scaled_matmul; recompute the rest."""
+
+checkpoint_dots_and_te_gemms = SaveFromBoth(
+    "checkpoint_dots_and_te_gemms", jax.checkpoint_policies.checkpoint_dots, te_gemms_saveable
 )
+"""Save every dot, TE GEMM and scaled_matmul output; recompute the rest."""

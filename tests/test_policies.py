@@ -56,18 +56,26 @@ CASES = [
 
 @pytest.mark.parametrize(("what", "te_only", "no_batch", "dots"), CASES, ids=lambda c: getattr(c, "primitive", c))
 def test_verdicts(what, te_only: bool, no_batch: bool, dots: bool) -> None:
-    if isinstance(what, str):
-        prim = _named(what)
-        got = [bool(p(prim)) for p in (policies.te_gemms_saveable,)]
-        assert got == [te_only]
-        if not te_only:
-            return
-        assert policies.dots_and_te_gemms_with_no_batch_dims(prim) is True
-        assert policies.checkpoint_dots_and_te_gemms(prim) is True
-        return
-    assert _verdict(policies.te_gemms_saveable, what) is te_only
-    assert _verdict(policies.dots_and_te_gemms_with_no_batch_dims, what) is no_batch
-    assert _verdict(policies.checkpoint_dots_and_te_gemms, what) is dots
+    if isinstance(what, str):  # a bare primitive of that name, with one operand of a matmul's shape
+        prim, avals, params = _named(what), (jax.ShapeDtypeStruct((4, 8), f32),), {}
+    else:
+        prim, avals, params = what.primitive, [v.aval for v in what.invars], what.params
+    got = [
+        bool(p(prim, *avals, **params))
+        for p in (
+            policies.te_gemms_saveable,
+            policies.dots_and_te_gemms_with_no_batch_dims,
+            policies.checkpoint_dots_and_te_gemms,
+        )
+    ]
+    assert got == [te_only, no_batch, dots]
+
+
+def test_policies_are_named_hashable_and_equal_by_value() -> None:
+    a, b = policies.checkpoint_dots_and_te_gemms, policies.dots_and_te_gemms_with_no_batch_dims
+    assert (a.__name__, b.__name__) == ("checkpoint_dots_and_te_gemms", "dots_and_te_gemms_with_no_batch_dims")
+    again = policies.SaveFromBoth(a.name, a.first, a.second)
+    assert again == a and hash(again) == hash(a) and again != b
 
 
 def test_jax_checkpoint_dots_misses_te_gemms() -> None:
@@ -116,3 +124,15 @@ def test_drop_in_for_flax_remat() -> None:
     params = Remat().init(jax.random.key(0), x)
     grads = jax.grad(lambda p: jnp.sum(Remat().apply(p, x)))(params)
     assert grads["params"]["k"].shape == (4, 8)
+
+
+def test_audit_labels_each_te_aware_policy_by_its_name() -> None:
+    from te_ckpt_audit import audit
+
+    report = audit(
+        lambda x, k: jnp.sum(jnp.tanh(te_standin.dense(x, k))),
+        jax.ShapeDtypeStruct((4, 8), f32),
+        jax.ShapeDtypeStruct((8, 2), f32),
+        policies=[policies.checkpoint_dots_and_te_gemms, policies.dots_and_te_gemms_with_no_batch_dims],
+    )
+    assert [r.policy for r in report.results] == ["checkpoint_dots_and_te_gemms", "dots_and_te_gemms_with_no_batch_dims"]
