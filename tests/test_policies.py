@@ -135,4 +135,5 @@ def test_audit_labels_each_te_aware_policy_by_its_name() -> None:
         jax.ShapeDtypeStruct((8, 2), f32),
         policies=[policies.checkpoint_dots_and_te_gemms, policies.dots_and_te_gemms_with_no_batch_dims],
     )
-    assert [r.policy for r in report.results] == ["checkpoint_dots_and_te_gemms", "dots_and_te_gemms_with_no_batch_dims"]
+    labels = [r.policy for r in report.results]
+    assert labels == ["checkpoint_dots_and_te_gemms", "dots_and_te_gemms_with_no_batch_dims"]
