@@ -57,32 +57,34 @@ def policy_function(traced: Traced, spec: PolicySpec, scope: Scope) -> Callable[
 
 
 def _guarded(spec: PolicySpec) -> Callable[..., Any]:
-    """The spec's policy, with its exceptions turned into a PolicySpecError naming it."""
+    """The spec's policy, with its errors and bad answers turned into a PolicySpecError naming it."""
     policy = spec.policy
     assert policy is not None
 
     def guarded(prim: Any, *avals: Any, **params: Any) -> Any:
-        try:
-            answer = policy(prim, *avals, **params)
-        except Exception as exc:
-            raise PolicySpecError(
-                f"policy {spec.text!r} raised {type(exc).__name__} on {getattr(prim, 'name', prim)}: {exc}",
-                "a policy is called as policy(prim, *avals, **params) and must return a bool",
-            ) from exc
-        if not isinstance(answer, bool | jc.SaveableType | jc.RecomputeType | jc.Offloadable):
-            raise PolicySpecError(
-                f"policy {spec.text!r} returned {answer!r} for {getattr(prim, 'name', prim)}",
-                _RETURN_HINT,
-            )
-        return answer
+        return ask_policy(policy, spec.text, prim, avals, params)
 
     return guarded
 
 
-_RETURN_HINT = (
-    "return True/False, Saveable, Recompute or Offloadable(src, dst) "
-    "(did you return Offloadable instead of Offloadable(...)?)"
-)
+def ask_policy(policy: Callable[..., Any], spec_text: str, prim: Any, avals: Any, params: dict[str, Any]) -> Any:
+    """`policy(prim, *avals, **params)`, checked: what it raises or wrongly returns is the policy's
+    fault, said in one PolicySpecError."""
+    name = getattr(prim, "name", prim)
+    try:
+        answer = policy(prim, *avals, **params)
+    except Exception as exc:
+        raise PolicySpecError(
+            f"policy {spec_text!r} raised {type(exc).__name__} on {name}: {exc}",
+            "a policy is called as policy(prim, *avals, **params) and must return a bool",
+        ) from exc
+    if not isinstance(answer, bool | jc.SaveableType | jc.RecomputeType | jc.Offloadable):
+        raise PolicySpecError(
+            f"policy {spec_text!r} returned {answer!r} for {name}",
+            "return True/False, Saveable, Recompute or Offloadable(src, dst) "
+            "(did you return Offloadable instead of Offloadable(...)?)",
+        )
+    return answer
 
 
 def _swap_policies(jaxpr: Any, policy: Callable[..., Any] | None, memo: dict[int, Any] | None = None) -> Any:
@@ -147,20 +149,12 @@ def _inline(eqn: Any, body: Any, alias: dict[Any, Any]) -> list[Any]:
 def verdict_of(policy: Callable[..., Any] | None, eqn: Any, spec_text: str) -> Verdict:
     if policy is None:
         return Verdict.NONE
-    try:
-        answer = policy(eqn.primitive, *[v.aval for v in eqn.invars], **eqn.params)
-    except Exception as exc:
-        raise PolicySpecError(
-            f"policy {spec_text!r} raised {type(exc).__name__} on {eqn.primitive.name}: {exc}",
-            "a policy is called as policy(prim, *avals, **params) and must return a bool",
-        ) from exc
+    answer = ask_policy(policy, spec_text, eqn.primitive, [v.aval for v in eqn.invars], eqn.params)
     if answer is True or isinstance(answer, jc.SaveableType):
         return Verdict.SAVE
     if answer is False or isinstance(answer, jc.RecomputeType):
         return Verdict.RECOMPUTE
-    if isinstance(answer, jc.Offloadable):
-        return Verdict.OFFLOAD
-    raise PolicySpecError(f"policy {spec_text!r} returned {answer!r} for {eqn.primitive.name}", _RETURN_HINT)
+    return Verdict.OFFLOAD
 
 
 def row_policy(row: Row, spec: PolicySpec, scope: Scope) -> Callable[..., Any] | None:
