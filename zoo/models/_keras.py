@@ -56,6 +56,25 @@ def forward(model: Any, trainable: list[Any], non_trainable: list[Any], tokens: 
     return -jnp.mean(jnp.sum(onehot * jax.nn.log_softmax(logits), axis=-1))
 
 
+def targets(model: Any) -> tuple[Callable[..., jax.Array], Callable[..., Any], Callable[[], Any]]:
+    """``loss``, ``make_loss`` and ``loss_inputs`` for one causal LM."""
+
+    def loss(trainable: list[Any], non_trainable: list[Any], tokens: jax.Array) -> jax.Array:
+        """Next-token cross-entropy with Keras' remat as built (``jax.checkpoint``, no policy)."""
+        return forward(model, trainable, non_trainable, tokens)
+
+    def make_loss(policy: Callable[..., Any] | None) -> Callable[..., jax.Array]:
+        """The target with Keras' remat set to ``policy`` (None: no remat)."""
+
+        def loss(trainable: list[Any], non_trainable: list[Any], tokens: jax.Array) -> jax.Array:
+            with remat_set_to(policy):
+                return forward(model, trainable, non_trainable, tokens)
+
+        return loss
+
+    return loss, make_loss, lambda: inputs(model)
+
+
 def inputs(model: Any) -> tuple[list[jax.ShapeDtypeStruct], list[jax.ShapeDtypeStruct], jax.ShapeDtypeStruct]:
     """Variables as ShapeDtypeStructs (the dropout seed states among the non-trainable ones)."""
     spec = lambda v: jax.ShapeDtypeStruct(tuple(v.shape), v.value.dtype)
