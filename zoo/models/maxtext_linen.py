@@ -1,4 +1,4 @@
-"""MaxText through its Linen API (``transformer_as_linen`` with ``enable_nnx: false``: the pure
+"""MaxText through its Linen API (``transformer_as_linen``, with ``enable_nnx: false`` where it exists: the pure
 Linen decoder up to MaxText 0.2.4, the NNX decoder behind ``ToLinen`` from 0.2.5), layers not
 scanned, in training mode with dropout (a raw uint32 key in ``rngs``), remat policy ``minimal`` as
 configured. Parameters come from ``jax.eval_shape(model.init, ...)``.
