@@ -242,23 +242,31 @@ def failed(traced: Traced, spec: PolicySpec, scope: Scope, error: TargetError) -
     )
 
 
-def _residuals(traced: Traced, jaxpr: Any) -> list[Residual]:
-    """The residual set exactly as `jax.ad_checkpoint.saved_residuals` forms it, with provenance."""
+def residual_outputs(jaxpr: Any) -> list[tuple[Any, ResidualKind, int]]:
+    """(value, kind, index of the forward jaxpr's output that returns it) of each residual, in
+    the order and with the deduplication of `jax.ad_checkpoint.saved_residuals`."""
     subst = {e.outvars[0]: e.invars[0] for e in jaxpr.eqns if e.primitive is jc.reduce_precision_p}
-    literals = [v for v in jaxpr.outvars if isinstance(v, jc.Literal)]
-    res_vars = {subst.get(v, v) for v in jaxpr.outvars if not isinstance(v, jc.Literal)}
-    ordered: list[tuple[Any, ResidualKind]] = [(v, ResidualKind.LITERAL) for v in literals]
-    ordered += [(v, ResidualKind.CONSTANT) for v in jaxpr.constvars if v in res_vars]
-    ordered += [(v, ResidualKind.ARGUMENT) for v in jaxpr.invars if v in res_vars]
-    ordered += [
-        (v, ResidualKind.HOST if _on_host(v.aval) else ResidualKind.ACTIVATION)
+    first: dict[Any, int] = {}  # each residual value -> the first output returning it
+    for i, v in enumerate(jaxpr.outvars):
+        if not isinstance(v, jc.Literal):
+            first.setdefault(subst.get(v, v), i)
+    out = [(v, ResidualKind.LITERAL, i) for i, v in enumerate(jaxpr.outvars) if isinstance(v, jc.Literal)]
+    out += [(v, ResidualKind.CONSTANT, first[v]) for v in jaxpr.constvars if v in first]
+    out += [(v, ResidualKind.ARGUMENT, first[v]) for v in jaxpr.invars if v in first]
+    out += [
+        (v, ResidualKind.HOST if _on_host(v.aval) else ResidualKind.ACTIVATION, first[v])
         for e in jaxpr.eqns
         for v in e.outvars
-        if v in res_vars
+        if v in first
     ]
+    return out
+
+
+def _residuals(traced: Traced, jaxpr: Any) -> list[Residual]:
+    """The residual set exactly as `jax.ad_checkpoint.saved_residuals` forms it, with provenance."""
     resolver = _Resolver()
     out = []
-    for var, kind in ordered:
+    for var, kind, _ in residual_outputs(jaxpr):
         producer = resolver.resolve(jaxpr, var) if kind not in (ResidualKind.CONSTANT, ResidualKind.LITERAL) else None
         eqn = producer.eqn if producer else None
         eid = jc.eqn_tag(eqn) if eqn is not None else None

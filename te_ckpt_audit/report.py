@@ -101,6 +101,10 @@ class Residual:
     multiplicity: int  # layers stacked by enclosing scans (1 if not stacked)
     argument: str | None  # the argument's path, for kind == ARGUMENT
     standin: bool  # produced by the labelled CPU stand-in of a TE GEMM
+    # On a mesh (`--mesh`): the PartitionSpec XLA's partitioner gives it ("P('data', None, 'model')"),
+    # and its bytes on one device. None without a mesh.
+    sharding: str | None = None
+    bytes_per_device: int | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -127,6 +131,7 @@ class Totals:
     dot_bytes: int
     named_bytes: int
     other_bytes: int
+    activation_bytes_per_device: int | None = None  # on a mesh: the activation bytes on one device
 
     @property
     def total_bytes(self) -> int:
@@ -144,6 +149,40 @@ class CompiledMemory:
     output_bytes: int | None
     host_bytes: int | None  # host temp + argument + output
     error: str | None  # why it could not be compiled, if so
+
+
+class ShardingSource(enum.StrEnum):
+    """Where a mesh audit's residual shardings come from."""
+
+    COMPILED = "compiled"  # XLA's SPMD partitioner, compiling for virtual CPU devices
+    ABSTRACT = "abstract"  # the avals' own shardings, traced on an abstract mesh (explicit axes)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class MeshAxis:
+    name: str
+    size: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class MeshSpec:
+    """A device mesh by axis names and sizes, as `--mesh data=8,model=4` gives it.
+
+    >>> str(MeshSpec((MeshAxis("data", 8), MeshAxis("model", 4)))), MeshSpec((MeshAxis("data", 8),)).devices
+    ('data=8,model=4', 8)
+    """
+
+    axes: tuple[MeshAxis, ...]
+
+    @property
+    def devices(self) -> int:
+        n = 1
+        for a in self.axes:
+            n *= a.size
+        return n
+
+    def __str__(self) -> str:
+        return ",".join(f"{a.name}={a.size}" for a in self.axes)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -182,6 +221,9 @@ class AuditReport:
     # The emulated GPU TE traced against (te_ckpt_audit.emulation), or None. What TE selects by
     # compute capability and its workspace sizes depend on it; residual bytes only through those.
     emulated_device: str | None = None
+    # `--mesh`: bytes per device, totals, budgets and baselines are then per device.
+    mesh: MeshSpec | None = None
+    sharding_source: ShardingSource | None = None
 
     @property
     def forward_flops(self) -> int:
@@ -211,6 +253,8 @@ def _plain(value: Any) -> Any:
             out["recompute_percent"] = round(value.recompute_percent, 4)
         if isinstance(value, AuditReport):
             out["forward_flops"] = value.forward_flops
+        if isinstance(value, MeshSpec):
+            out["devices"] = value.devices
         return out
     if isinstance(value, enum.Enum):
         return value.value
