@@ -230,13 +230,20 @@ def _convert(key: str, raw: str, default: Any) -> Any:
     return float(value) if isinstance(default, float) else value
 
 
-def load_inputs(target: Target, inputs: str | None = None, overrides: Mapping[str, str] | Sequence[str] = ()) -> Inputs:
-    """Call the inputs callable (with `-D` overrides) and return the positional arguments."""
+def load_inputs(
+    target: Target, inputs: str | None = None, overrides: Mapping[str, str] | Sequence[str] = (), mesh: Any = None
+) -> Inputs:
+    """Call the inputs callable (with `-D` overrides, and `mesh=` when it declares that parameter and
+    a mesh is given) and return the positional arguments."""
     fn, source = find_inputs_callable(target, inputs)
     pairs = [f"{k}={v}" for k, v in overrides.items()] if isinstance(overrides, Mapping) else list(overrides)
     kwargs = parse_overrides(fn, pairs)
     try:
-        value = fn(**kwargs)
+        takes_mesh = mesh is not None and "mesh" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        takes_mesh = False
+    try:
+        value = fn(**kwargs, **({"mesh": mesh} if takes_mesh else {}))
     except Exception as exc:
         raise TargetError(
             f"inputs callable {source} raised {type(exc).__name__} at {user_location(exc)}: {exc}",
