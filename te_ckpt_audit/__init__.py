@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ._api import DEFAULT_POLICIES, audit, audit_target, check_target
+from ._mesh import parse_mesh
 from .errors import AuditError, PolicySpecError, TargetError, UsageError
 from .policies import (
     checkpoint_dots_and_te_gemms,
@@ -17,11 +18,14 @@ from .report import (
     CompiledMemory,
     Equation,
     EquationMark,
+    MeshAxis,
+    MeshSpec,
     Outcome,
     PolicyResult,
     Residual,
     ResidualKind,
     Scope,
+    ShardingSource,
     SourceLocation,
     Totals,
     Verdict,
@@ -39,12 +43,15 @@ __all__ = [
     "CompiledMemory",
     "Equation",
     "EquationMark",
+    "MeshAxis",
+    "MeshSpec",
     "Outcome",
     "PolicyResult",
     "PolicySpecError",
     "Residual",
     "ResidualKind",
     "Scope",
+    "ShardingSource",
     "SourceLocation",
     "TargetError",
     "Totals",
@@ -55,5 +62,6 @@ __all__ = [
     "check_target",
     "checkpoint_dots_and_te_gemms",
     "dots_and_te_gemms_with_no_batch_dims",
+    "parse_mesh",
     "te_gemms_saveable",
 ]

@@ -1,0 +1,254 @@
+"""Per-device residual bytes on a device mesh (`--mesh data=8,model=4`).
+
+The target gets that many virtual CPU devices (XLA's `--xla_force_host_platform_device_count`,
+read once, when JAX first starts its CPU backend) and a `jax.sharding.Mesh` over them. Each
+policy's forward pass, returning exactly the residuals JAX keeps, is then compiled for the mesh
+with the inputs' shardings: the sharding XLA's SPMD partitioner gives each output is the sharding
+of that residual, and its shard shape times its item size is what one device keeps. Nothing is
+allocated or run; compiling is the partitioner's own answer, not a re-implementation of it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import os
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from . import _jax_compat as jc
+from ._analysis import policy_function, residual_outputs
+from ._jaxpr import aval_bytes
+from ._trace import Traced
+from .errors import AuditError, UsageError
+from .report import MeshAxis, MeshSpec, PolicyResult, ResidualKind
+from .specs import PolicySpec
+
+# More virtual devices cost seconds and memory at start-up (4096: ~11 s, ~0.6 GB); no mesh a
+# partitioner sees in practice is larger.
+MAX_DEVICES = 4096
+DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
+_AXIS_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_FLAG = re.compile(rf"{DEVICE_COUNT_FLAG}=(\S*)")
+
+
+class DevicesUnavailable(UsageError):  # noqa: N818 (a UsageError, named for what happened)
+    """JAX's CPU backend started with fewer devices than the mesh needs. The CLI answers by running
+    itself again with the flag set (`needed`); a library caller sets XLA_FLAGS before using JAX."""
+
+    def __init__(self, needed: int, found: int) -> None:
+        super().__init__(
+            f"the mesh needs {needed} devices, but JAX's CPU backend already started with {found}",
+            f"set XLA_FLAGS={DEVICE_COUNT_FLAG}={needed} before JAX starts (before its first computation)",
+        )
+        self.needed = needed
+
+
+def parse_mesh(text: str) -> MeshSpec:
+    """`AXIS=SIZE[,AXIS=SIZE...]`: axis names are identifiers, each once; sizes are ints >= 1.
+
+    >>> str(parse_mesh("data=8, model=4"))
+    'data=8,model=4'
+    """
+    axes = []
+    for part in text.split(","):
+        name, eq, size = (s.strip() for s in part.partition("="))
+        if not eq or not name or not re.fullmatch(r"\+?\d+", size):
+            raise UsageError(
+                f"--mesh {text!r}: {part.strip()!r} is not AXIS=SIZE", "e.g. --mesh data=8,model=4"
+            )
+        axes.append((name, int(size)))
+    return mesh_spec(axes, "--mesh")
+
+
+def mesh_spec(axes: Sequence[tuple[str, Any]] | Mapping[str, Any], what: str = "mesh") -> MeshSpec:
+    """A validated MeshSpec from (name, size) pairs or a table (`mesh = {data = 8, model = 4}`)."""
+    pairs = list(axes.items()) if isinstance(axes, Mapping) else list(axes)
+    if not pairs:
+        raise UsageError(f"{what} names no axes", "e.g. data=8,model=4")
+    seen: set[str] = set()
+    for name, size in pairs:
+        if not isinstance(name, str) or not _AXIS_NAME.fullmatch(name):
+            raise UsageError(f"{what}: axis name {name!r} is not an identifier", "e.g. data, model, fsdp")
+        if name in seen:
+            raise UsageError(f"{what}: axis {name!r} is given twice", "give each axis once")
+        seen.add(name)
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise UsageError(f"{what}: axis {name!r} has size {size!r}; a size is an int >= 1", f"e.g. {name}=8")
+    spec = MeshSpec(tuple(MeshAxis(n, s) for n, s in pairs))
+    if spec.devices > MAX_DEVICES:
+        raise UsageError(
+            f"{what} {spec} needs {spec.devices} devices; at most {MAX_DEVICES} virtual devices are provided",
+            "audit a smaller mesh with the same per-device shapes (fewer data-parallel replicas, say)",
+        )
+    return spec
+
+
+def with_device_count(flags: str, n: int) -> str:
+    """XLA_FLAGS `flags` asking for at least `n` host devices (a larger count already there stays).
+
+    >>> with_device_count("--xla_dump_to=/tmp", 8)
+    '--xla_dump_to=/tmp --xla_force_host_platform_device_count=8'
+    """
+    found = _FLAG.search(flags)
+    if found is None:
+        return f"{flags} {DEVICE_COUNT_FLAG}={n}".strip()
+    if found.group(1).isdigit() and int(found.group(1)) >= n:
+        return flags
+    return _FLAG.sub(f"{DEVICE_COUNT_FLAG}={n}", flags)
+
+
+def provide_devices(n: int) -> list[Any]:
+    """`n` CPU devices. The flag is set for a backend JAX has not started yet; one started with
+    fewer devices raises DevicesUnavailable (the CLI then runs itself again)."""
+    os.environ["XLA_FLAGS"] = with_device_count(os.environ.get("XLA_FLAGS", ""), n)
+    devices = jax.devices("cpu")
+    if len(devices) < n:
+        raise DevicesUnavailable(n, len(devices))
+    return list(devices[:n])
+
+
+def build_mesh(spec: MeshSpec) -> Mesh:
+    """A `jax.sharding.Mesh` over virtual CPU devices. Its axes are Auto (the partitioner
+    propagates shardings), so `with_sharding_constraint` and logical axis rules work as on GPUs."""
+    devices = np.array(provide_devices(spec.devices)).reshape([a.size for a in spec.axes])
+    return Mesh(devices, tuple(a.name for a in spec.axes))
+
+
+def spec_of(mesh: Mesh) -> MeshSpec:
+    return MeshSpec(tuple(MeshAxis(str(n), int(s)) for n, s in mesh.shape.items()))
+
+
+@contextlib.contextmanager
+def mesh_context(mesh: Mesh | None) -> Iterator[None]:
+    """The mesh as JAX's context mesh (bare PartitionSpecs then resolve against it), or nothing."""
+    if mesh is None:
+        yield
+        return
+    with jax.sharding.set_mesh(mesh):
+        yield
+
+
+def place_inputs(traced: Traced, mesh: Mesh) -> Traced:
+    """The trace with every input sharded on `mesh`: an input without a sharding is replicated; a
+    NamedSharding must use the mesh's axes and divide each dimension it shards."""
+    placed = []
+    for name, aval in zip(traced.arg_names, traced.avals, strict=True):
+        sharding = getattr(aval, "sharding", None)
+        if sharding is None:
+            spec = PartitionSpec()
+        elif isinstance(sharding, NamedSharding):
+            spec = sharding.spec
+        elif getattr(sharding, "is_fully_replicated", False):
+            spec = PartitionSpec()
+        else:
+            raise UsageError(
+                f"input {name} has a {type(sharding).__name__}; on a mesh an input's sharding is a NamedSharding",
+                "return ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, P(...)))",
+            )
+        _check_spec(name, tuple(aval.shape), spec, mesh, sharding)
+        placed.append(jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type,
+                                           sharding=NamedSharding(mesh, spec)))
+    return dataclasses.replace(traced, avals=tuple(placed))
+
+
+def _check_spec(name: str, shape: tuple[int, ...], spec: Any, mesh: Mesh, sharding: Any) -> None:
+    sizes = dict(mesh.shape)
+    own = getattr(sharding, "mesh", None)
+    if own is not None and tuple(own.axis_names) != tuple(sizes):
+        extra = [a for a in own.axis_names if a not in sizes]
+        raise UsageError(
+            f"input {name} is sharded on a mesh with axes {tuple(own.axis_names)}, not this mesh's {tuple(sizes)}"
+            + (f" (axis {extra[0]!r} is not in the mesh)" if extra else ""),
+            "build the sharding from the `mesh` keyword the inputs callable is given",
+        )
+    if len(spec) > len(shape):
+        raise UsageError(f"input {name}: {spec} has {len(spec)} entries for {len(shape)} dimensions",
+                         "give one PartitionSpec entry per dimension at most")
+    for dim, entry in enumerate(spec):
+        axes = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+        for axis in axes:
+            if axis not in sizes:
+                raise UsageError(
+                    f"input {name}: axis {axis!r} of {spec} is not in the mesh ({', '.join(sizes)})",
+                    f"use the mesh's axes, or add {axis}=SIZE to --mesh",
+                )
+            if own is not None and dict(own.shape)[axis] != sizes[axis]:
+                raise UsageError(
+                    f"input {name}: its mesh has {axis}={dict(own.shape)[axis]}, this mesh {axis}={sizes[axis]}",
+                    "build the sharding from the `mesh` keyword the inputs callable is given",
+                )
+        parts = math.prod(sizes[a] for a in axes)
+        if shape[dim] % parts:
+            over = " x ".join(f"{a}={sizes[a]}" for a in axes)
+            raise UsageError(
+                f"input {name}: dimension {dim} (size {shape[dim]}) is not divisible by mesh axis {over}",
+                "choose sizes the mesh divides (a -D value, or the --mesh sizes)",
+            )
+
+
+def per_device(traced: Traced, spec: PolicySpec, result: PolicyResult, mesh: Mesh) -> PolicyResult:
+    """`result` with each residual's sharding and bytes per device, and the per-device total:
+    the forward pass returning the residuals, compiled for `mesh` with the inputs' shardings."""
+    fun = policy_function(traced, spec, result.scope)
+    closed = jax.make_jaxpr(lambda *args: jc.linearize_for_vjp(fun, args)[0])(*traced.avals)
+    outputs = residual_outputs(closed.jaxpr)
+    if len(outputs) != len(result.residuals):
+        raise AuditError(f"{spec.text}: {len(outputs)} residuals on the mesh, {len(result.residuals)} in the audit")
+    shardings = tuple(a.sharding for a in traced.avals)
+    with mesh_context(mesh):
+        compiled = jax.jit(jc.jaxpr_as_fun(closed), in_shardings=shardings).lower(*traced.avals).compile()
+    out_shardings = jax.tree_util.tree_leaves(compiled.output_shardings)
+    residuals = []
+    for r, (var, kind, i) in zip(result.residuals, outputs, strict=True):
+        if kind is ResidualKind.LITERAL:
+            residuals.append(dataclasses.replace(r, sharding=None, bytes_per_device=0))
+            continue
+        sharding = out_shardings[i]
+        residuals.append(
+            dataclasses.replace(r, sharding=sharding_text(sharding, len(r.shape)),
+                                bytes_per_device=device_bytes(var.aval, sharding))
+        )
+    activation = sum(r.bytes_per_device or 0 for r in residuals if r.kind is ResidualKind.ACTIVATION)
+    totals = dataclasses.replace(result.totals, activation_bytes_per_device=activation)
+    return dataclasses.replace(result, residuals=tuple(residuals), totals=totals)
+
+
+def device_bytes(aval: Any, sharding: Any) -> int:
+    """Bytes of one device's shard of `aval`: its shard shape (padded where a dimension does not
+    divide, as XLA pads) at the aval's item size (a PRNG key's key data, as for global bytes)."""
+    shape = tuple(int(d) for d in aval.shape)
+    try:
+        shard = tuple(sharding.shard_shape(shape))
+    except ValueError:  # uneven: every device holds the padded shard
+        shard = _padded_shard(shape, sharding)
+    return aval_bytes(jax.ShapeDtypeStruct(shard, aval.dtype))
+
+
+def _padded_shard(shape: tuple[int, ...], sharding: Any) -> tuple[int, ...]:
+    sizes = dict(sharding.mesh.shape)
+    out = []
+    for dim, size in enumerate(shape):
+        entry = sharding.spec[dim] if dim < len(sharding.spec) else None
+        axes = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+        out.append(-(-size // math.prod(sizes[a] for a in axes)))
+    return tuple(out)
+
+
+def sharding_text(sharding: Any, ndim: int) -> str:
+    """The PartitionSpec as JAX prints it, trailing unsharded dimensions dropped: "P('data', None,
+    'model')"; "P()" when replicated."""
+    if isinstance(sharding, NamedSharding):
+        entries = list(sharding.spec)[:ndim]
+        while entries and entries[-1] is None:
+            entries.pop()
+        return str(PartitionSpec(*entries))
+    if getattr(sharding, "is_fully_replicated", False):
+        return str(PartitionSpec())
+    return str(sharding)
