@@ -11,11 +11,12 @@ import jax
 from ._analysis import analyse
 from ._compile import compiled_memory
 from ._loading import load_inputs, load_target
+from ._mesh import build_mesh, mesh_context, parse_mesh, per_device, place_inputs, spec_of
 from ._trace import Traced, trace
 from ._warnings import add_warnings
 from .errors import UsageError
 from .gate import Budget, CheckResult, check
-from .report import AuditReport, Scope
+from .report import AuditReport, MeshSpec, Scope, ShardingSource
 from .specs import PolicySpec, SpecKind, resolve_policy
 
 DEFAULT_POLICIES = (
@@ -55,9 +56,11 @@ def audit_traced(
     scope: Scope | str = Scope.AUTO,
     progress: Progress = _quiet,
     compile: bool = False,
+    mesh: jax.sharding.Mesh | None = None,
 ) -> AuditReport:
     """Analyse every policy from one trace. `progress` is told each stage as it starts; with
-    `compile`, each policy's training step is also compiled for XLA's memory analysis."""
+    `compile`, each policy's training step is also compiled for XLA's memory analysis. With `mesh`
+    (the trace's inputs placed on it: `place_inputs`), residuals and totals get per-device bytes."""
     specs = _specs(policies)
     scope = Scope(scope)
     results = []
@@ -65,6 +68,11 @@ def audit_traced(
         progress(f"analysing {spec.text}")
         results.append(analyse(traced, spec, scope))
     results = add_warnings(traced, specs, results, scope)
+    if mesh is not None:
+        for spec_i, (spec, result) in enumerate(zip(specs, results, strict=True)):
+            if result.error is None:
+                progress(f"partitioning {spec.text} on the mesh")
+                results[spec_i] = per_device(traced, spec, result, mesh)
     if compile:
         compiled = []
         for spec, result in zip(specs, results, strict=True):
@@ -85,6 +93,8 @@ def audit_traced(
         equations=equations,
         results=tuple(results),
         emulated_device=_emulated_device(),
+        mesh=None if mesh is None else spec_of(mesh),
+        sharding_source=None if mesh is None else ShardingSource.COMPILED,
     )
 
 
@@ -100,11 +110,13 @@ def audit(
     policies: Sequence[str | PolicySpec | Callable[..., Any]] = DEFAULT_POLICIES,
     scope: Scope | str = Scope.AUTO,
     compile: bool = False,
+    mesh: jax.sharding.Mesh | None = None,
 ) -> AuditReport:
     """Audit `fn(*args)` under each policy.
 
     Array leaves of `args` may be `jax.ShapeDtypeStruct`s (nothing is allocated); other leaves are
-    passed through as static values.
+    passed through as static values. With `mesh`, their NamedShardings place them on it (an input
+    without one is replicated) and every figure also comes per device.
 
     >>> import jax, jax.numpy as jnp
     >>> from te_ckpt_audit import audit
@@ -113,7 +125,10 @@ def audit(
     >>> report.result("nothing_saveable").totals.activation_bytes
     0
     """
-    return audit_traced(trace(fn, args, getattr(fn, "__name__", "fn")), policies, scope, compile=compile)
+    with mesh_context(mesh):
+        traced = trace(fn, args, getattr(fn, "__name__", "fn"))
+        traced = traced if mesh is None else place_inputs(traced, mesh)
+        return audit_traced(traced, policies, scope, compile=compile, mesh=mesh)
 
 
 def check_target(
@@ -129,6 +144,7 @@ def check_target(
     scope: Scope | str = Scope.AUTO,
     progress: Progress = _quiet,
     compile: bool = False,
+    mesh: MeshSpec | str | None = None,
 ) -> tuple[AuditReport, CheckResult]:
     """Audit a target and check it against budgets and a baseline (the CI gate)."""
     for b in budgets:  # a budget for a policy that is not audited is a mistake, found before tracing
@@ -138,7 +154,7 @@ def check_target(
                 f"add --policy {b.policy}, or audited: {', '.join(policies)}",
             )
     report = audit_target(
-        target, policies, inputs=inputs, overrides=overrides, scope=scope, progress=progress, compile=compile
+        target, policies, inputs=inputs, overrides=overrides, scope=scope, progress=progress, compile=compile, mesh=mesh
     )
     return report, check(report, budgets, max_recompute, baseline, tolerance)
 
@@ -152,16 +168,24 @@ def audit_target(
     scope: Scope | str = Scope.AUTO,
     progress: Progress = _quiet,
     compile: bool = False,
+    mesh: MeshSpec | str | None = None,
 ) -> AuditReport:
-    """Load `file.py:fn` (or `package.module:fn`) and its example inputs, then audit it.
+    """Load `file.py:fn` (or `package.module:fn`) and its example inputs, then audit it. With `mesh`
+    (a MeshSpec or "data=8,model=4"), the inputs callable gets the `jax.sharding.Mesh` as keyword
+    `mesh` if it declares one, and bytes also come per device.
 
     >>> report = audit_target("sample_models/mlp.py:loss", ["nothing_saveable"])  # doctest: +SKIP
     """
     specs = _specs(policies)  # bad specs fail before the user's code runs
     scope = Scope(scope)
+    spec = parse_mesh(mesh) if isinstance(mesh, str) else mesh
+    on = None if spec is None else build_mesh(spec)
     progress(f"loading {target}")
     loaded = load_target(target)
-    args = load_inputs(loaded, inputs, list(overrides) if not isinstance(overrides, Mapping) else overrides).args
-    progress(f"tracing {target}")
-    traced = trace(loaded.fn, args, target)
-    return audit_traced(traced, specs, scope, progress, compile)
+    with mesh_context(on):
+        overrides = list(overrides) if not isinstance(overrides, Mapping) else overrides
+        args = load_inputs(loaded, inputs, overrides, mesh=on).args
+        progress(f"tracing {target}")
+        traced = trace(loaded.fn, args, target)
+        traced = traced if on is None else place_inputs(traced, on)
+        return audit_traced(traced, specs, scope, progress, compile, mesh=on)
