@@ -9,8 +9,24 @@ import sys
 _USAGE = 2  # ExitCode.USAGE; options.py cannot be imported before the version check passes
 
 
+def _version() -> str:
+    """`te-ckpt-audit --version` without importing jax, typer or rich: read from the installed
+    distributions' metadata, it costs milliseconds, not the seconds JAX takes to import."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f"te-ckpt-audit {version('te-ckpt-audit')} (jax {version('jax')})"
+    except PackageNotFoundError:  # run from a source tree that is not installed
+        from te_ckpt_audit import __version__
+
+        return f"te-ckpt-audit {__version__}"
+
+
 def main() -> None:
     """Run `te-ckpt-audit`, or say in one line on stderr which jax versions it supports."""
+    if sys.argv[1:] == ["--version"]:
+        print(_version())
+        return
     try:
         from .app import main as run
     except ImportError as err:
