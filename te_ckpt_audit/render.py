@@ -24,6 +24,7 @@ from .report import (
     PolicyResult,
     ResidualKind,
     Scope,
+    ShardingSource,
     Verdict,
 )
 
@@ -80,6 +81,37 @@ def _compiled(field: str) -> Callable[[AuditReport, PolicyResult], str]:
 
 
 COMPILED_HEADERS = ("activation", "XLA temp", "XLA arguments", "XLA output", "XLA host")
+PER_DEVICE = "per device"  # on a mesh: activation bytes on one device, shown first
+
+
+def _per_device(_: AuditReport, r: PolicyResult) -> str:
+    value = r.totals.activation_bytes_per_device
+    return "n/a" if value is None else format_bytes(value)
+
+
+def mesh_note(report: AuditReport) -> str:
+    assert report.mesh is not None
+    source = _SOURCE_WORDS.get(report.sharding_source, "") if report.sharding_source else ""
+    return MESH_NOTE.format(mesh=report.mesh, devices=report.mesh.devices, source=source)
+
+
+def shown_columns(report: AuditReport, headers: tuple[str, ...]) -> tuple[str, ...]:
+    """`headers` as a report shows them: on a mesh the per-device bytes come first, and the
+    figures XLA compiled on the mesh are per device too (its memory analysis is per device)."""
+    if report.mesh is None:
+        return headers
+    return (PER_DEVICE, *headers) if "activation" in headers else headers
+
+
+MESH_NOTE = (
+    "Mesh {mesh} ({devices} devices): 'per device' is the activation bytes one device keeps, each "
+    "residual sharded {source}. Budgets and baselines apply per device; the other byte columns are "
+    "global; XLA's columns are per device."
+)
+_SOURCE_WORDS = {
+    ShardingSource.COMPILED: "as XLA's SPMD partitioner shards it (compiled for virtual CPU devices)",
+    ShardingSource.ABSTRACT: "as its aval's explicit sharding says (traced on an abstract mesh)",
+}
 
 
 def compiled_errors(report: AuditReport) -> list[tuple[str, str]]:
@@ -92,6 +124,7 @@ COLUMNS: dict[str, Column] = {
     for c in (
         Column("policy", lambda _, r: r.policy, numeric=False),
         Column("scope", lambda _, r: r.scope.value, numeric=False),
+        Column(PER_DEVICE, _per_device),
         Column("activation", lambda _, r: format_bytes(r.totals.activation_bytes)),
         Column("arguments", lambda _, r: format_bytes(r.totals.argument_bytes)),
         Column("host", lambda _, r: format_bytes(r.totals.host_bytes)),
@@ -263,6 +296,8 @@ JSON_SCHEMA: dict[str, Any] = {
                         multiplicity=_INT,
                         argument=_OPT_STR,
                         standin=_BOOL,
+                        sharding=_OPT_STR,
+                        bytes_per_device=_OPT_INT,
                     )
                 ),
                 totals=_object(
@@ -279,7 +314,8 @@ JSON_SCHEMA: dict[str, Any] = {
                             "other_bytes",
                             "total_bytes",
                         )
-                    }
+                    },
+                    activation_bytes_per_device=_OPT_INT,
                 ),
                 marks=_array(_object(equation=_STR, verdict=_enum(Verdict), outcome=_enum(Outcome))),
                 recompute_flops=_INT,
@@ -303,6 +339,13 @@ JSON_SCHEMA: dict[str, Any] = {
         ),
         forward_flops=_INT,
         emulated_device=_OPT_STR,
+        mesh={
+            "oneOf": [
+                {"type": "null"},
+                _object(axes=_array(_object(name=_STR, size={"type": "integer", "minimum": 1})), devices=_INT),
+            ]
+        },
+        sharding_source={"oneOf": [{"type": "null"}, _enum(ShardingSource)]},
     ),
 }
 
@@ -322,7 +365,11 @@ def md_table(headers: list[str], rows: list[list[str]], numeric: list[bool]) -> 
 def render_markdown(report: AuditReport) -> str:
     """The comparison and the warnings as GitHub tables, for a pull-request or CI summary."""
     compiled = any(r.compiled is not None for r in report.results)
-    columns = [c for c in COLUMNS.values() if compiled or not c.header.startswith("XLA")]
+    columns = [
+        c
+        for c in COLUMNS.values()
+        if (compiled or not c.header.startswith("XLA")) and (report.mesh is not None or c.header != PER_DEVICE)
+    ]
     lines = [
         f"## te-ckpt-audit: `{report.target}`",
         "",
@@ -339,6 +386,8 @@ def render_markdown(report: AuditReport) -> str:
     ]
     if report.te == "stand-in":
         lines += [f"> {STANDIN_NOTE}", ""]
+    if report.mesh is not None:
+        lines += [f"> {mesh_note(report)}", ""]
     if report.emulated_device:
         lines += [f"> {EMULATED_NOTE.format(device=report.emulated_device)}", ""]
     if compiled:
