@@ -25,7 +25,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from . import _jax_compat as jc
 from ._analysis import policy_function, residual_outputs
 from ._jaxpr import aval_bytes
-from ._trace import Traced
+from ._trace import Traced, _is_array_leaf
 from .errors import AuditError, UsageError
 from .report import MeshAxis, MeshSpec, PolicyResult, ResidualKind
 from .specs import PolicySpec
@@ -135,27 +135,31 @@ def mesh_context(mesh: Mesh | None) -> Iterator[None]:
         yield
 
 
-def place_inputs(traced: Traced, mesh: Mesh) -> Traced:
-    """The trace with every input sharded on `mesh`: an input without a sharding is replicated; a
-    NamedSharding must use the mesh's axes and divide each dimension it shards."""
-    placed = []
-    for name, aval in zip(traced.arg_names, traced.avals, strict=True):
-        sharding = getattr(aval, "sharding", None)
-        if sharding is None:
+def place_args(args: tuple[Any, ...], mesh: Mesh) -> tuple[Any, ...]:
+    """`args` with every array leaf a ShapeDtypeStruct sharded on `mesh`: a leaf without a sharding
+    is replicated; a NamedSharding must use the mesh's axes, each dividing the dimension it splits.
+    Checked before tracing, so a wrong spec is named by input and dimension."""
+
+    def place(path: Any, leaf: Any) -> Any:
+        if not _is_array_leaf(leaf):
+            return leaf
+        name = "args" + jax.tree_util.keystr(path)
+        sharding = getattr(leaf, "sharding", None) if isinstance(leaf, jax.ShapeDtypeStruct | jax.Array) else None
+        if sharding is None or (not isinstance(sharding, NamedSharding) and sharding.is_fully_replicated):
             spec = PartitionSpec()
         elif isinstance(sharding, NamedSharding):
             spec = sharding.spec
-        elif getattr(sharding, "is_fully_replicated", False):
-            spec = PartitionSpec()
         else:
             raise UsageError(
                 f"input {name} has a {type(sharding).__name__}; on a mesh an input's sharding is a NamedSharding",
                 "return ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, P(...)))",
             )
-        _check_spec(name, tuple(aval.shape), spec, mesh, sharding)
-        placed.append(jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type,
-                                           sharding=NamedSharding(mesh, spec)))
-    return dataclasses.replace(traced, avals=tuple(placed))
+        shape = tuple(int(d) for d in np.shape(leaf))
+        _check_spec(name, shape, spec, mesh, sharding)
+        weak = bool(getattr(leaf, "weak_type", False))
+        return jax.ShapeDtypeStruct(shape, leaf.dtype, weak_type=weak, sharding=NamedSharding(mesh, spec))
+
+    return tuple(jax.tree_util.tree_map_with_path(place, args, is_leaf=_is_array_leaf))
 
 
 def _check_spec(name: str, shape: tuple[int, ...], spec: Any, mesh: Mesh, sharding: Any) -> None:
