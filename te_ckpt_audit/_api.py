@@ -11,7 +11,7 @@ import jax
 from ._analysis import analyse
 from ._compile import compiled_memory
 from ._loading import load_inputs, load_target
-from ._mesh import build_mesh, mesh_context, parse_mesh, per_device, place_inputs, spec_of
+from ._mesh import build_mesh, mesh_context, parse_mesh, per_device, place_args, spec_of
 from ._trace import Traced, trace
 from ._warnings import add_warnings
 from .errors import UsageError
@@ -60,7 +60,7 @@ def audit_traced(
 ) -> AuditReport:
     """Analyse every policy from one trace. `progress` is told each stage as it starts; with
     `compile`, each policy's training step is also compiled for XLA's memory analysis. With `mesh`
-    (the trace's inputs placed on it: `place_inputs`), residuals and totals get per-device bytes."""
+    (the inputs traced as `place_args` placed them), residuals and totals get per-device bytes."""
     specs = _specs(policies)
     scope = Scope(scope)
     results = []
@@ -126,8 +126,7 @@ def audit(
     0
     """
     with mesh_context(mesh):
-        traced = trace(fn, args, getattr(fn, "__name__", "fn"))
-        traced = traced if mesh is None else place_inputs(traced, mesh)
+        traced = trace(fn, args if mesh is None else place_args(args, mesh), getattr(fn, "__name__", "fn"))
         return audit_traced(traced, policies, scope, compile=compile, mesh=mesh)
 
 
@@ -186,6 +185,5 @@ def audit_target(
         overrides = list(overrides) if not isinstance(overrides, Mapping) else overrides
         args = load_inputs(loaded, inputs, overrides, mesh=on).args
         progress(f"tracing {target}")
-        traced = trace(loaded.fn, args, target)
-        traced = traced if on is None else place_inputs(traced, on)
+        traced = trace(loaded.fn, args if on is None else place_args(args, on), target)
         return audit_traced(traced, specs, scope, progress, compile, mesh=on)
