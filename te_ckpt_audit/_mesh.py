@@ -144,7 +144,11 @@ def place_args(args: tuple[Any, ...], mesh: Mesh) -> tuple[Any, ...]:
         if not _is_array_leaf(leaf):
             return leaf
         name = "args" + jax.tree_util.keystr(path)
-        sharding = getattr(leaf, "sharding", None) if isinstance(leaf, jax.ShapeDtypeStruct | jax.Array) else None
+        try:  # a ShapeDtypeStruct resolves a bare PartitionSpec against the mesh only when asked
+            sharding = getattr(leaf, "sharding", None) if isinstance(leaf, jax.ShapeDtypeStruct | jax.Array) else None
+        except ValueError as exc:  # an axis the mesh does not have: JAX's message names it
+            hint = "use the mesh's axes, or add AXIS=SIZE to --mesh"
+            raise UsageError(f"input {name}: {str(exc).strip()}", hint) from None
         if sharding is None or (not isinstance(sharding, NamedSharding) and sharding.is_fully_replicated):
             spec = PartitionSpec()
         elif isinstance(sharding, NamedSharding):
