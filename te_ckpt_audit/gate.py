@@ -20,7 +20,7 @@ from typing import Any
 
 from .errors import UsageError
 from .render import format_bytes
-from .report import AuditReport
+from .report import AuditReport, PolicyResult
 
 BASELINE_SCHEMA = "te-ckpt-audit-baseline/1"
 
@@ -100,6 +100,16 @@ class CheckResult:
         return not self.violations
 
 
+def gated_bytes(result: PolicyResult) -> int:
+    """The activation bytes budgets and baselines hold: per device on a mesh (`--mesh`), else global."""
+    per_device = result.totals.activation_bytes_per_device
+    return result.totals.activation_bytes if per_device is None else per_device
+
+
+def gated_figure(result: PolicyResult) -> str:
+    return "activation bytes" if result.totals.activation_bytes_per_device is None else "activation bytes per device"
+
+
 def check(
     report: AuditReport,
     budgets: Sequence[Budget] = (),
@@ -121,13 +131,13 @@ def check(
     target = report.target
     before = (baseline or {}).get(target, {})
     for result in report.results:
-        act = result.totals.activation_bytes
+        act = gated_bytes(result)
         for b in budgets:
             if (b.policy in (None, result.policy)) and act > b.limit_bytes:
                 violations.append(
                     Violation(
                         target, result.policy, "activation bytes", act, b.limit_bytes,
-                        f"{target} [{result.policy}]: activation bytes {format_bytes(act)} ({act} B) "
+                        f"{target} [{result.policy}]: {gated_figure(result)} {format_bytes(act)} ({act} B) "
                         f"exceed the budget {format_bytes(b.limit_bytes)} ({b.limit_bytes} B)",
                     )
                 )
@@ -159,7 +169,7 @@ def baseline_document(reports: Iterable[AuditReport]) -> dict[str, Any]:
     targets: dict[str, dict[str, int]] = {}
     for report in reports:
         targets.setdefault(report.target, {}).update(
-            {r.policy: r.totals.activation_bytes for r in report.results}
+            {r.policy: gated_bytes(r) for r in report.results}
         )
     return {"schema": BASELINE_SCHEMA, "targets": targets}
 
