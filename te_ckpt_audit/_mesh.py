@@ -114,6 +114,22 @@ def provide_devices(n: int) -> list[Any]:
     return list(devices[:n])
 
 
+REEXEC_MARKER = "TE_CKPT_AUDIT_MESH_DEVICES"  # set in a process the CLI ran again for its devices
+
+
+def ensure_devices(n: int, argv: Sequence[str]) -> None:
+    """For the command line: make JAX start with `n` CPU devices. When its backend already started
+    with fewer, replace this process by `argv` with the flag set (once: the re-run must have them)."""
+    try:
+        provide_devices(n)
+    except DevicesUnavailable:
+        if os.environ.get(REEXEC_MARKER):
+            raise
+        env = dict(os.environ, XLA_FLAGS=with_device_count(os.environ.get("XLA_FLAGS", ""), n))
+        env[REEXEC_MARKER] = str(n)
+        os.execve(argv[0], list(argv), env)
+
+
 def build_mesh(spec: MeshSpec) -> Mesh:
     """A `jax.sharding.Mesh` over virtual CPU devices. Its axes are Auto (the partitioner
     propagates shardings), so `with_sharding_constraint` and logical axis rules work as on GPUs."""
