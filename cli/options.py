@@ -153,6 +153,17 @@ SaveBaseline = Annotated[
         show_default=False,
     ),
 ]
+MeshOption = Annotated[
+    str | None,
+    typer.Option(
+        "--mesh",
+        metavar="AXIS=SIZE,...",
+        help="Audit on a device mesh, e.g. data=8,model=4: that many virtual CPU devices; the inputs "
+        "callable gets the jax.sharding.Mesh as keyword `mesh`. Bytes then also come per device, as "
+        "XLA's SPMD partitioner shards each residual; budgets and baselines apply per device.",
+        show_default=False,
+    ),
+]
 Compile = Annotated[
     bool,
     typer.Option(
