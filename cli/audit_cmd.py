@@ -63,6 +63,7 @@ def audit(
     tolerance: opt.Tolerance = 0.0,
     save_baseline_to: opt.SaveBaseline = None,
     compile: opt.Compile = False,  # noqa: A002 (the option's name)
+    mesh: opt.MeshOption = None,
     debug: opt.Debug = False,
     version: opt.Version = False,
     emulate_gpu: opt.EmulateGpu = None,  # consumed by app.main before parsing; listed for --help
@@ -92,6 +93,7 @@ def audit(
             scope=scope,
             progress=progress,
             compile=compile,
+            mesh=mesh,
         )
     emit(renderer(format, table_view(top, equations, output is not None))(report, gate if gating else None), output)
     if save_baseline_to is not None:
