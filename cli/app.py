@@ -15,7 +15,8 @@ from .audit_cmd import audit
 from .check_cmd import check
 from .options import ExitCode
 from .policies_cmd import policies
-from te_ckpt_audit import AuditError, emulation
+from te_ckpt_audit import AuditError, emulation, parse_mesh
+from te_ckpt_audit._mesh import ensure_devices
 
 from .terminal import PROG, fail
 
@@ -72,6 +73,15 @@ def _emulate_gpu(argv: list[str]) -> tuple[str | None, list[str]]:
     return None, argv
 
 
+def _mesh_option(argv: list[str]) -> str | None:
+    for i, arg in enumerate(argv):
+        if arg == "--mesh" and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--mesh="):
+            return arg.split("=", 1)[1]
+    return None
+
+
 def main() -> None:
     """The console script: exits with the command's code. With --emulate-gpu, the command runs
     again in a process whose CUDA driver is the emulated one (te_ckpt_audit.emulation)."""
@@ -82,4 +92,10 @@ def main() -> None:
         except AuditError as err:
             sys.exit(fail(err.message, err.hint, err.exit_code))
     sys.argv[1:] = rest
+    mesh = _mesh_option(rest)
+    if mesh is not None:  # JAX reads its device count once, when it starts: before any command runs
+        try:
+            ensure_devices(parse_mesh(mesh).devices, [sys.executable, "-m", "te_ckpt_audit_cli", *rest])
+        except AuditError as err:
+            sys.exit(fail(err.message, err.hint, err.exit_code))
     app(prog_name=PROG)
