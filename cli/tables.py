@@ -32,6 +32,8 @@ from te_ckpt_audit.render import (
     format_flops,
     hotspots,
     marks_by_equation,
+    mesh_note,
+    shown_columns,
 )
 
 MARK_STYLES = {
@@ -209,7 +211,7 @@ def render_table(report: AuditReport, view: TableView = TableView()) -> str:
             _comparison(
                 report,
                 "Kept for the backward pass, and recomputed",
-                ("activation", "arguments", "host", "residuals", "recompute", "% of forward"),
+                shown_columns(report, ("activation", "arguments", "host", "residuals", "recompute", "% of forward")),
                 view.width,
             )
         ],
@@ -227,7 +229,10 @@ def render_table(report: AuditReport, view: TableView = TableView()) -> str:
         sections.append(
             [
                 _comparison(
-                    report, f"Compiled training step ({backend}): XLA memory analysis", COMPILED_HEADERS, view.width
+                    report,
+                    f"Compiled training step ({backend}): XLA memory analysis",
+                    shown_columns(report, COMPILED_HEADERS),
+                    view.width,
                 ),
                 Text(COMPILED_NOTE, style="dim"),
                 *(Text(f"{p}: not compiled: {why}", style="yellow") for p, why in compiled_errors(report)),
@@ -240,6 +245,8 @@ def render_table(report: AuditReport, view: TableView = TableView()) -> str:
     sections.append(_warnings(report))
     if report.te == "stand-in":
         sections.append([Text(f"Note: {STANDIN_NOTE}", style="dim")])
+    if report.mesh is not None:
+        sections.append([Text(f"Note: {mesh_note(report)}", style="dim")])
     if report.emulated_device:
         sections.append([Text(f"Note: {EMULATED_NOTE.format(device=report.emulated_device)}", style="dim")])
     out = io.StringIO()
