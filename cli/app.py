@@ -28,7 +28,8 @@ class _DefaultCommandGroup(TyperGroup):
     an option, nothing) goes to `audit`. Click's own errors become our one line and exit 2."""
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
-        if not args or args[0] not in self.commands:
+        top_help = args[:1] in (["--help"], ["-h"])  # `te-ckpt-audit --help` lists every command
+        if not top_help and (not args or args[0] not in self.commands):
             args = [DEFAULT_COMMAND, *args]
         return super().parse_args(ctx, args)
 
@@ -41,8 +42,8 @@ class _DefaultCommandGroup(TyperGroup):
             code = super().main(args, prog_name or PROG, *a, **kw)
         except TyperException as err:  # usage errors: bad option, missing TARGET, bad value
             code = fail(err.format_message(), f"see `{PROG} --help`", ExitCode.USAGE)
-        except typer.Abort:
-            code = fail("aborted", "", ExitCode.USAGE)
+        except typer.Abort:  # Click's word for Ctrl-C (and end of input)
+            code = fail("interrupted", "", ExitCode.INTERRUPTED)
         code = ExitCode.OK if code is None else int(code)
         if standalone:
             sys.exit(code)
@@ -51,6 +52,9 @@ class _DefaultCommandGroup(TyperGroup):
 
 app = typer.Typer(
     cls=_DefaultCommandGroup,
+    help="See what each JAX checkpoint policy saves, recomputes and offloads, Transformer Engine GEMMs "
+    "included.\n\nA TARGET alone runs audit: `te-ckpt-audit model.py:loss`. Each command's --help "
+    "describes its options.",
     add_completion=False,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,  # plain Click help: it wraps cleanly at 80 columns
@@ -58,9 +62,9 @@ app = typer.Typer(
 )
 
 
-app.command(DEFAULT_COMMAND)(audit)
-app.command("policies")(policies)
-app.command("check")(check)
+app.command(DEFAULT_COMMAND, short_help="Compare checkpoint policies on TARGET (the default command).")(audit)
+app.command("check", short_help="Gate CI on every target of [tool.te-ckpt-audit] in pyproject.toml.")(check)
+app.command("policies", short_help="List every policy spec --policy understands.")(policies)
 
 
 def _emulate_gpu(argv: list[str]) -> tuple[str | None, list[str]]:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import sys
 from collections.abc import Callable
 from typing import assert_never
 
@@ -15,9 +13,9 @@ from te_ckpt_audit.render import render_json, render_markdown
 from te_ckpt_audit.render_gate import render_audit_check_markdown, render_check_github
 
 from . import options as opt
-from .options import ExitCode, OutputFormat
+from .options import OutputFormat
 from .tables import TableView, render_table
-from .terminal import PROG, at_the_edge, emit, progress_on_stderr
+from .terminal import at_the_edge, emit, progress_on_stderr, report_gate, stdout_kept_for_the_report
 
 
 def renderer(fmt: OutputFormat, view: TableView) -> Callable[[AuditReport, CheckResult | None], str]:
@@ -61,6 +59,7 @@ def audit(
     max_recompute: opt.MaxRecompute = None,
     baseline: opt.Baseline = None,
     tolerance: opt.Tolerance = 0.0,
+    require_baseline: opt.RequireBaseline = False,
     save_baseline_to: opt.SaveBaseline = None,
     compile: opt.Compile = False,  # noqa: A002 (the option's name)
     mesh: opt.MeshOption = None,
@@ -80,7 +79,7 @@ def audit(
     gating = bool(budgets) or max_recompute is not None or reference is not None
     # The user's code may print, but stdout carries only the report. The spinner nests inside the
     # redirect: it swaps sys.stdout too while it runs, and must restore the redirect, not stdout.
-    with contextlib.redirect_stdout(sys.stderr), progress_on_stderr() as progress:
+    with stdout_kept_for_the_report(), progress_on_stderr() as progress:
         report, gate = check_target(
             target,
             policy or DEFAULT_POLICIES,
@@ -88,6 +87,7 @@ def audit(
             max_recompute=max_recompute,
             baseline=reference,
             tolerance=tolerance,
+            require_baseline=require_baseline,
             inputs=inputs,
             overrides=define or [],
             scope=scope,
@@ -97,7 +97,6 @@ def audit(
         )
     emit(renderer(format, table_view(top, equations, output is not None))(report, gate if gating else None), output)
     if save_baseline_to is not None:
-        save_baseline(save_baseline_to, [report])
-    for v in gate.violations:
-        print(f"{PROG}: check failed: {v.message}", file=sys.stderr)
-    return ExitCode.CHECK_FAILED if gate.violations else ExitCode.OK
+        assert gate.key is not None
+        save_baseline(save_baseline_to, [(gate.key, report)])
+    return report_gate([gate], baseline)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import sys
 from collections.abc import Callable, Sequence
 from typing import Annotated, assert_never
@@ -16,9 +15,9 @@ from te_ckpt_audit.gate import load_baseline, save_baseline
 from te_ckpt_audit.render_gate import Run, render_check_github, render_check_json, render_check_markdown
 
 from . import options as opt
-from .options import ExitCode, OutputFormat
+from .options import OutputFormat
 from .tables import render_check_table
-from .terminal import PROG, at_the_edge, emit, progress_on_stderr
+from .terminal import PROG, at_the_edge, emit, progress_on_stderr, report_gate, stdout_kept_for_the_report
 
 ConfigPath = Annotated[
     str,
@@ -53,6 +52,7 @@ def check(
     format: opt.Format = OutputFormat.TABLE,  # noqa: A002 (the option's name)
     output: opt.Output = None,
     save_baseline_flag: SaveFlag = False,
+    require_baseline: opt.RequireBaseline = False,
     debug: opt.Debug = False,
     emulate_gpu: opt.EmulateGpu = None,  # consumed by app.main before parsing; listed for --help
 ) -> int:
@@ -71,7 +71,7 @@ def check(
             )
         reference = load_baseline(cfg.baseline)
     runs: list[Run] = []
-    with contextlib.redirect_stdout(sys.stderr), progress_on_stderr() as progress:
+    with stdout_kept_for_the_report(), progress_on_stderr() as progress:
         for t in cfg.targets:
             runs.append(
                 check_target(
@@ -81,6 +81,7 @@ def check(
                     max_recompute=t.max_recompute,
                     baseline=reference,
                     tolerance=cfg.tolerance,
+                    require_baseline=require_baseline,
                     inputs=t.inputs,
                     overrides=t.defines,
                     scope=t.scope,
@@ -90,9 +91,6 @@ def check(
     emit(check_renderer(format)(runs), output)
     if save_baseline_flag:
         assert cfg.baseline is not None
-        save_baseline(cfg.baseline, [report for report, _ in runs])
+        save_baseline(cfg.baseline, [(result.key, report) for report, result in runs if result.key is not None])
         print(f"{PROG}: baseline written to {cfg.baseline}", file=sys.stderr)
-    failed = [v for _, result in runs for v in result.violations]
-    for v in failed:
-        print(f"{PROG}: check failed: {v.message}", file=sys.stderr)
-    return ExitCode.CHECK_FAILED if failed else ExitCode.OK
+    return report_gate([result for _, result in runs], cfg.baseline)

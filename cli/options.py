@@ -4,15 +4,15 @@ commands, each defined once."""
 from __future__ import annotations
 
 import enum
-import os
+import math
 from pathlib import Path
 from typing import Annotated
 
 import jax
 import typer
 
-from te_ckpt_audit import Scope, __version__
-from te_ckpt_audit import DEFAULT_POLICIES
+from te_ckpt_audit import DEFAULT_POLICIES, Scope, UsageError, __version__
+from te_ckpt_audit.gate import check_writable
 
 
 class OutputFormat(enum.StrEnum):
@@ -28,19 +28,25 @@ class ExitCode(enum.IntEnum):
     USAGE = 2  # what the user typed is wrong: an option, a path, a spec
     TARGET = 3  # the user's code failed to load or trace
     INTERNAL = 4  # a bug in te-ckpt-audit
+    INTERRUPTED = 130  # Ctrl-C, as shells report SIGINT
 
 
-def _writable_output(text: str | None) -> Path | None:
+def _writable_output(text: str | None) -> str | None:
     """Fail before the audit runs, not after it, when the report could not be written.
     (Paths arrive as str: Typer would load pydantic, a fifth of a second, to coerce a Path.)"""
-    if text is None:
-        return None
-    path = Path(text)
-    if path is not None:
-        folder = path.parent
-        if path.is_dir() or not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
-            raise typer.BadParameter(f"cannot write {path}: choose a file in a writable folder")
-    return path
+    if text is not None:
+        try:
+            check_writable(text)
+        except UsageError as err:
+            raise typer.BadParameter(f"{err.message} ({err.hint})") from None
+    return text
+
+
+def _percent(value: float | None) -> float | None:
+    """A percentage limit: NaN or infinity would switch its gate off."""
+    if value is not None and not math.isfinite(value):
+        raise typer.BadParameter(f"{value} is not a finite number of percent")
+    return value
 
 
 Target = Annotated[
@@ -124,6 +130,7 @@ MaxRecompute = Annotated[
         "--max-recompute",
         metavar="PCT",
         min=0.0,
+        callback=_percent,
         help="Fail (exit 1) when a policy recomputes more than PCT percent of the forward FLOPs.",
         show_default=False,
     ),
@@ -135,13 +142,22 @@ Baseline = Annotated[
         callback=lambda text: None if text is None else Path(text),
         metavar="FILE",
         help="Compare activation bytes with a baseline saved by --save-baseline; growth beyond "
-        "--tolerance fails (exit 1), shrinkage is reported.",
+        "--tolerance fails (exit 1), shrinkage is reported, a policy not in it is noted.",
         show_default=False,
+    ),
+]
+RequireBaseline = Annotated[
+    bool,
+    typer.Option(
+        "--require-baseline",
+        help="Fail (exit 1) when a target or policy has no figure in the baseline, instead of noting it.",
     ),
 ]
 Tolerance = Annotated[
     float,
-    typer.Option("--tolerance", metavar="PCT", min=0.0, help="Growth over the baseline allowed, in percent."),
+    typer.Option(
+        "--tolerance", metavar="PCT", min=0.0, callback=_percent, help="Growth over the baseline allowed, in percent."
+    ),
 ]
 SaveBaseline = Annotated[
     str | None,
@@ -149,7 +165,8 @@ SaveBaseline = Annotated[
         "--save-baseline",
         metavar="FILE",
         callback=_writable_output,
-        help="Write this run's activation bytes per policy to FILE, as the baseline for later runs.",
+        help="Write this run's activation bytes per policy to FILE, as the baseline for later runs; "
+        "other entries already in FILE are kept.",
         show_default=False,
     ),
 ]
@@ -179,7 +196,8 @@ Output = Annotated[
         "-o",
         metavar="FILE",
         callback=_writable_output,
-        help="Write the report to FILE (atomically) instead of standard output.",
+        help="Write the report to FILE instead of standard output (a regular file atomically; a "
+        "symlink's target, a FIFO or a device such as /dev/null written into, never replaced).",
         show_default=False,
     ),
 ]

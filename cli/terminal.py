@@ -5,17 +5,18 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import sys
 import threading
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
 from te_ckpt_audit import AuditError
-from te_ckpt_audit.gate import write_atomically
+from te_ckpt_audit.gate import CheckResult, write_output
 
 from .options import ExitCode
 
@@ -44,6 +45,8 @@ def at_the_edge(command: Callable[..., int]) -> Callable[..., int]:
             if kwargs.get("debug"):
                 traceback.print_exc()
             return fail(err.message, err.hint, err.exit_code)
+        except KeyboardInterrupt:
+            return fail("interrupted", "", ExitCode.INTERRUPTED)
         except Exception as err:
             if kwargs.get("debug"):
                 traceback.print_exc()
@@ -56,14 +59,50 @@ def at_the_edge(command: Callable[..., int]) -> Callable[..., int]:
     return run
 
 
+def report_gate(results: Sequence[CheckResult], baseline: str | Path | None) -> int:
+    """A note per policy missing from the baseline, a line per violation; the exit code."""
+    for result in results:
+        missing = [p for p in result.not_in_baseline if p not in {v.policy for v in result.violations}]
+        if missing:
+            print(f"{PROG}: note: {result.target} [{', '.join(missing)}]: not in baseline {baseline}", file=sys.stderr)
+    failed = [v for result in results for v in result.violations]
+    for v in failed:
+        print(f"{PROG}: check failed: {v.message}", file=sys.stderr)
+    return ExitCode.CHECK_FAILED if failed else ExitCode.OK
+
+
 def emit(text: str, output: str | Path | None) -> None:
-    """The report goes to `output` (written atomically: on any failure no file is left), else to
-    stdout as plain text."""
+    """The report goes to `output` (a regular file written atomically: on any failure no file is
+    left; a device or FIFO written into), else to stdout as plain text."""
     if output is None:
         sys.stdout.write(text)
         sys.stdout.flush()
     else:
-        write_atomically(output, text)
+        write_output(output, text)
+
+
+@contextlib.contextmanager
+def stdout_kept_for_the_report() -> Iterator[None]:
+    """While the user's code runs, whatever it writes to standard output goes to stderr: Python's
+    sys.stdout, and file descriptor 1 itself (os.write, subprocesses, sys.__stdout__), so that stdout
+    carries only the report."""
+    for stream in (sys.stdout, sys.__stdout__):
+        with contextlib.suppress(Exception):
+            stream.flush()  # type: ignore[union-attr]
+    try:
+        saved = os.dup(1)
+        os.dup2(2, 1)
+    except OSError:  # no fd 1 or 2 to work with: Python's own streams are still redirected
+        saved = -1
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        with contextlib.suppress(Exception):
+            sys.__stdout__.flush()  # type: ignore[union-attr]  # what the user left buffered goes to stderr too
+        if saved >= 0:
+            os.dup2(saved, 1)
+            os.close(saved)
 
 
 @contextlib.contextmanager

@@ -10,12 +10,12 @@ import jax
 
 from ._analysis import analyse
 from ._compile import compiled_memory
-from ._loading import load_inputs, load_target
+from ._loading import load_inputs, load_target, user_code
 from ._mesh import build_mesh, mesh_context, parse_mesh, per_device, place_args, spec_of
 from ._trace import Traced, trace
 from ._warnings import add_warnings
 from .errors import UsageError
-from .gate import Budget, CheckResult, check
+from .gate import Baseline, Budget, CheckResult, audit_key, check, check_percent
 from .report import AuditReport, MeshSpec, Scope, ShardingSource
 from .specs import PolicySpec, SpecKind, resolve_policy
 
@@ -125,8 +125,9 @@ def audit(
     >>> report.result("nothing_saveable").totals.activation_bytes
     0
     """
-    with mesh_context(mesh):
-        traced = trace(fn, args if mesh is None else place_args(args, mesh), getattr(fn, "__name__", "fn"))
+    name = getattr(fn, "__name__", "fn")
+    with user_code(name), mesh_context(mesh):
+        traced = trace(fn, args if mesh is None else place_args(args, mesh), name)
         return audit_traced(traced, policies, scope, compile=compile, mesh=mesh)
 
 
@@ -136,8 +137,9 @@ def check_target(
     *,
     budgets: Sequence[Budget] = (),
     max_recompute: float | None = None,
-    baseline: Mapping[str, Mapping[str, int]] | None = None,
+    baseline: Baseline | None = None,
     tolerance: float = 0.0,
+    require_baseline: bool = False,
     inputs: str | None = None,
     overrides: Sequence[str] = (),
     scope: Scope | str = Scope.AUTO,
@@ -145,7 +147,13 @@ def check_target(
     compile: bool = False,
     mesh: MeshSpec | str | None = None,
 ) -> tuple[AuditReport, CheckResult]:
-    """Audit a target and check it against budgets and a baseline (the CI gate)."""
+    """Audit a target and check it against budgets and a baseline (the CI gate). Bad limits fail
+    before the user's code runs; the result carries the baseline key of this audit."""
+    mesh = parse_mesh(mesh) if isinstance(mesh, str) else mesh
+    key = audit_key(target, inputs, overrides, scope, None if mesh is None else str(mesh))
+    check_percent(tolerance, "--tolerance")
+    if max_recompute is not None:
+        check_percent(max_recompute, "--max-recompute")
     for b in budgets:  # a budget for a policy that is not audited is a mistake, found before tracing
         if b.policy is not None and b.policy not in policies:
             raise UsageError(
@@ -155,7 +163,9 @@ def check_target(
     report = audit_target(
         target, policies, inputs=inputs, overrides=overrides, scope=scope, progress=progress, compile=compile, mesh=mesh
     )
-    return report, check(report, budgets, max_recompute, baseline, tolerance)
+    figures = None if baseline is None else baseline.figures(key)
+    result = check(report, budgets, max_recompute, figures, tolerance, require_baseline)
+    return report, dataclasses.replace(result, key=key)
 
 
 def audit_target(
@@ -175,15 +185,16 @@ def audit_target(
 
     >>> report = audit_target("sample_models/mlp.py:loss", ["nothing_saveable"])  # doctest: +SKIP
     """
-    specs = _specs(policies)  # bad specs fail before the user's code runs
     scope = Scope(scope)
     spec = parse_mesh(mesh) if isinstance(mesh, str) else mesh
-    on = None if spec is None else build_mesh(spec)
-    progress(f"loading {target}")
-    loaded = load_target(target)
-    with mesh_context(on):
-        overrides = list(overrides) if not isinstance(overrides, Mapping) else overrides
-        args = load_inputs(loaded, inputs, overrides, mesh=on).args
-        progress(f"tracing {target}")
-        traced = trace(loaded.fn, args if on is None else place_args(args, on), target)
-        return audit_traced(traced, specs, scope, progress, compile, mesh=on)
+    with user_code(target):  # a custom policy's module is user code too
+        specs = _specs(policies)  # bad specs fail before the target's code runs
+        on = None if spec is None else build_mesh(spec)
+        progress(f"loading {target}")
+        loaded = load_target(target)
+        with mesh_context(on):
+            overrides = list(overrides) if not isinstance(overrides, Mapping) else overrides
+            args = load_inputs(loaded, inputs, overrides, mesh=on).args
+            progress(f"tracing {target}")
+            traced = trace(loaded.fn, args if on is None else place_args(args, on), target)
+            return audit_traced(traced, specs, scope, progress, compile, mesh=on)

@@ -8,6 +8,7 @@ name, with the package's parent folder on ``sys.path``, so its relative imports 
 from __future__ import annotations
 
 import ast
+import contextlib
 import dataclasses
 import difflib
 import importlib
@@ -16,12 +17,12 @@ import inspect
 import os
 import sys
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from .errors import TargetError, UsageError
+from .errors import AuditError, TargetError, UsageError
 
 INPUTS_SUFFIX = "_inputs"
 FALLBACK_INPUTS = "example_inputs"
@@ -54,21 +55,73 @@ def split_spec(text: str, what: str) -> tuple[str, str]:
     return where, attr
 
 
+_HERE = str(Path(__file__).parent)
+
+
 def user_location(exc: BaseException, roots: tuple[str, ...] = ()) -> str:
-    """file:line of the innermost frame of the user's code in an exception's traceback."""
+    """file:line of the innermost frame of the user's code in an exception's traceback (or in the
+    exceptions it was raised from); never a frame of te-ckpt-audit itself."""
     if isinstance(exc, SyntaxError) and exc.filename:
         return f"{exc.filename}:{exc.lineno}"
-    frames = traceback.extract_tb(exc.__traceback__)
-    here = str(Path(__file__).parent)
-    user = [f for f in frames if not _is_library_file(f.filename) and not f.filename.startswith(here)]
-    preferred = [f for f in user if any(f.filename.startswith(r) for r in roots)] or user
-    if preferred:
-        return f"{preferred[-1].filename}:{preferred[-1].lineno}"
-    return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "unknown location"
+    chain: list[BaseException] = []
+    while exc is not None and exc not in chain:
+        chain.append(exc)
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    for e in chain:
+        user = [f for f in traceback.extract_tb(e.__traceback__) if _is_user_file(f.filename)]
+        preferred = [f for f in user if any(f.filename.startswith(r) for r in roots)] or user
+        if preferred:
+            return f"{preferred[-1].filename}:{preferred[-1].lineno}"
+    return "an unknown location (no frame of your code in the traceback)"
+
+
+def _is_user_file(filename: str) -> bool:
+    return not filename.startswith(_HERE) and not _is_library_file(filename)
 
 
 def _is_library_file(filename: str) -> bool:
     return any(part in filename for part in ("site-packages", "dist-packages", "<frozen", "/lib/python"))
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message, also for one whose __str__ raises."""
+    try:
+        lines = str(exc).strip().splitlines()
+    except Exception:
+        return "(no message: its __str__ raised)"
+    return lines[0] if lines else type(exc).__name__
+
+
+def raised_in_user_code(exc: BaseException) -> bool:
+    """Whether the innermost frame of the traceback is the user's (their code raised it)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    return bool(frames) and _is_user_file(frames[-1].filename)
+
+
+@contextlib.contextmanager
+def user_code(what: str) -> Iterator[None]:
+    """Run the user's code (import, inputs callable, traced function, policies) under one rule:
+    `sys.exit` there, or an exception raised in their own frames that no stage turned into an
+    AuditError, is a TargetError; it never ends the tool or passes for an internal error."""
+    try:
+        yield
+    except AuditError:
+        raise
+    except SystemExit as exc:
+        raise TargetError(
+            f"{what}: the user's code called sys.exit({exc.code!r}) at {user_location(exc)}",
+            "code that is imported or traced must not exit; guard it with `if __name__ == '__main__':`",
+        ) from exc
+    except Exception as exc:
+        if not raised_in_user_code(exc):
+            raise
+        shown: BaseException = exc
+        if traceback.extract_tb(exc.__traceback__)[-1].name in ("__str__", "__repr__") and exc.__context__:
+            shown = exc.__context__  # the user's exception, whose message could not be made
+        raise TargetError(
+            f"{what}: the user's code raised {type(shown).__name__} at {user_location(shown)}: {first_line(shown)}",
+            "fix the model code (rerun with --debug for the traceback)",
+        ) from exc
 
 
 def _import_file(path: Path) -> ModuleType:
@@ -100,11 +153,13 @@ def _import_file(path: Path) -> ModuleType:
 
 def import_module(where: str) -> ModuleType:
     """Import `where` (a .py path or a dotted module name); user-code failures are TargetErrors."""
-    is_file = where.endswith(".py") or os.sep in where or "/" in where
+    is_file = where.endswith(".py") or os.sep in where or "/" in where or Path(where).is_file()
     if is_file:
         path = Path(where)
         if not path.is_file():
             raise UsageError(f"no such file: {where}", "check the path; it is relative to the current folder")
+        if path.suffix != ".py":
+            raise UsageError(f"{where} is not a .py file", "a target is FILE.py:NAME or package.module:NAME")
     else:
         if os.getcwd() not in sys.path and "" not in sys.path:
             sys.path.insert(0, os.getcwd())
@@ -118,12 +173,12 @@ def import_module(where: str) -> ModuleType:
         ) from exc
     except ModuleNotFoundError as exc:
         raise TargetError(
-            f"importing {where} failed at {user_location(exc)}: {exc}",
+            f"importing {where} failed at {user_location(exc)}: {first_line(exc)}",
             "install the missing package or fix the import",
         ) from exc
     except Exception as exc:
         raise TargetError(
-            f"importing {where} raised {type(exc).__name__} at {user_location(exc)}: {exc}",
+            f"importing {where} raised {type(exc).__name__} at {user_location(exc)}: {first_line(exc)}",
             "the model module runs on import; fix the error there (rerun with --debug for the traceback)",
         ) from exc
 
@@ -187,6 +242,21 @@ def find_inputs_callable(target: Target, inputs: str | None) -> tuple[Callable[.
     )
 
 
+def split_defines(pairs: Sequence[str]) -> dict[str, str]:
+    """`-D key=value` strings as {key: raw value}; a malformed pair or a key given twice is a
+    UsageError (the last value silently winning would audit another model than the one asked for)."""
+    out: dict[str, str] = {}
+    for pair in pairs:
+        key, eq, raw = pair.partition("=")
+        key = key.strip()
+        if not eq or not key:
+            raise UsageError(f"-D {pair!r} is not key=value", "e.g. -D seq=8192")
+        if key in out:
+            raise UsageError(f"-D {key} is given twice ({out[key]} and {raw.strip()})", "give each key once")
+        out[key] = raw.strip()
+    return out
+
+
 def parse_overrides(fn: Callable[..., Any], pairs: list[str]) -> dict[str, Any]:
     """Turn `-D key=value` strings into keyword arguments of the inputs callable, typed by its defaults."""
     try:
@@ -196,18 +266,14 @@ def parse_overrides(fn: Callable[..., Any], pairs: list[str]) -> dict[str, Any]:
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     known = {n for n, p in params.items() if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
     out: dict[str, Any] = {}
-    for pair in pairs:
-        key, eq, raw = pair.partition("=")
-        key = key.strip()
-        if not eq or not key:
-            raise UsageError(f"-D {pair!r} is not key=value", "e.g. -D seq=8192")
+    for key, raw in split_defines(pairs).items():
         if key not in known and not takes_any:
             raise UsageError(
                 f"-D {key}: the inputs callable has no parameter {key!r}",
                 f"it takes: {', '.join(sorted(known)) or 'no keyword parameters'}",
             )
         default = params[key].default if key in params else inspect.Parameter.empty
-        out[key] = _convert(key, raw.strip(), default)
+        out[key] = _convert(key, raw, default)
     return out
 
 
@@ -246,7 +312,7 @@ def load_inputs(
         value = fn(**kwargs, **({"mesh": mesh} if takes_mesh else {}))
     except Exception as exc:
         raise TargetError(
-            f"inputs callable {source} raised {type(exc).__name__} at {user_location(exc)}: {exc}",
+            f"inputs callable {source} raised {type(exc).__name__} at {user_location(exc)}: {first_line(exc)}",
             "fix the inputs callable (rerun with --debug for the traceback)",
         ) from exc
     args = value if isinstance(value, tuple) else (value,)

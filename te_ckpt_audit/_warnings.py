@@ -84,6 +84,15 @@ def _spec_warnings(traced: Traced, spec: PolicySpec, result: PolicyResult) -> li
                     "use checkpoint_dots_and_te_gemms",
                 )
             )
+    if result.scope is Scope.INNER and spec.kind is SpecKind.POLICY and not traced.has_remat:
+        warnings.append(
+            AuditWarning(
+                "inner-scope-without-checkpoints",
+                spec.text,
+                f"--scope inner applies {spec.text} to the model's own checkpoints, and it has none: "
+                "the policy changes nothing; use --scope outer (or auto)",
+            )
+        )
     used = set(traced.rows.names)
     for name in (*spec.names, *spec.offload_names):
         if name not in used:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -60,8 +61,9 @@ def _unknown(keys: set[str], allowed: set[str], where: str, path: Path) -> None:
 
 
 def _number(value: Any, key: str, where: str, path: Path) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-        raise UsageError(f"{path}: {where}.{key} must be a number >= 0, not {value!r}", f"e.g. {key} = 5.0")
+    """A finite number >= 0: TOML's nan and inf would switch a gate off."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        raise UsageError(f"{path}: {where}.{key} must be a finite number >= 0, not {value!r}", f"e.g. {key} = 5.0")
     return float(value)
 
 
@@ -97,6 +99,10 @@ def _target(raw: Any, i: int, p: Path) -> TargetConfig:
     target = raw.get("target")
     if not isinstance(target, str) or not target:
         raise UsageError(f"{p}: {where} has no target", 'e.g. target = "model.py:loss"')
+    inputs = raw.get("inputs")
+    if inputs is not None and (not isinstance(inputs, str) or not inputs):
+        raise UsageError(f"{p}: {where}.inputs must be a FILE.py:CALLABLE string, not {inputs!r}",
+                         'e.g. inputs = "model.py:loss_inputs"')
     defines = raw.get("defines", {})
     policies = raw.get("policies", [])
     if not isinstance(defines, dict):
@@ -117,7 +123,7 @@ def _target(raw: Any, i: int, p: Path) -> TargetConfig:
     max_recompute = raw.get("max_recompute")
     return TargetConfig(
         target=target,
-        inputs=raw.get("inputs"),
+        inputs=inputs,
         defines=tuple(f"{k}={v}" for k, v in defines.items()),
         policies=tuple(policies),
         scope=scope,

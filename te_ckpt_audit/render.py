@@ -223,7 +223,7 @@ COMPILED_NOTE = (
 
 def render_json(report: AuditReport) -> str:
     """The report as JSON (schema ``te-ckpt-audit/1``); the same report gives the same bytes."""
-    return json.dumps(report.to_dict(), indent=2) + "\n"
+    return json.dumps(report.to_dict(), indent=2, allow_nan=False) + "\n"  # strict JSON: no NaN
 
 
 def _object(**properties: Any) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from .gate import Change, CheckResult, Violation
 from .render import md_table, format_bytes, format_percent, render_markdown
 from .report import AuditReport, ResidualKind, SourceLocation
 
-CHECK_SCHEMA = "te-ckpt-audit-check/1"
+CHECK_SCHEMA = "te-ckpt-audit-check/2"  # /2: unbounded growth explicit; never a non-finite number
 
 Run = tuple[AuditReport, CheckResult]
 
@@ -21,7 +21,9 @@ def _change_text(change: Change | None) -> str:
     if change is None:
         return ""
     if change.baseline_bytes is None:
-        return "new"
+        return "not in baseline"
+    if change.unbounded:
+        return "+inf (from 0 B)"
     pct = change.percent
     return "=" if pct == 0 else f"{pct:+.2f}%"
 
@@ -118,11 +120,16 @@ def render_check_github(runs: Sequence[Run]) -> str:
 
 
 def _violation_dict(v: Violation) -> dict[str, Any]:
-    return {"policy": v.policy, "figure": v.figure, "value": v.value, "limit": v.limit, "message": v.message}
-
-
-def _finite(x: float | None) -> float | None:
-    return x if x is None or math.isfinite(x) else None  # JSON has no Infinity
+    """`value` is null, and `unbounded` true, for growth from a 0-byte baseline: JSON has no Infinity."""
+    finite = math.isfinite(v.value)
+    return {
+        "policy": v.policy,
+        "figure": v.figure,
+        "value": v.value if finite else None,
+        "unbounded": not finite,
+        "limit": v.limit,
+        "message": v.message,
+    }
 
 
 def check_to_dict(runs: Sequence[Run]) -> dict[str, Any]:
@@ -139,7 +146,9 @@ def check_to_dict(runs: Sequence[Run]) -> dict[str, Any]:
                         "policy": c.policy,
                         "baseline_bytes": c.baseline_bytes,
                         "bytes": c.bytes,
-                        "percent": _finite(c.percent),
+                        "percent": c.percent,  # null: not in the baseline, or unbounded
+                        "unbounded": c.unbounded,
+                        "in_baseline": c.baseline_bytes is not None,
                     }
                     for c in result.changes
                 ],
@@ -151,4 +160,4 @@ def check_to_dict(runs: Sequence[Run]) -> dict[str, Any]:
 
 
 def render_check_json(runs: Sequence[Run]) -> str:
-    return json.dumps(check_to_dict(runs), indent=2) + "\n"
+    return json.dumps(check_to_dict(runs), indent=2, allow_nan=False) + "\n"

@@ -173,6 +173,12 @@ def _parametric(spec: str, head: str, rest: str) -> PolicySpec:
             f"malformed policy spec {spec!r}: no names",
             "e.g. save_and_offload_only_these_names:save=context;offload=ffn1",
         )
+    both = sorted(set(save) & set(offload))
+    if both:
+        raise PolicySpecError(
+            f"policy spec {spec!r} both saves and offloads {', '.join(both)}",
+            "a name is either kept on the device (save=) or offloaded to host (offload=), not both",
+        )
     policy = _cp.save_and_offload_only_these_names(
         names_which_can_be_saved=list(save),
         names_which_can_be_offloaded=list(offload),

@@ -65,97 +65,7 @@ def model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return path
 
 
-# --- bad input: exit code, one line on stderr, nothing on stdout, no output file ---------------
-
-BAD_INPUTS = [
-    # id, text appended to MODEL (or the whole file after "!"), arguments, exit code, in the message
-    ("missing-file", "", ["nope.py:loss"], 2, "no such file: nope.py"),
-    ("syntax-error", "!def loss(x:\n", ["model.py:loss"], 3, "syntax error in"),
-    ("missing-attribute", "", ["model.py:los"], 2, "did you mean 'loss'"),
-    ("not-callable", "lossy = 3\n", ["model.py:lossy"], 2, "not a function"),
-    ("no-inputs", "def lone(x):\n    return x\n", ["model.py:lone"], 2, "--inputs FILE.py:CALLABLE"),
-    (
-        "inputs-raise",
-        "def boom(x):\n    return x\ndef boom_inputs():\n    raise ValueError('no shapes')\n",
-        ["model.py:boom"],
-        3,
-        "ValueError",
-    ),
-    (
-        "inputs-wrong-type",
-        "def text(x):\n    return x\ndef text_inputs():\n    return 'hello'\n",
-        ["model.py:text"],
-        3,
-        "no array inputs",
-    ),
-    (
-        "trace-raises",  # the message names the user's line; the test derives it from the file
-        "def broken(w, x):\n    return w.nonexistent\nbroken_inputs = loss_inputs\n",
-        ["model.py:broken"],
-        3,
-        "model.py:",
-    ),
-    (
-        "integer-output",
-        "def count(w, x):\n    return jnp.sum(x > 0)\ncount_inputs = loss_inputs\n",
-        ["model.py:count"],
-        3,
-        "not differentiable",
-    ),
-    ("unknown-policy", "", ["model.py:loss", "-p", "checkpoint_dot"], 2, "did you mean 'checkpoint_dots'"),
-    (
-        "malformed-spec",
-        "",
-        ["model.py:loss", "-p", "save_and_offload_only_these_names:keep=a"],
-        2,
-        "malformed policy spec",
-    ),
-    ("custom-unresolved", "", ["model.py:loss", "-p", "model.py:no_policy"], 2, "does not resolve"),
-    (
-        "policy-raises",
-        "def bad_policy(prim, *avals, **params):\n    raise ValueError('boom')\n",
-        ["model.py:loss", "-p", "model.py:bad_policy"],
-        2,
-        "bad_policy",
-    ),
-    ("define-unknown-key", "", ["model.py:loss", "-D", "seq=8"], 2, "no parameter 'seq'"),
-    ("define-bad-value", "", ["model.py:loss", "-D", "batch=four"], 2, "not an int"),
-    ("output-folder-missing", "", ["model.py:loss", "-o", "no/such/folder/out.json"], 2, "cannot write"),
-    ("output-is-a-folder", "", ["model.py:loss", "-o", "."], 2, "cannot write"),
-    ("negative-top", "", ["model.py:loss", "--top", "-1"], 2, "--top"),
-    ("empty-target", "", [""], 2, "empty target"),
-    ("no-target", "", [], 2, "Missing argument 'TARGET'"),
-    ("unknown-option", "", ["model.py:loss", "--bogus"], 2, "No such option: --bogus"),
-    ("bad-format", "", ["model.py:loss", "--format", "yaml"], 2, "--format"),
-    ("bad-scope", "", ["model.py:loss", "--scope", "middle"], 2, "--scope"),
-]
-
-
-LIBRARY_BUGS: dict[str, pytest.MarkDecorator] = {}  # strict xfails for known library bugs: none now
-
-
-@pytest.mark.parametrize(
-    ("case", "source", "args", "code", "fragment"),
-    [pytest.param(*c, id=c[0], marks=LIBRARY_BUGS.get(c[0], ())) for c in BAD_INPUTS],
-)
-def test_bad_input_is_one_line_and_an_exit_code(
-    model: Path, case: str, source: str, args: list[str], code: int, fragment: str
-) -> None:
-    model.write_text(source[1:] if source.startswith("!") else MODEL + source)
-    if case == "trace-raises":  # the user's own line, derived from the file
-        lines = model.read_text().splitlines()
-        fragment = f"model.py:{1 + next(i for i, line in enumerate(lines) if 'nonexistent' in line)}"
-    out = model.parent / "out.json"
-    extra = [] if "-o" in args else ["-o", str(out)]
-    before = set(model.parent.iterdir())
-    result = cli(*args, *extra)
-    assert result.exit_code == code, result.stderr
-    lines = result.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith(PREFIX), result.stderr
-    assert fragment in lines[0]
-    assert "Traceback" not in result.stderr
-    assert result.stdout == ""
-    assert set(model.parent.iterdir()) == before  # no report, no temporary file
+# --- errors (the bad-input tables are in test_bad_input.py) --------------------------------------
 
 
 def test_debug_adds_the_traceback_and_keeps_the_exit_code(model: Path) -> None:
@@ -300,15 +210,23 @@ def test_version() -> None:
     assert result.stdout.startswith(f"te-ckpt-audit {__version__} ")
 
 
-def test_help_describes_every_option_in_a_sentence() -> None:
+def test_help_lists_every_command_one_line_each() -> None:
     result = cli("--help")
+    assert result.exit_code == 0 and result.stderr == ""
+    commands = get_command(app).commands  # type: ignore[attr-defined]
+    listed = result.stdout.split("Commands:\n", 1)[1].splitlines()
+    assert sorted(line.split()[0] for line in listed) == sorted(commands)
+    assert all(len(line) <= 80 and line.rstrip().endswith(".") for line in listed)
+
+
+def test_help_describes_every_option_in_a_sentence() -> None:
+    result = cli("audit", "--help")
     assert result.exit_code == 0
     audit = get_command(app).commands["audit"]  # type: ignore[attr-defined]
     for param in audit.params:
         assert param.help and param.help.rstrip().endswith("."), param.name
         for flag in getattr(param, "opts", []):
             assert flag in result.stdout or param.param_type_name == "argument", flag
-    assert "policies" in result.stdout
 
 
 # --- the Transformer Engine sample --------------------------------------------------------------

@@ -69,19 +69,61 @@ def test_max_recompute(model: Path) -> None:
     assert "recompute" in result.stderr and "--max-recompute 1%" in result.stderr
 
 
+def _entry(figures: dict[str, int], target: str = "model.py:loss", **key: object) -> dict[str, object]:
+    return {"target": target, "inputs": None, "defines": {}, "scope": "auto", "mesh": None,
+            **key, "activation_bytes": figures}
+
+
 def _baseline(path: Path, figures: dict[str, int], scale: dict[str, float]) -> None:
-    doc = {"schema": "te-ckpt-audit-baseline/1", "targets": {"model.py:loss": {
-        p: round(v * scale.get(p, 1.0)) for p, v in figures.items()}}}
-    path.write_text(json.dumps(doc))
+    scaled = {p: round(v * scale.get(p, 1.0)) for p, v in figures.items()}
+    path.write_text(json.dumps({"schema": "te-ckpt-audit-baseline/2", "entries": [_entry(scaled)]}))
 
 
 def test_save_and_compare_baseline(model: Path, figures: dict[str, int]) -> None:
     saved = cli(*audit_args("--save-baseline", "base.json"))
     assert saved.exit_code == ExitCode.OK
     doc = json.loads(Path("base.json").read_text())
-    assert doc["targets"]["model.py:loss"] == figures
+    assert doc == {"schema": "te-ckpt-audit-baseline/2", "entries": [_entry(figures)]}
     again = cli(*audit_args("--baseline", "base.json"))
-    assert again.exit_code == ExitCode.OK
+    assert again.exit_code == ExitCode.OK and again.stderr == ""
+
+
+def test_a_schema_1_baseline_is_still_read(model: Path, figures: dict[str, int]) -> None:
+    doc = {"schema": "te-ckpt-audit-baseline/1", "targets": {"./model.py:loss": {
+        p: v // 2 for p, v in figures.items()}}}
+    Path("base.json").write_text(json.dumps(doc))
+    result = cli(*audit_args("--baseline", "base.json", "-D", "batch=4"))
+    assert result.exit_code == ExitCode.CHECK_FAILED
+    assert result.stderr.count("grew +100.00%") == len(POLICIES)
+
+
+def test_save_baseline_merges_into_a_shared_file(model: Path, figures: dict[str, int]) -> None:
+    Path("other.py").write_text(MODEL)
+    assert cli("other.py:loss", "-p", "checkpoint_dots", "--save-baseline", "base.json").exit_code == 0
+    assert cli(*audit_args("--save-baseline", "base.json", "-D", "batch=2")).exit_code == 0
+    assert cli(*audit_args("--save-baseline", "base.json")).exit_code == 0
+    assert cli("./model.py:loss", "-p", "nothing_saveable", "--save-baseline", "base.json").exit_code == 0
+    entries = json.loads(Path("base.json").read_text())["entries"]
+    assert [(e["target"], e["defines"], sorted(e["activation_bytes"])) for e in entries] == [
+        ("model.py:loss", {}, sorted([*POLICIES, "nothing_saveable"])),
+        ("model.py:loss", {"batch": "2"}, sorted(POLICIES)),
+        ("other.py:loss", {}, ["checkpoint_dots"]),
+    ]
+    assert entries[0]["activation_bytes"]["checkpoint_dots"] == figures["checkpoint_dots"]
+
+
+def test_baseline_keys_are_canonical(model: Path, figures: dict[str, int]) -> None:
+    """Another spelling of the same file matches; other defines are another entry: noted, or failed."""
+    _baseline(Path("base.json"), figures, {"checkpoint_dots": 0.01})
+    Path("sub").mkdir()
+    grown = cli("sub/../model.py:loss", *audit_args("--baseline", "base.json")[1:])
+    assert grown.exit_code == ExitCode.CHECK_FAILED and "grew" in grown.stderr
+    other = cli(*audit_args("--baseline", "base.json", "-D", "batch=2"))
+    assert other.exit_code == ExitCode.OK
+    assert f"note: model.py:loss [{', '.join(POLICIES)}]: not in baseline base.json" in other.stderr
+    required = cli(*audit_args("--baseline", "base.json", "-D", "batch=2", "--require-baseline"))
+    assert required.exit_code == ExitCode.CHECK_FAILED
+    assert required.stderr.count("not in the baseline, and --require-baseline is given") == len(POLICIES)
 
 
 def test_baseline_growth_past_tolerance_fails(model: Path, figures: dict[str, int]) -> None:
@@ -106,7 +148,7 @@ def test_shrinkage_passes_and_is_reported(model: Path, figures: dict[str, int]) 
 
 @pytest.mark.parametrize(
     ("content", "fragment"),
-    [("{oops", "not valid JSON"), ('{"schema": "x/1", "targets": {}}', "expected 'te-ckpt-audit-baseline/1'")],
+    [("{oops", "not valid JSON"), ('{"schema": "x/1", "targets": {}}', "expected 'te-ckpt-audit-baseline/2'")],
 )
 def test_corrupt_baseline_exits_2_before_tracing(model: Path, content: str, fragment: str) -> None:
     Path("base.json").write_text(content)

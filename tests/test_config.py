@@ -50,7 +50,7 @@ def test_good_config(tmp_path) -> None:
         (GOOD.replace("budget =", "budjet ="), "unknown key 'budjet' in targets[0]"),
         (GOOD.replace("tolerance =", "tolerence ="), "unknown key 'tolerence'"),
         (GOOD.replace('budget = "1MiB"', 'budget = "1 MiBB"'), "not a size"),
-        (GOOD.replace("max_recompute = 50", 'max_recompute = "lots"'), "must be a number"),
+        (GOOD.replace("max_recompute = 50", 'max_recompute = "lots"'), "must be a finite number"),
         (GOOD.replace('target = "m.py:loss"', ""), "has no target"),
         ("[tool.other]\n", "no [tool.te-ckpt-audit] section"),
         ("[tool.te-ckpt-audit]\n", "declares no targets"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import jax
 import jax.numpy as jnp
@@ -12,8 +13,10 @@ from te_ckpt_audit import audit
 from te_ckpt_audit.errors import UsageError
 from te_ckpt_audit.gate import (
     BASELINE_SCHEMA,
+    AuditKey,
     Budget,
-    baseline_document,
+    Change,
+    audit_key,
     check,
     load_baseline,
     parse_budget,
@@ -90,10 +93,8 @@ def test_max_recompute(report) -> None:
     assert "everything_saveable" not in [v.policy for v in result.violations]
 
 
-def _baseline_with(report, policy: str, value: int) -> dict:
-    doc = baseline_document([report])["targets"]
-    doc[report.target][policy] = value
-    return doc
+def _baseline_with(report, policy: str, value: int) -> dict[str, int]:
+    return {**{r.policy: r.totals.activation_bytes for r in report.results}, policy: value}
 
 
 def test_baseline_growth_past_tolerance_fails(report) -> None:
@@ -122,21 +123,65 @@ def test_shrinkage_is_reported_and_passes(report) -> None:
     assert change.percent == pytest.approx(-50.0)
 
 
+def test_growth_from_zero_is_unbounded_and_fails_every_tolerance(report) -> None:
+    assert act(report, "everything_saveable") > 0
+    result = check(report, baseline=_baseline_with(report, "everything_saveable", 0), tolerance=1e6)
+    (v,) = result.violations
+    assert (v.policy, v.figure, v.value) == ("everything_saveable", "growth over baseline", math.inf)
+    change = next(c for c in result.changes if c.policy == "everything_saveable")
+    assert change.unbounded and change.percent is None
+    assert Change("t", "p", 0, 0).percent == 0.0 and not Change("t", "p", 0, 0).unbounded
+
+
+def test_a_policy_missing_from_the_baseline_is_noted_or_required(report) -> None:
+    partial = {"checkpoint_dots": act(report, "checkpoint_dots")}
+    noted = check(report, baseline=partial)
+    assert noted.ok and set(noted.not_in_baseline) == {"nothing_saveable", "everything_saveable"}
+    required = check(report, baseline=partial, require_baseline=True)
+    assert {(v.policy, v.figure) for v in required.violations} == {
+        ("nothing_saveable", "not in baseline"),
+        ("everything_saveable", "not in baseline"),
+    }
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -1.0])
+def test_non_finite_or_negative_limits_are_usage_errors(report, value: float) -> None:
+    with pytest.raises(UsageError, match="finite number >= 0"):
+        check(report, tolerance=value, baseline={})
+    with pytest.raises(UsageError, match="finite number >= 0"):
+        check(report, max_recompute=value)
+
+
+def test_audit_keys_are_canonical(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    key = audit_key("m.py:loss", defines=["b=2", "a = 1"])
+    assert key == audit_key("./sub/../m.py:loss", defines=["a=1", "b=2"])
+    assert key == AuditKey(f"{tmp_path.as_posix()}/m.py:loss", None, (("a", "1"), ("b", "2")), "auto")
+    assert key != audit_key("m.py:loss", defines=["a=1"]) and key != audit_key("m.py:loss", scope="outer")
+    assert audit_key("pkg.mod:loss").target == "pkg.mod:loss"
+    with pytest.raises(UsageError, match="given twice"):
+        audit_key("m.py:loss", defines=["a=1", "a=2"])
+
+
 def test_baseline_round_trip_and_corruption(report, tmp_path) -> None:
     path = tmp_path / "base.json"
-    save_baseline(path, [report])
+    key = AuditKey(f"{tmp_path.as_posix()}/fn.py:fn")
+    save_baseline(path, [(key, report)])
+    doc = json.loads(path.read_text())
+    assert [e["target"] for e in doc["entries"]] == ["fn.py:fn"]  # relative to the baseline's folder
     loaded = load_baseline(path)
-    assert loaded[report.target]["checkpoint_dots"] == act(report, "checkpoint_dots")
-    assert check(report, baseline=loaded).ok
+    assert loaded.figures(key)["checkpoint_dots"] == act(report, "checkpoint_dots")
+    assert loaded.figures(AuditKey("other:fn")) == {}
+    assert check(report, baseline=loaded.figures(key)).ok
     assert [p.name for p in tmp_path.iterdir()] == ["base.json"]  # no temp file left behind
 
     path.write_text("{not json")
     with pytest.raises(UsageError, match="not valid JSON"):
         load_baseline(path)
     path.write_text(json.dumps({"schema": "other/1", "targets": {}}))
-    with pytest.raises(UsageError, match="expected 'te-ckpt-audit-baseline/1'"):
+    with pytest.raises(UsageError, match="expected 'te-ckpt-audit-baseline/2'"):
         load_baseline(path)
-    path.write_text(json.dumps({"schema": BASELINE_SCHEMA, "targets": {"t": {"p": "big"}}}))
+    path.write_text(json.dumps({"schema": BASELINE_SCHEMA, "entries": [{"target": "t.py:f"}]}))
     with pytest.raises(UsageError, match="malformed"):
         load_baseline(path)
     with pytest.raises(UsageError, match="does not exist"):
