@@ -95,6 +95,7 @@ def available_policies() -> list[tuple[str, str]]:
     rows = [(name, text) for name, text in _SPECIAL.items()]
     rows += [(name, text) for name, (_, text) in _SIMPLE.items()]
     rows += list(_PARAMETRIC.values())
+    rows.append(("SPEC+SPEC[+SPEC...]", "save what any of them saves, e.g. save_only_these_names:a+checkpoint_dots"))
     rows.append(("module:attr | path/to/file.py:attr", "any policy callable of your own"))
     return rows
 
@@ -108,6 +109,8 @@ def resolve_policy(text: str) -> PolicySpec:
         return PolicySpec(spec, SpecKind(spec))
     if spec in _SIMPLE:
         return PolicySpec(spec, SpecKind.POLICY, _SIMPLE[spec][0])
+    if "+" in spec:
+        return _combined(spec)
     head, sep, rest = spec.partition(":")
     if head in _PARAMETRIC or (head == "offload_dot_with_no_batch_dims" and not sep):
         return _parametric(spec, head, rest)
@@ -186,6 +189,29 @@ def _parametric(spec: str, head: str, rest: str) -> PolicySpec:
         offload_dst=kv.get("dst", "pinned_host"),
     )
     return PolicySpec(spec, SpecKind.POLICY, policy, save, offload)
+
+
+_NOT_COMBINABLE = ("none", "as-is", "offload_dot_with_no_batch_dims", "save_and_offload_only_these_names")
+
+
+def _combined(spec: str) -> PolicySpec:
+    """`A+B[+...]`: what any part saves is saved (JAX's save_from_both_policies), as one named,
+    frozen, hashable policy (`SaveFromBoth`) whose name is the whole spec."""
+    parts = [resolve_policy(part) for part in spec.split("+")]
+    for part in parts:
+        if part.kind is not SpecKind.POLICY or part.text.partition(":")[0] in _NOT_COMBINABLE:
+            raise PolicySpecError(
+                f"policy spec {spec!r}: {part.text!r} cannot be combined with '+'",
+                "'+' joins policies that answer save or recompute (names, dots, TE GEMMs), not offload ones",
+            )
+    policy = parts[0].policy
+    assert policy is not None
+    for part in parts[1:]:
+        assert part.policy is not None
+        policy = te_policies.SaveFromBoth(spec, policy, part.policy)
+    names = tuple(dict.fromkeys(n for part in parts for n in part.names))
+    regardless = any(part.saves_everything_regardless for part in parts)
+    return PolicySpec(spec, SpecKind.POLICY, policy, names, saves_everything_regardless=regardless)
 
 
 def _custom(spec: str, where: str, attr: str) -> PolicySpec:

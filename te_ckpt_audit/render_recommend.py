@@ -1,0 +1,142 @@
+"""Renderers of a `Recommendation`: pure functions of the record.
+
+`render_recommend_json` is `Recommendation.to_dict()` plus, for the winner (or the closest
+candidate), the Python that builds it and its MaxText remat settings; `render_recommend_text` is
+the terminal report: the winner, its snippet, its MaxText settings, the frontier and its plot.
+
+    >>> print(python_snippet(Candidate("save_only_these_names:a", CandidateKind.NAMES, None, ("a",), (),
+    ...     0, 0, 0, 0, True)).splitlines()[1])
+    policy = jax.checkpoint_policies.save_only_these_names("a")
+"""
+
+from __future__ import annotations
+
+import json
+
+from ._recommend import Candidate, CandidateKind, Recommendation, candidate_dict
+from .render import format_bytes, format_flops
+from .render_plot import render_frontier_plot
+
+# The per-tensor keys of MaxText's `remat_policy: 'custom'` (src/MaxText/configs/base.yml), each
+# 'device' (saved), 'offload' (host memory) or 'remat' (recomputed). decoder_layer_input is the scan
+# carry MaxText always keeps on the device.
+MAXTEXT_KEYS = (
+    "decoder_layer_input", "context", "mlpwi", "mlpwi_0", "mlpwi_1", "mlpwo", "query_proj",
+    "key_proj", "value_proj", "qkv_proj", "out_proj", "mla_q", "mla_kv",
+)
+# Our presets that ship in te_ckpt_audit.policies; the others are jax.checkpoint_policies'.
+TE_AWARE = ("te_gemms_saveable", "checkpoint_dots_and_te_gemms", "dots_and_te_gemms_with_no_batch_dims")
+
+
+def _quoted(names: tuple[str, ...]) -> str:
+    return ", ".join(json.dumps(n) for n in names)
+
+
+def _preset_expr(name: str) -> str:
+    if name in TE_AWARE:
+        return name
+    if name == "offload_dot_with_no_batch_dims":
+        return 'jax.checkpoint_policies.offload_dot_with_no_batch_dims("device", "pinned_host")'
+    return f"jax.checkpoint_policies.{name}"
+
+
+def python_snippet(c: Candidate) -> str:
+    """Python that builds the candidate's policy, ending in its use with `jax.checkpoint`."""
+    lines = ["import jax"]
+    te = [p for p in (c.base, c.policy) if p in TE_AWARE]
+    if te:
+        lines.append(f"from te_ckpt_audit.policies import {te[0]}")
+    if c.kind is CandidateKind.PRESET:
+        lines.append(f"policy = {_preset_expr(c.policy)}")
+    elif c.kind is CandidateKind.OFFLOAD:
+        lines += [
+            "policy = jax.checkpoint_policies.save_and_offload_only_these_names(",
+            f"    names_which_can_be_saved=[{_quoted(c.saved)}],",
+            f"    names_which_can_be_offloaded=[{_quoted(c.offloaded)}],",
+            '    offload_src="device",',
+            '    offload_dst="pinned_host",',
+            ")",
+        ]
+    elif c.base is None:
+        lines.append(f"policy = jax.checkpoint_policies.save_only_these_names({_quoted(c.saved)})")
+    else:
+        lines += [
+            "policy = jax.checkpoint_policies.save_from_both_policies(",
+            f"    jax.checkpoint_policies.save_only_these_names({_quoted(c.saved)}),",
+            f"    {_preset_expr(c.base)},",
+            ")",
+        ]
+    lines.append("layer = jax.checkpoint(layer, policy=policy)")
+    return "\n".join(lines)
+
+
+def maxtext_config(c: Candidate, names: tuple[str, ...]) -> str:
+    """The candidate as MaxText's `remat_policy: 'custom'` settings (YAML lines). Names that are not
+    MaxText keys, and what a preset saves beyond names, are comments: MaxText cannot take them."""
+    if c.kind is CandidateKind.PRESET and c.policy == "nothing_saveable":
+        return "remat_policy: 'full'"
+    setting = {n: "remat" for n in names}
+    setting.update({n: "device" for n in c.saved})
+    setting.update({n: "offload" for n in c.offloaded})
+    lines = ["remat_policy: 'custom'"]
+    if "decoder_layer_input" not in setting:
+        lines.append("decoder_layer_input: 'device'")
+    lines += [f"{k}: '{setting[k]}'" for k in MAXTEXT_KEYS if k in setting]
+    others = [f"{n}: '{setting[n]}'" for n in names if n not in MAXTEXT_KEYS]
+    if others:
+        lines.append("# names of this model that are not MaxText keys:")
+        lines += [f"#   {o}" for o in others]
+    preset = c.policy if c.kind is CandidateKind.PRESET else c.base
+    if preset is not None:
+        lines.append(f"# {preset} saves more than names: MaxText's custom policy has no key for it")
+    return "\n".join(lines)
+
+
+def render_recommend_json(rec: Recommendation) -> str:
+    """Strict JSON (no NaN), keys in a fixed order: the same record always gives the same text."""
+    doc = rec.to_dict()
+    shown = rec.recommended or rec.closest
+    key = "recommended" if rec.recommended is not None else "closest"
+    if shown is not None:
+        doc[key] = {**candidate_dict(shown), "python": python_snippet(shown),
+                    "maxtext": maxtext_config(shown, rec.names)}
+    return json.dumps(doc, indent=2, allow_nan=False) + "\n"
+
+
+def _indent(text: str) -> str:
+    return "\n".join("    " + line for line in text.splitlines())
+
+
+def render_recommend_text(rec: Recommendation, width: int = 80) -> str:
+    """The terminal report, plain text within `width` columns (the plot is 80 wide at most)."""
+    out = [f"recommend {rec.target or 'function'}: budget {format_bytes(rec.budget_bytes)}"
+           + (" per device" if rec.mesh is not None else ""),
+           f"{len(rec.evaluated)} policies analysed (at most {rec.max_evals}), each by JAX's own linearization"]
+    if rec.skipped_names:
+        out.append(f"names a spec cannot spell, left out: {', '.join(rec.skipped_names)}")
+    shown = rec.recommended or rec.closest
+    if rec.recommended is None:
+        out.append("nothing fits the budget; the closest candidate:")
+    if shown is not None:
+        out += [
+            "",
+            f"{'recommended' if rec.recommended is not None else 'closest'}: --policy {shown.policy}",
+            f"  activation bytes {format_bytes(shown.activation_bytes)} ({shown.activation_bytes} B)"
+            + (f", host {format_bytes(shown.host_bytes)}" if shown.host_bytes else ""),
+            f"  recompute {format_flops(shown.recompute_flops)} ({shown.recompute_percent:.1f}% of the forward pass)",
+            "",
+            "python:",
+            _indent(python_snippet(shown)),
+            "",
+            "MaxText (base.yml remat settings):",
+            _indent(maxtext_config(shown, rec.names)),
+        ]
+    out += ["", "Pareto frontier (activation bytes vs recompute FLOPs, every point analysed):"]
+    for c in rec.frontier:
+        mark = "*" if c == rec.recommended else " "
+        host = f"  host {format_bytes(c.host_bytes)}" if c.host_bytes else ""
+        fit = "" if c.fits else "  over budget"
+        out.append(f" {mark} {format_bytes(c.activation_bytes):>10}  {format_flops(c.recompute_flops):>12}"
+                   f"  {c.recompute_percent:5.1f}%  {c.policy}{host}{fit}")
+    out += ["", render_frontier_plot(rec, width=min(width, 80))]
+    return "\n".join(out) + "\n"

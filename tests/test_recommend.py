@@ -1,0 +1,196 @@
+"""recommend: the least recompute that fits a budget, its frontier, its spec, snippet and JSON.
+
+The model is sample_models/eight_names.py at four layers (batch 4, input width 32): layer i's GEMM
+output is named `layer{i}`, widths 48, 160, 24, 96 (float32), so saving layer i keeps 4*4*width
+bytes and spares the backward pass layer i's GEMM: 2*4*K*N FLOPs.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+
+import jax
+import pytest
+
+from sample_models import eight_names
+from te_ckpt_audit._analysis import analyse
+from te_ckpt_audit._recommend import (
+    CandidateKind,
+    Recommendation,
+    pareto_frontier,
+    recommend,
+    spec_text,
+)
+from te_ckpt_audit._trace import Traced, trace
+from te_ckpt_audit.errors import PolicySpecError, UsageError
+from te_ckpt_audit.policies import SaveFromBoth
+from te_ckpt_audit.render_recommend import maxtext_config, python_snippet, render_recommend_json
+from te_ckpt_audit.report import Scope
+from te_ckpt_audit.specs import PolicySpec, SpecKind, resolve_policy
+
+BYTES = {"layer0": 4 * 48 * 4, "layer1": 4 * 160 * 4, "layer2": 4 * 24 * 4, "layer3": 4 * 96 * 4}
+GEMM = {"layer0": 2 * 4 * 32 * 48, "layer1": 2 * 4 * 48 * 160, "layer2": 2 * 4 * 160 * 24, "layer3": 2 * 4 * 24 * 96}
+# nothing_saveable reruns every forward equation but the loss's tail (square, sum, divide)
+NOTHING = 124192
+
+
+@functools.cache
+def four() -> Traced:
+    return trace(eight_names.loss, eight_names.loss_inputs(layers=4), "eight_names:loss")
+
+
+@functools.cache
+def exhaustive() -> Recommendation:
+    return recommend(four(), 10**12, exhaustive=True)
+
+
+def test_winner_is_exact_on_structured_fields() -> None:
+    # budget 3328 B: layer1+layer2 (2944 B) spares 61440+30720 FLOPs, more than any other subset that fits
+    rec = recommend(four(), 3328)
+    win = rec.recommended
+    assert win is not None
+    assert win.policy == "save_only_these_names:layer1,layer2"
+    assert win.kind is CandidateKind.NAMES
+    assert (win.saved, win.offloaded, win.base) == (("layer1", "layer2"), (), None)
+    assert win.activation_bytes == BYTES["layer1"] + BYTES["layer2"] == 2944
+    assert win.recompute_flops == NOTHING - GEMM["layer1"] - GEMM["layer2"] == 32032
+    assert win.host_bytes == 0 and win.fits
+    assert len(rec.evaluated) <= rec.max_evals
+    assert rec.names == ("layer0", "layer1", "layer2", "layer3")
+
+
+@pytest.mark.parametrize("budget", [1, 400, 1200, 2000, 3328, 4500, 5000, 6000, 13000])
+def test_same_optimum_as_exhaustive(budget: int) -> None:
+    every = [c for c in exhaustive().evaluated if c.error is None]
+    assert len(every) == len(set(c.policy for c in every)) >= 4 * 16
+    best = min(c.recompute_flops for c in every if c.activation_bytes <= budget)
+    rec = recommend(four(), budget)
+    assert rec.recommended is not None
+    assert rec.recommended.recompute_flops == best
+    assert rec.recommended.activation_bytes <= budget
+
+
+def test_every_frontier_point_is_an_analysis() -> None:
+    rec = recommend(four(), 3328)
+    assert rec.frontier == pareto_frontier(rec.evaluated)
+    sizes = [c.activation_bytes for c in rec.frontier]
+    flops = [c.recompute_flops for c in rec.frontier]
+    assert sizes == sorted(set(sizes)) and flops == sorted(set(flops), reverse=True)
+    assert rec.frontier[0].policy == "nothing_saveable" and rec.frontier[-1].policy == "everything_saveable"
+    for c in rec.frontier:  # the spec typed back into --policy gives the same figures
+        again = analyse(four(), resolve_policy(c.policy), Scope.AUTO)
+        assert (again.totals.activation_bytes, again.recompute_flops) == (c.activation_bytes, c.recompute_flops)
+    shown = {r.policy for r in rec.report.results}
+    assert {c.policy for c in rec.frontier} <= shown
+
+
+def test_combined_spec_is_a_named_hashable_policy() -> None:
+    text = "save_only_these_names:layer0,layer2+checkpoint_dots_and_te_gemms"
+    spec = resolve_policy(text)
+    assert spec.kind is SpecKind.POLICY and spec.names == ("layer0", "layer2")
+    assert isinstance(spec.policy, SaveFromBoth) and spec.policy.__name__ == text
+    hash(spec.policy)
+    assert spec_text("checkpoint_dots_and_te_gemms", ["layer0", "layer2"]) == text
+    result = analyse(four(), spec, Scope.AUTO)
+    dots = analyse(four(), resolve_policy("checkpoint_dots_and_te_gemms"), Scope.AUTO)
+    assert result.totals.activation_bytes >= dots.totals.activation_bytes
+    with pytest.raises(PolicySpecError, match="cannot be combined"):
+        resolve_policy("save_and_offload_only_these_names:save=a;offload=b+checkpoint_dots")
+    with pytest.raises(PolicySpecError, match="empty"):
+        resolve_policy("checkpoint_dots++checkpoint_dots")
+
+
+def _run_snippet(snippet: str) -> object:
+    namespace: dict[str, object] = {"layer": lambda x: x}
+    exec(snippet, namespace)  # noqa: S102 (our own generated code)
+    return namespace["policy"]
+
+
+@pytest.mark.parametrize("kind", list(CandidateKind))
+def test_snippet_builds_the_same_policy(kind: CandidateKind) -> None:
+    rec = recommend(four(), 1000, allow_offload=True)
+    some = [c for c in rec.evaluated if c.kind is kind][:3]
+    assert some
+    for c in some:
+        policy = _run_snippet(python_snippet(c))
+        again = analyse(four(), PolicySpec("snippet", SpecKind.POLICY, policy), Scope.AUTO)  # type: ignore[arg-type]
+        assert (again.totals.activation_bytes, again.totals.host_bytes, again.recompute_flops) == (
+            c.activation_bytes, c.host_bytes, c.recompute_flops)
+
+
+def test_offload_moves_names_to_host() -> None:
+    rec = recommend(four(), 1000, allow_offload=True)
+    win = rec.recommended
+    assert win is not None and win.kind is CandidateKind.OFFLOAD
+    # every name kept, on device or host: the recompute of saving all four names, nothing over 1000 B on device
+    assert win.recompute_flops == NOTHING - sum(GEMM.values())
+    assert win.activation_bytes <= 1000
+    assert win.activation_bytes + win.host_bytes == sum(BYTES.values())
+    policy = _run_snippet(python_snippet(win))
+    again = analyse(four(), PolicySpec("snippet", SpecKind.POLICY, policy), Scope.AUTO)  # type: ignore[arg-type]
+    assert (again.totals.activation_bytes, again.totals.host_bytes) == (win.activation_bytes, win.host_bytes)
+    config = maxtext_config(win, rec.names)
+    assert config.splitlines()[0] == "remat_policy: 'custom'"
+    assert all(f"#   {n}: 'offload'" in config for n in win.offloaded)
+
+
+def test_maxtext_keys() -> None:
+    rec = recommend(four(), 3328)
+    assert rec.recommended is not None
+    from te_ckpt_audit._recommend import Candidate
+
+    c = Candidate("save_only_these_names:qkv_proj,mlpwo", CandidateKind.NAMES, None, ("qkv_proj", "mlpwo"), (),
+                  0, 0, 0, 0, True)
+    assert maxtext_config(c, ("mlpwi", "mlpwo", "qkv_proj")).splitlines() == [
+        "remat_policy: 'custom'",
+        "decoder_layer_input: 'device'",
+        "mlpwi: 'remat'",
+        "mlpwo: 'device'",
+        "qkv_proj: 'device'",
+    ]
+
+
+def test_nothing_fits_gives_the_closest() -> None:
+    # under the model's own checkpoints (scope inner), every policy keeps each layer's input
+    from sample_models import gpt
+
+    traced = trace(gpt.loss, gpt.loss_inputs(layers=2, seq=8, d_model=32, d_ff=64, vocab=32), "gpt:loss")
+    rec = recommend(traced, 1, max_evals=6)
+    assert rec.recommended is None and not rec.fits
+    assert rec.closest is not None
+    assert rec.closest.activation_bytes == min(c.activation_bytes for c in rec.evaluated)
+    assert rec.closest.activation_bytes > 1
+    assert len(rec.evaluated) == 6
+
+
+@pytest.mark.parametrize("budget", [0, -5, math.nan, math.inf, -math.inf])
+def test_bad_budget(budget: float) -> None:
+    with pytest.raises(UsageError, match="budget"):
+        recommend(four(), budget)
+
+
+def test_bad_max_evals_and_empty_space() -> None:
+    with pytest.raises(UsageError, match="at least 1"):
+        recommend(four(), 1000, max_evals=0)
+    plain = trace(lambda x: jax.numpy.sum(jax.numpy.sin(x)), (jax.ShapeDtypeStruct((4,), "float32"),), "plain")
+    with pytest.raises(UsageError, match="no checkpoint names and no presets"):
+        recommend(plain, 1000, presets=())
+
+
+def test_json_shape_strict_and_deterministic() -> None:
+    rec = recommend(four(), 3328)
+    text = render_recommend_json(rec)
+    assert text == render_recommend_json(recommend(four(), 3328))
+    doc = json.loads(text, parse_constant=lambda c: pytest.fail(f"non-strict JSON constant {c}"))
+    assert doc["schema"] == "te-ckpt-audit-recommend/1"
+    assert doc["fits"] is True and doc["closest"] is None
+    win = doc["recommended"]
+    assert (win["policy"], win["activation_bytes"], win["recompute_flops"]) == (
+        "save_only_these_names:layer1,layer2", 2944, 32032)
+    assert win["python"].startswith("import jax\n") and win["maxtext"].startswith("remat_policy: 'custom'")
+    assert [(f["policy"], f["activation_bytes"], f["recompute_flops"]) for f in doc["frontier"]] == [
+        (c.policy, c.activation_bytes, c.recompute_flops) for c in rec.frontier
+    ]
+    assert doc["evaluations"] == len(doc["evaluated"]) == len(rec.evaluated)
