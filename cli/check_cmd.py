@@ -9,6 +9,7 @@ from typing import Annotated, assert_never
 import typer
 
 from te_ckpt_audit import DEFAULT_POLICIES, check_target
+from te_ckpt_audit._mesh import ensure_devices
 from te_ckpt_audit.config import load_config
 from te_ckpt_audit.errors import UsageError
 from te_ckpt_audit.gate import load_baseline, save_baseline
@@ -71,6 +72,9 @@ def check(
             )
         reference = load_baseline(cfg.baseline)
     runs: list[Run] = []
+    meshes = [t.mesh.devices for t in cfg.targets if t.mesh is not None]
+    if meshes:  # JAX reads its device count once: enough for the largest mesh, before the first
+        ensure_devices(max(meshes), [sys.executable, "-m", "te_ckpt_audit_cli", *sys.argv[1:]])
     with stdout_kept_for_the_report(), progress_on_stderr() as progress:
         for t in cfg.targets:
             runs.append(
@@ -86,6 +90,7 @@ def check(
                     overrides=t.defines,
                     scope=t.scope,
                     progress=progress,
+                    mesh=t.mesh,
                 )
             )
     emit(check_renderer(format)(runs), output)

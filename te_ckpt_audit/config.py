@@ -13,6 +13,7 @@
     budget = "8MiB"                               # every policy, or a table per policy:
     budgets = { checkpoint_dots = "4MiB" }
     max_recompute = 60.0
+    mesh = { data = 8, model = 4 }                # per-device figures on this mesh (like --mesh)
 
 Unknown keys are errors that name the key: a typo must not turn a gate off.
 """
@@ -26,12 +27,13 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from ._mesh import mesh_spec
 from .errors import UsageError
 from .gate import Budget, parse_size
-from .report import Scope
+from .report import MeshSpec, Scope
 
 _TOP_KEYS = {"targets", "baseline", "tolerance"}
-_TARGET_KEYS = {"target", "inputs", "defines", "policies", "scope", "budget", "budgets", "max_recompute"}
+_TARGET_KEYS = {"target", "inputs", "defines", "policies", "scope", "budget", "budgets", "max_recompute", "mesh"}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -43,6 +45,7 @@ class TargetConfig:
     scope: Scope
     budgets: tuple[Budget, ...]
     max_recompute: float | None
+    mesh: MeshSpec | None = None  # per-device figures on this mesh (like --mesh)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -121,6 +124,9 @@ def _target(raw: Any, i: int, p: Path) -> TargetConfig:
         raise UsageError(f"{p}: {where}.budgets must be a table", 'e.g. budgets = { checkpoint_dots = "4MiB" }')
     budgets += [Budget(parse_size(v), k) for k, v in per_policy.items()]
     max_recompute = raw.get("max_recompute")
+    mesh = raw.get("mesh")
+    if mesh is not None and not isinstance(mesh, dict):
+        raise UsageError(f"{p}: {where}.mesh must be a table, not {mesh!r}", "e.g. mesh = { data = 8, model = 4 }")
     return TargetConfig(
         target=target,
         inputs=inputs,
@@ -129,4 +135,5 @@ def _target(raw: Any, i: int, p: Path) -> TargetConfig:
         scope=scope,
         budgets=tuple(budgets),
         max_recompute=None if max_recompute is None else _number(max_recompute, "max_recompute", where, p),
+        mesh=None if mesh is None else mesh_spec(mesh, f"{p}: {where}.mesh"),
     )
