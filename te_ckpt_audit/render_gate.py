@@ -8,7 +8,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from .gate import Change, CheckResult, Violation
+from .gate import Change, CheckResult, Violation, gated_bytes
 from .render import md_table, format_bytes, format_percent, render_markdown
 from .report import AuditReport, ResidualKind, SourceLocation
 
@@ -39,13 +39,19 @@ def summary_rows(runs: Sequence[Run]) -> list[list[str]]:
                 [
                     report.target,
                     r.policy,
-                    format_bytes(r.totals.activation_bytes),
+                    _gated(r),
                     format_percent(r.recompute_percent),
                     _change_text(changes.get(r.policy)),
                     "FAIL" if r.policy in failed else "ok",
                 ]
             )
     return rows
+
+
+
+def _gated(r: Any) -> str:
+    """The activation bytes the gate holds: "84 KiB/device" on a mesh."""
+    return format_bytes(gated_bytes(r)) + ("" if r.totals.activation_bytes_per_device is None else "/device")
 
 
 SUMMARY_HEADERS = ["target", "policy", "activation", "recompute", "vs baseline", "status"]
@@ -103,7 +109,7 @@ def render_check_github(runs: Sequence[Run]) -> str:
     lines += [
         f"::notice title={_escape('te-ckpt-audit: ' + report.target, True)}::"
         + _escape(
-            f"{r.policy}: activation {format_bytes(r.totals.activation_bytes)}, "
+            f"{r.policy}: activation {_gated(r)}, "
             f"recompute {format_percent(r.recompute_percent)} of forward FLOPs"
         )
         for report, _ in runs
