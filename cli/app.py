@@ -15,6 +15,7 @@ from .audit_cmd import audit
 from .check_cmd import check
 from .options import ExitCode
 from .policies_cmd import policies
+from .recommend_cmd import recommend
 from te_ckpt_audit import AuditError, emulation, parse_mesh
 from te_ckpt_audit._mesh import ensure_devices
 
@@ -65,6 +66,7 @@ app = typer.Typer(
 app.command(DEFAULT_COMMAND, short_help="Compare checkpoint policies on TARGET (the default command).")(audit)
 app.command("check", short_help="Gate CI on every target of [tool.te-ckpt-audit] in pyproject.toml.")(check)
 app.command("policies", short_help="List every policy spec --policy understands.")(policies)
+app.command("recommend", short_help="Find the policy that fits --budget with the least recompute.")(recommend)
 
 
 def _emulate_gpu(argv: list[str]) -> tuple[str | None, list[str]]:

@@ -104,7 +104,9 @@ def render_plot(points: Sequence[PlotPoint], budget: int | None = None, width: i
     lines.append(" " * (gutter + 1) + left + right.rjust(cols - len(left)))
     lines.append(" " * (gutter + 1) + "activation bytes →   ↑ recompute FLOPs"
                  + (f"   ┊ budget {format_bytes(budget)}" if budget is not None else ""))
-    legend = [f"{letter} {label}" + (f" (under {under[letter]})" if letter in under else "")
+    winners = {p.label for p in points if p.winner}
+    legend = [f"{letter} {label}" + (" (★)" if label in winners else f" (under {under[letter]})"
+                                     if letter in under else "")
               for label, letter in letters.items()]
     legend += ["★ recommended", "● frontier", "· other analysed"]
     line = ""

@@ -1,0 +1,341 @@
+"""The HTML report: one self-contained file (inline CSS and SVG; no script, no network, no URL).
+
+`render_audit_html(report)` and `render_recommend_html(recommendation)` are pure functions of the
+records. The page holds the frontier plot (activation bytes vs recompute FLOPs), activation bytes
+by producer per policy as stacked bars, the largest residuals by module path, and the
+per-equation marks table.
+
+    >>> from te_ckpt_audit.report import AuditReport
+    >>> page = render_audit_html(AuditReport("t", (), "0", "none", (), ()))
+    >>> page.startswith("<!DOCTYPE html>") and "<script" not in page
+    True
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Sequence
+
+from ._recommend import Recommendation
+from .render import format_bytes, format_flops, format_percent
+from .render_plot import PlotPoint, recommendation_points, report_points
+from .render_recommend import maxtext_config, python_snippet
+from .report import AuditReport, Category, Outcome, PolicyResult, ResidualKind
+
+MAX_EQUATIONS = 2000  # rows of the marks table; a note says how many more there are
+TOP_MODULES = 15
+COLOURS = {Category.TE_GEMM: "#c0392b", Category.DOT: "#2e86c1", Category.NAMED: "#27ae60", Category.OTHER: "#95a5a6"}
+PRODUCER_WORDS = {Category.TE_GEMM: "TE GEMM", Category.DOT: "dot", Category.NAMED: "named", Category.OTHER: "other"}
+OUTCOME_CLASS = {Outcome.SAVED: "s", Outcome.OFFLOADED: "o", Outcome.RECOMPUTED: "r", Outcome.NOT_NEEDED: "n"}
+OUTCOME_MARK = {Outcome.SAVED: "S", Outcome.OFFLOADED: "O", Outcome.RECOMPUTED: "R", Outcome.NOT_NEEDED: "·"}
+
+STYLE = """
+body{font:14px/1.45 system-ui,-apple-system,'Segoe UI',sans-serif;margin:24px auto;max-width:1200px;
+color:#1c2833;padding:0 16px}
+h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #d5d8dc}
+.meta{color:#566573;margin:0 0 12px}
+.win{background:#eafaf1;border:1px solid #82e0aa;border-radius:6px;padding:10px 14px}
+.miss{background:#fdedec;border:1px solid #f1948a;border-radius:6px;padding:10px 14px}
+pre{background:#f4f6f7;border:1px solid #e5e8e8;padding:8px 10px;overflow-x:auto;font-size:12.5px}
+code{font-size:13px}
+table{border-collapse:collapse;font-size:12.5px}
+th,td{border:1px solid #e5e8e8;padding:2px 6px;text-align:left;white-space:nowrap}
+th{background:#f4f6f7;position:sticky;top:0}
+td.num{text-align:right;font-variant-numeric:tabular-nums}
+td.s{background:#d4efdf}td.o{background:#d6eaf8}td.r{background:#fadbd8}td.n{color:#aab7b8}
+.scroll{overflow-x:auto;max-height:720px;overflow-y:auto;border:1px solid #e5e8e8}
+svg text{font:11px system-ui,sans-serif;fill:#1c2833}
+.legend span{display:inline-block;margin-right:14px}
+.sw{display:inline-block;width:11px;height:11px;margin-right:4px;vertical-align:-1px}
+"""
+
+
+def _e(text: object) -> str:
+    return html.escape(str(text), quote=True)
+
+
+def _page(title: str, body: Sequence[str]) -> str:
+    return (
+        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+        f"<title>{_e(title)}</title>\n<style>{STYLE}</style>\n</head>\n<body>\n"
+        + "\n".join(body)
+        + "\n</body>\n</html>\n"
+    )
+
+
+# --- the frontier plot -------------------------------------------------------------------------
+
+
+def frontier_svg(points: Sequence[PlotPoint], budget: int | None = None, width: int = 900, height: int = 420) -> str:
+    """Activation bytes (x) against recompute FLOPs (y): presets labelled, the frontier joined as a
+    staircase, the winner a star, the budget a dashed line."""
+    if not points:
+        return "<p>No policy could be analysed.</p>"
+    left, right, top, bottom = 90, 240, 16, 44
+    pw, ph = width - left - right, height - top - bottom
+    x_max = max([p.activation_bytes for p in points] + [budget or 0, 1])
+    y_max = max(max(p.recompute_flops for p in points), 1)
+
+    def x(v: int) -> float:
+        return left + v / x_max * pw
+
+    def y(v: int) -> float:
+        return top + (1 - v / y_max) * ph
+
+    out = [f'<svg width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img" '
+           'aria-label="activation bytes against recompute FLOPs">']
+    out.append(f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="#fbfcfc" stroke="#d5d8dc"/>')
+    for i in range(5):
+        gx, gy = left + pw * i / 4, top + ph * i / 4
+        out.append(f'<line x1="{gx:.1f}" y1="{top}" x2="{gx:.1f}" y2="{top + ph}" stroke="#eaeded"/>')
+        out.append(f'<line x1="{left}" y1="{gy:.1f}" x2="{left + pw}" y2="{gy:.1f}" stroke="#eaeded"/>')
+        tick = format_bytes(round(x_max * i / 4))
+        out.append(f'<text x="{gx:.1f}" y="{top + ph + 16}" text-anchor="middle">{_e(tick)}</text>')
+        out.append(f'<text x="{left - 6}" y="{gy + 4:.1f}" text-anchor="end">'
+                   f'{_e(format_flops(round(y_max * (4 - i) / 4)))}</text>')
+    out.append(f'<text x="{left + pw / 2}" y="{height - 6}" text-anchor="middle">activation bytes →</text>')
+    out.append(f'<text x="14" y="{top + ph / 2}" transform="rotate(-90 14 {top + ph / 2})" '
+               'text-anchor="middle">recompute FLOPs →</text>')
+    if budget is not None:
+        bx = x(budget)
+        out.append(f'<line x1="{bx:.1f}" y1="{top}" x2="{bx:.1f}" y2="{top + ph}" stroke="#e67e22" '
+                   'stroke-dasharray="5 4" stroke-width="1.5"/>')
+        out.append(f'<text x="{bx + 4:.1f}" y="{top + 12}" fill="#e67e22">budget {_e(format_bytes(budget))}</text>')
+    front = sorted((p for p in points if p.frontier), key=lambda p: p.activation_bytes)
+    if len(front) > 1:
+        path = [f"M{x(front[0].activation_bytes):.1f},{y(front[0].recompute_flops):.1f}"]
+        for p in front[1:]:
+            path.append(f"H{x(p.activation_bytes):.1f}V{y(p.recompute_flops):.1f}")
+        out.append(f'<path d="{"".join(path)}" fill="none" stroke="#5d6d7e" stroke-width="1.2"/>')
+    labels: list[tuple[float, float, str]] = []
+    for p in sorted(points, key=lambda p: (p.winner, p.preset, p.frontier)):
+        px, py = x(p.activation_bytes), y(p.recompute_flops)
+        tip = f"{p.label}: {format_bytes(p.activation_bytes)}, {format_flops(p.recompute_flops)}"
+        if p.winner:
+            star = _star(px, py, 9)
+            out.append(f'<polygon points="{star}" fill="#f1c40f" stroke="#7d6608"><title>{_e(tip)}</title></polygon>')
+        else:
+            fill = "#2c3e50" if p.frontier else "#bdc3c7"
+            r = 4.5 if p.preset or p.frontier else 3
+            shape = (f'<rect x="{px - r:.1f}" y="{py - r:.1f}" width="{2 * r}" height="{2 * r}"' if p.preset
+                     else f'<circle cx="{px:.1f}" cy="{py:.1f}" r="{r}"')
+            out.append(f'{shape} fill="{fill}" fill-opacity="0.85"><title>{_e(tip)}</title>'
+                       f'{"</rect>" if p.preset else "</circle>"}')
+        if p.preset or p.winner:
+            labels.append((px, py, p.label))
+    out += _labels(labels, left + pw, top, top + ph)
+    out.append("</svg>")
+    legend = ('<p class="legend"><span>■ preset</span><span>● frontier</span><span style="color:#95a5a6">'
+              '● other analysed</span><span style="color:#b7950b">★ recommended</span>'
+              '<span style="color:#e67e22">┊ budget</span></p>')
+    return "\n".join(out) + "\n" + legend
+
+
+def _star(cx: float, cy: float, r: float) -> str:
+    pts = []
+    for i in range(10):
+        radius = r if i % 2 == 0 else r * 0.45
+        angle = math.pi / 2 + i * math.pi / 5
+        pts.append(f"{cx + radius * math.cos(angle):.1f},{cy - radius * math.sin(angle):.1f}")
+    return " ".join(pts)
+
+
+def _labels(labels: list[tuple[float, float, str]], right_edge: float, top: float, bottom: float) -> list[str]:
+    """Labels in the right margin, stacked without overlap, each joined to its point by a leader."""
+    out = []
+    placed: list[float] = []
+    for px, py, text in sorted(labels, key=lambda t: (t[1], t[2])):
+        ly = max(py, (placed[-1] + 13) if placed else top + 8)
+        ly = min(ly, bottom + 30)
+        placed.append(ly)
+        lx = right_edge + 10
+        out.append(f'<line x1="{px:.1f}" y1="{py:.1f}" x2="{lx - 2:.1f}" y2="{ly - 4:.1f}" stroke="#aeb6bf" '
+                   'stroke-width="0.7"/>')
+        short = text if len(text) <= 36 else text[:35] + "…"
+        out.append(f'<text x="{lx:.1f}" y="{ly:.1f}">{_e(short)}<title>{_e(text)}</title></text>')
+    return out
+
+
+# --- activation bytes by producer --------------------------------------------------------------
+
+
+def _by_category(r: PolicyResult) -> list[tuple[Category, int]]:
+    t = r.totals
+    return [(Category.TE_GEMM, t.te_gemm_bytes), (Category.DOT, t.dot_bytes), (Category.NAMED, t.named_bytes),
+            (Category.OTHER, t.other_bytes)]
+
+
+def producer_bars_svg(results: Sequence[PolicyResult], width: int = 900) -> str:
+    """One stacked bar per policy: its activation bytes split by producer."""
+    ok = [r for r in results if r.error is None]
+    if not ok:
+        return "<p>No policy could be analysed.</p>"
+    label_w, bar_h, gap, top = 300, 18, 6, 8
+    pw = width - label_w - 110
+    most = max([r.totals.activation_bytes for r in ok] + [1])
+    height = top + len(ok) * (bar_h + gap) + 8
+    out = [f'<svg width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img" '
+           'aria-label="activation bytes by producer per policy">']
+    for i, r in enumerate(ok):
+        y0 = top + i * (bar_h + gap)
+        name = r.policy if len(r.policy) <= 46 else r.policy[:45] + "…"
+        out.append(f'<text x="{label_w - 8}" y="{y0 + 13}" text-anchor="end">{_e(name)}'
+                   f"<title>{_e(r.policy)}</title></text>")
+        x0 = float(label_w)
+        for cat, b in _by_category(r):
+            if b <= 0:
+                continue
+            w = b / most * pw
+            out.append(f'<rect x="{x0:.1f}" y="{y0}" width="{max(w, 0.5):.1f}" height="{bar_h}" fill="{COLOURS[cat]}">'
+                       f'<title>{_e(PRODUCER_WORDS[cat])}: {_e(format_bytes(b))}</title></rect>')
+            x0 += w
+        out.append(f'<text x="{x0 + 6:.1f}" y="{y0 + 13}">{_e(format_bytes(r.totals.activation_bytes))}</text>')
+    out.append("</svg>")
+    legend = "".join(f'<span><i class="sw" style="background:{COLOURS[c]}"></i>{PRODUCER_WORDS[c]}</span>'
+                     for c in Category)
+    return "\n".join(out) + f'\n<p class="legend">{legend}</p>'
+
+
+# --- tables ------------------------------------------------------------------------------------
+
+
+def modules_table(results: Sequence[PolicyResult], top: int = TOP_MODULES) -> str:
+    """Activation and host residual bytes by module path, per policy: the largest first."""
+    ok = [r for r in results if r.error is None]
+    kept: dict[str, list[int]] = {}
+    count: dict[str, int] = {}
+    for i, result in enumerate(ok):
+        for res in result.residuals:
+            if res.kind not in (ResidualKind.ACTIVATION, ResidualKind.HOST):
+                continue
+            key = res.module or "(no module)"
+            kept.setdefault(key, [0] * len(ok))[i] += res.bytes
+            count[key] = count.get(key, 0) + 1
+    if not kept:
+        return "<p>No policy keeps an activation.</p>"
+    ranked = sorted(kept, key=lambda k: (-max(kept[k]), k))[:top]
+    head = "".join(f"<th>{_e(r.policy)}</th>" for r in ok)
+    rows = []
+    for k in ranked:
+        cells = "".join(f'<td class="num">{_e(format_bytes(b)) if b else ""}</td>' for b in kept[k])
+        rows.append(f"<tr><td><code>{_e(k)}</code></td>{cells}</tr>")
+    return (f'<div class="scroll"><table><thead><tr><th>module path</th>{head}</tr></thead><tbody>'
+            + "".join(rows) + "</tbody></table></div>")
+
+
+def top_residuals_table(result: PolicyResult, top: int = 15) -> str:
+    """The largest residuals of one policy, with their module path, name and source line."""
+    rs = sorted((r for r in result.residuals if r.kind in (ResidualKind.ACTIVATION, ResidualKind.HOST)),
+                key=lambda r: (-r.bytes, r.equation or ""))[:top]
+    if not rs:
+        return f"<p>{_e(result.policy)} keeps no activation.</p>"
+    rows = []
+    for r in rs:
+        where = r.source or r.frame
+        rows.append(
+            f'<tr><td class="num">{_e(format_bytes(r.bytes))}</td><td><code>{_e(r.module or "")}</code></td>'
+            f"<td>{_e(r.name or '')}</td><td>{_e(r.primitive or '')}</td>"
+            f"<td>{_e(r.dtype)}{_e(list(r.shape))}</td><td>{_e(r.kind.value)}</td><td>{_e(where or '')}</td></tr>"
+        )
+    return ("<table><thead><tr><th>bytes</th><th>module path</th><th>name</th><th>producer</th><th>value</th>"
+            "<th>kind</th><th>source</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
+
+
+def marks_table(report: AuditReport, limit: int = MAX_EQUATIONS) -> str:
+    """Every forward equation and what each policy does with it: S saved, O offloaded, R recomputed."""
+    ok = [r for r in report.results if r.error is None]
+    outcomes = [{m.equation: m.outcome for m in r.marks} for r in ok]
+    head = "".join(f'<th title="{_e(r.policy)}">{i + 1}</th>' for i, r in enumerate(ok))
+    rows = []
+    for e in report.equations[:limit]:
+        cells = []
+        for o in outcomes:
+            out = o.get(e.id)
+            cells.append(f'<td class="{OUTCOME_CLASS[out]}">{OUTCOME_MARK[out]}</td>' if out else "<td></td>")
+        rows.append(
+            f"<tr><td>{_e(e.id)}</td><td>{_e(e.primitive)}</td><td>{_e(e.dtype)}{_e(list(e.shape))}</td>"
+            f"<td>{_e(e.name or '')}</td><td><code>{_e(e.module or '')}</code></td>"
+            f'<td class="num">{_e(format_flops(e.flops * e.multiplicity))}</td>{"".join(cells)}</tr>'
+        )
+    more = len(report.equations) - limit
+    note = f"<p>{more} more equations not shown.</p>" if more > 0 else ""
+    key = "".join(f"<li><b>{i + 1}</b> <code>{_e(r.policy)}</code></li>" for i, r in enumerate(ok))
+    return (f"<ol style=\"list-style:none;padding:0\">{key}</ol>"
+            '<p class="legend"><span class="sw" style="background:#d4efdf"></span>S saved '
+            '<span class="sw" style="background:#d6eaf8"></span>O offloaded '
+            '<span class="sw" style="background:#fadbd8"></span>R recomputed · not needed</p>'
+            '<div class="scroll"><table><thead><tr><th>equation</th><th>primitive</th><th>value</th><th>name</th>'
+            f"<th>module path</th><th>FLOPs</th>{head}</tr></thead><tbody>" + "".join(rows)
+            + "</tbody></table></div>" + note)
+
+
+def _sections(
+    report: AuditReport, points: Sequence[PlotPoint], budget: int | None, focus: PolicyResult | None
+) -> list[str]:
+    out = ["<h2>Frontier: activation bytes against recompute</h2>", frontier_svg(points, budget),
+           "<h2>Activation bytes by producer</h2>", producer_bars_svg(report.results),
+           "<h2>Largest residuals by module path</h2>", modules_table(report.results)]
+    if focus is not None:
+        out += [f"<h2>Largest residuals of <code>{_e(focus.policy)}</code></h2>", top_residuals_table(focus)]
+    out += ["<h2>Per-equation marks</h2>", marks_table(report)]
+    return out
+
+
+def _meta(report: AuditReport) -> str:
+    args = ", ".join(report.arguments)
+    return (f'<p class="meta">jax {_e(report.jax_version)} · TE: {_e(report.te)} · forward '
+            f"{_e(format_flops(report.forward_flops))} · arguments: <code>{_e(args)}</code></p>")
+
+
+def render_audit_html(report: AuditReport) -> str:
+    """The audit as one self-contained HTML page."""
+    body = [f"<h1>te-ckpt-audit: {_e(report.target or 'function')}</h1>", _meta(report)]
+    rows = "".join(
+        f"<tr><td><code>{_e(r.policy)}</code></td><td class=\"num\">{_e(format_bytes(r.totals.activation_bytes))}</td>"
+        f"<td class=\"num\">{_e(format_bytes(r.totals.host_bytes))}</td>"
+        f"<td class=\"num\">{_e(format_flops(r.recompute_flops))}</td>"
+        f"<td class=\"num\">{_e(format_percent(r.recompute_percent))}</td><td>{_e(r.error or '')}</td></tr>"
+        for r in report.results
+    )
+    body.append("<h2>Policies</h2><table><thead><tr><th>policy</th><th>activation</th><th>host</th>"
+                f"<th>recompute</th><th>% of forward</th><th>error</th></tr></thead><tbody>{rows}</tbody></table>")
+    body += _sections(report, report_points(report), None, None)
+    return _page(f"te-ckpt-audit: {report.target}", body)
+
+
+def render_recommend_html(rec: Recommendation) -> str:
+    """The recommendation as one self-contained HTML page: the winner (or the closest), how to
+    use it, and the frontier with the full analysis of each of its points."""
+    report = rec.report
+    shown = rec.recommended or rec.closest
+    budget = format_bytes(rec.budget_bytes) + (" per device" if rec.mesh is not None else "")
+    body = [f"<h1>te-ckpt-audit recommend: {_e(rec.target or 'function')}</h1>", _meta(report),
+            f'<p class="meta">budget {_e(budget)} · {len(rec.evaluated)} policies analysed (at most '
+            f"{rec.max_evals}), each by JAX's own linearization</p>"]
+    if shown is not None:
+        cls, word = ("win", "Recommended") if rec.recommended is not None else ("miss", "Nothing fits; closest")
+        host = f" · host {format_bytes(shown.host_bytes)}" if shown.host_bytes else ""
+        body.append(
+            f'<div class="{cls}"><b>{word}:</b> <code>--policy {_e(shown.policy)}</code><br>'
+            f"activation {_e(format_bytes(shown.activation_bytes))}{_e(host)} · recompute "
+            f"{_e(format_flops(shown.recompute_flops))} ({_e(format_percent(shown.recompute_percent))} of the "
+            "forward pass)</div>"
+        )
+        body += ["<h2>Python</h2>", f"<pre>{_e(python_snippet(shown))}</pre>",
+                 "<h2>MaxText remat settings</h2>", f"<pre>{_e(maxtext_config(shown, rec.names))}</pre>"]
+    rows = "".join(
+        f"<tr><td>{'★' if c == rec.recommended else ''}</td><td><code>{_e(c.policy)}</code></td>"
+        f"<td class=\"num\">{_e(format_bytes(c.activation_bytes))}</td>"
+        f"<td class=\"num\">{_e(format_bytes(c.host_bytes))}</td>"
+        f"<td class=\"num\">{_e(format_flops(c.recompute_flops))}</td>"
+        f"<td class=\"num\">{_e(format_percent(c.recompute_percent))}</td><td>{'yes' if c.fits else 'no'}</td></tr>"
+        for c in rec.frontier
+    )
+    body.append("<h2>Pareto frontier</h2><table><thead><tr><th></th><th>policy</th><th>activation</th><th>host</th>"
+                f"<th>recompute</th><th>% of forward</th><th>fits</th></tr></thead><tbody>{rows}</tbody></table>")
+    focus = None
+    if shown is not None:
+        focus = next((r for r in report.results if r.policy == shown.policy), None)
+    body += _sections(report, recommendation_points(rec), rec.budget_bytes, focus)
+    return _page(f"te-ckpt-audit recommend: {rec.target}", body)
