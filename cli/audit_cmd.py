@@ -10,6 +10,7 @@ from rich.console import Console
 from te_ckpt_audit import DEFAULT_POLICIES, AuditReport, Scope, check_target
 from te_ckpt_audit.gate import CheckResult, load_baseline, parse_budget, save_baseline
 from te_ckpt_audit.render import render_json, render_markdown
+from te_ckpt_audit.render_html import render_audit_html
 from te_ckpt_audit.render_gate import render_audit_check_markdown, render_check_github
 
 from . import options as opt
@@ -31,6 +32,8 @@ def renderer(fmt: OutputFormat, view: TableView) -> Callable[[AuditReport, Check
             )
         case OutputFormat.GITHUB:
             return lambda report, gate: render_check_github([(report, gate or CheckResult(report.target, (), ()))])
+        case OutputFormat.HTML:
+            return lambda report, _: render_audit_html(report)
         case _:
             assert_never(fmt)
 

@@ -43,6 +43,8 @@ def check_renderer(fmt: OutputFormat) -> Callable[[Sequence[Run]], str]:
             return render_check_markdown
         case OutputFormat.GITHUB:
             return render_check_github
+        case OutputFormat.HTML:
+            raise UsageError("--format html shows one target", "use `te-ckpt-audit audit TARGET --format html`")
         case _:
             assert_never(fmt)
 
@@ -60,6 +62,7 @@ def check(
     """Audit every target declared in [tool.te-ckpt-audit] of pyproject.toml against its budgets
     and the baseline; exit 1 if any check fails. --format markdown suits $GITHUB_STEP_SUMMARY,
     --format github prints annotations."""
+    render = check_renderer(format)  # --format html fails here, before any target runs
     cfg = load_config(config)
     reference = None
     if save_baseline_flag and cfg.baseline is None:
@@ -93,7 +96,7 @@ def check(
                     mesh=t.mesh,
                 )
             )
-    emit(check_renderer(format)(runs), output)
+    emit(render(runs), output)
     if save_baseline_flag:
         assert cfg.baseline is not None
         save_baseline(cfg.baseline, [(result.key, report) for report, result in runs if result.key is not None])

@@ -20,6 +20,7 @@ class OutputFormat(enum.StrEnum):
     JSON = "json"
     MARKDOWN = "markdown"
     GITHUB = "github"  # GitHub Actions annotations for check failures and warnings
+    HTML = "html"  # one self-contained page (inline SVG, no network): audit only
 
 
 class ExitCode(enum.IntEnum):
@@ -111,7 +112,8 @@ Format = Annotated[
         "--format",
         "-f",
         help="table for a terminal, json for machines, markdown for a CI summary, github for "
-        "GitHub Actions annotations (::error at the model line of the largest residual).",
+        "GitHub Actions annotations (::error at the model line of the largest residual), html for "
+        "one self-contained page (audit only).",
     ),
 ]
 Budgets = Annotated[
