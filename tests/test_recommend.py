@@ -26,6 +26,7 @@ from te_ckpt_audit._recommend import (
 from te_ckpt_audit._trace import Traced, trace
 from te_ckpt_audit.errors import PolicySpecError, UsageError
 from te_ckpt_audit.policies import SaveFromBoth
+from te_ckpt_audit.render import format_bytes
 from te_ckpt_audit.render_recommend import maxtext_config, python_snippet, render_recommend_json
 from te_ckpt_audit.report import Scope
 from te_ckpt_audit.specs import PolicySpec, SpecKind, resolve_policy
@@ -194,3 +195,97 @@ def test_json_shape_strict_and_deterministic() -> None:
         (c.policy, c.activation_bytes, c.recompute_flops) for c in rec.frontier
     ]
     assert doc["evaluations"] == len(doc["evaluated"]) == len(rec.evaluated)
+
+
+# --- the command ---------------------------------------------------------------------------------
+
+from pathlib import Path  # noqa: E402
+
+from typer.testing import CliRunner, Result  # noqa: E402
+
+from te_ckpt_audit_cli.app import app  # noqa: E402
+from te_ckpt_audit_cli.options import ExitCode  # noqa: E402
+from te_ckpt_audit_cli.recommend_cmd import RecommendFormat, renderer  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+EIGHT = str(ROOT / "sample_models" / "eight_names.py") + ":loss"
+PREFIX = "te-ckpt-audit: error: "
+
+
+def cli(*args: str) -> Result:
+    return CliRunner().invoke(app, ["recommend", *args])
+
+
+def test_cli_prints_spec_snippet_maxtext_frontier_and_plot() -> None:
+    result = cli(EIGHT, "-D", "layers=4", "--budget", "3328B")
+    assert result.exit_code == ExitCode.OK, result.stderr
+    out = result.stdout
+    assert "recommended: --policy save_only_these_names:layer1,layer2\n" in out
+    assert '    policy = jax.checkpoint_policies.save_only_these_names("layer1", "layer2")\n' in out
+    assert "    remat_policy: 'custom'\n" in out and "#   layer1: 'device'\n" in out
+    plot = out.rstrip("\n").rsplit("\n\n", 1)[1]  # the plot is the last paragraph
+    assert plot.splitlines()[0].endswith("│A") or "│" in plot.splitlines()[0]
+    assert max(len(line) for line in plot.splitlines()) <= 80
+    assert "A nothing_saveable" in plot and "★" in plot and "┊ budget 3.25 KiB" in plot
+
+
+def test_cli_nothing_fits_exits_1_with_the_closest() -> None:
+    gpt = str(ROOT / "sample_models" / "gpt.py") + ":loss"
+    small = ["-D", "layers=2", "-D", "seq=8", "-D", "d_model=32", "-D", "d_ff=64", "-D", "vocab=32"]
+    result = cli(gpt, *small, "--budget", "1B", "--max-evals", "3", "-f", "json")
+    assert result.exit_code == ExitCode.CHECK_FAILED
+    doc = json.loads(result.stdout)
+    assert doc["recommended"] is None and doc["fits"] is False
+    closest = doc["closest"]
+    assert closest["activation_bytes"] == min(c["activation_bytes"] for c in doc["evaluated"])
+    assert result.stderr.splitlines() == [
+        f"te-ckpt-audit: nothing fits 1 B; closest: {closest['policy']} at "
+        f"{format_bytes(closest['activation_bytes'])}"
+    ]
+
+
+NO_NAMES = """\
+import jax
+import jax.numpy as jnp
+
+
+def loss(x):
+    return jnp.sum(jnp.sin(jnp.sin(x)))
+
+
+def loss_inputs():
+    return (jax.ShapeDtypeStruct((8,), jnp.float32),)
+"""
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--budget", "0"], "budget must be a finite size above zero"),
+        (["--budget", "0GiB"], "budget must be a finite size above zero"),
+        (["--budget", "-1"], "not a size"),
+        (["--budget", "nan"], "not a size"),
+        (["--budget", "inf"], "not a size"),
+        (["--budget", "1KiB", "--max-evals", "0"], "max evaluations must be at least 1"),
+        (["--budget", "1KiB", "--no-presets"], "plain.py:loss has no checkpoint names and no presets"),
+    ],
+)
+def test_cli_bad_input_is_one_line_and_exit_2(
+    args: list[str], message: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "plain.py").write_text(NO_NAMES)
+    result = cli("plain.py:loss", *args)
+    assert result.exit_code == ExitCode.USAGE
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(PREFIX + message), result.stderr
+    assert result.stdout == ""
+
+
+@pytest.mark.parametrize("fmt", list(RecommendFormat))
+def test_every_format_is_handled(fmt: RecommendFormat, tmp_path: Path) -> None:
+    assert renderer(fmt) is not None
+    out = tmp_path / f"report.{fmt.value}"
+    result = cli(EIGHT, "-D", "layers=4", "--budget", "3328", "-f", fmt.value, "-o", str(out), "--max-evals", "12")
+    assert result.exit_code == ExitCode.OK, result.stderr
+    assert "save_only_these_names:layer1" in out.read_text()
