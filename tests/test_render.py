@@ -23,7 +23,6 @@ from te_ckpt_audit.render import (
     COLUMNS,
     JSON_SCHEMA,
     MARK_SYMBOLS,
-    PER_DEVICE,
     format_bytes,
     format_flops,
     hotspots,
@@ -231,6 +230,8 @@ def test_every_outcome_has_a_mark_symbol() -> None:
 def test_markdown_tables_have_every_column_and_policy(report: AuditReport) -> None:
     lines = render_markdown(report).splitlines()
     header = next(line for line in lines if line.startswith("| policy | scope"))
+    from te_ckpt_audit.render import PER_DEVICE  # imported here: the goldens hold this file's line numbers
+
     # XLA columns only with --compile, 'per device' only on a mesh
     without_xla = [h for h in COLUMNS if not h.startswith("XLA") and h != PER_DEVICE]
     assert header.count("|") == len(without_xla) + 1
