@@ -67,12 +67,12 @@ def _page(title: str, body: Sequence[str]) -> str:
 # --- the frontier plot -------------------------------------------------------------------------
 
 
-def frontier_svg(points: Sequence[PlotPoint], budget: int | None = None, width: int = 900, height: int = 420) -> str:
+def frontier_svg(points: Sequence[PlotPoint], budget: int | None = None, width: int = 1000, height: int = 420) -> str:
     """Activation bytes (x) against recompute FLOPs (y): presets labelled, the frontier joined as a
     staircase, the winner a star, the budget a dashed line."""
     if not points:
         return "<p>No policy could be analysed.</p>"
-    left, right, top, bottom = 90, 240, 16, 44
+    left, right, top, bottom = 90, 300, 16, 44
     pw, ph = width - left - right, height - top - bottom
     x_max = max([p.activation_bytes for p in points] + [budget or 0, 1])
     y_max = max(max(p.recompute_flops for p in points), 1)
@@ -124,12 +124,19 @@ def frontier_svg(points: Sequence[PlotPoint], budget: int | None = None, width: 
                        f'{"</rect>" if p.preset else "</circle>"}')
         if p.preset or p.winner:
             labels.append((px, py, p.label))
-    out += _labels(labels, left + pw, top, top + ph)
+    placed = _labels(labels, left + pw + 24, top)
+    out += placed[0]
     out.append("</svg>")
-    legend = ('<p class="legend"><span>■ preset</span><span>● frontier</span><span style="color:#95a5a6">'
-              '● other analysed</span><span style="color:#b7950b">★ recommended</span>'
-              '<span style="color:#e67e22">┊ budget</span></p>')
-    return "\n".join(out) + "\n" + legend
+    if placed[1] > height:  # the label column ran past the plot: the picture grows to hold it
+        grown = placed[1] + 8
+        out[0] = out[0].replace(f'height="{height}" viewBox="0 0 {width} {height}"',
+                                f'height="{grown:.0f}" viewBox="0 0 {width} {grown:.0f}"')
+    keys = [(True, "<span>■ preset</span>"), (any(p.frontier for p in points), "<span>● frontier</span>"),
+            (any(not (p.frontier or p.preset) for p in points),
+             '<span style="color:#95a5a6">● other analysed</span>'),
+            (any(p.winner for p in points), '<span style="color:#b7950b">★ recommended</span>'),
+            (budget is not None, '<span style="color:#e67e22">┊ budget</span>')]
+    return "\n".join(out) + '\n<p class="legend">' + "".join(k for shown, k in keys if shown) + "</p>"
 
 
 def _star(cx: float, cy: float, r: float) -> str:
@@ -141,20 +148,19 @@ def _star(cx: float, cy: float, r: float) -> str:
     return " ".join(pts)
 
 
-def _labels(labels: list[tuple[float, float, str]], right_edge: float, top: float, bottom: float) -> list[str]:
-    """Labels in the right margin, stacked without overlap, each joined to its point by a leader."""
+def _labels(labels: list[tuple[float, float, str]], lx: float, top: float) -> tuple[list[str], float]:
+    """Labels in the right margin, stacked without overlap, each joined to its point by a leader;
+    and how far down the last one reaches."""
     out = []
     placed: list[float] = []
     for px, py, text in sorted(labels, key=lambda t: (t[1], t[2])):
-        ly = max(py, (placed[-1] + 13) if placed else top + 8)
-        ly = min(ly, bottom + 30)
+        ly = max(py + 4, (placed[-1] + 13) if placed else top + 8)
         placed.append(ly)
-        lx = right_edge + 10
         out.append(f'<line x1="{px:.1f}" y1="{py:.1f}" x2="{lx - 2:.1f}" y2="{ly - 4:.1f}" stroke="#aeb6bf" '
                    'stroke-width="0.7"/>')
         short = text if len(text) <= 36 else text[:35] + "…"
         out.append(f'<text x="{lx:.1f}" y="{ly:.1f}">{_e(short)}<title>{_e(text)}</title></text>')
-    return out
+    return out, (placed[-1] if placed else 0.0)
 
 
 # --- activation bytes by producer --------------------------------------------------------------

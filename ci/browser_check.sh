@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The HTML reports in a real browser: headless Chromium (Debian's package, installed when missing;
+# CI runs as root) loads the `recommend` and `audit` pages with no network, must log no console
+# message, must render their SVG, and saves a screenshot of each.
+#
+#   bash ci/browser_check.sh          # pages, logs and screenshots in build/browser-check/
+#
+# Exit 0 when both pages load clean; the screenshots' paths are printed either way.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out="${BROWSER_CHECK_DIR:-build/browser-check}"
+mkdir -p "$out"
+out="$(cd "$out" && pwd)"
+
+if ! command -v chromium >/dev/null 2>&1; then
+  echo "browser_check: installing chromium" >&2
+  apt-get update -qq >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+fi
+
+export JAX_PLATFORMS=cpu
+python3 -m te_ckpt_audit_cli recommend sample_models/eight_names.py:loss --budget 6000 --format html \
+  --output "$out/recommend.html"
+python3 -m te_ckpt_audit_cli audit sample_models/te_transformer.py:loss --format html --output "$out/audit.html"
+
+status=0
+for page in recommend audit; do
+  profile="$(mktemp -d)"  # a new, empty profile every run: nothing cached, nothing remembered
+  flags=(--headless --no-sandbox --disable-gpu --disable-quic --no-first-run --disable-background-networking
+    --disable-component-update --disable-sync --user-data-dir="$profile"
+    --host-resolver-rules="MAP * ~NOTFOUND" --enable-logging=stderr --v=0)
+  url="file://$out/$page.html"
+  # Page console messages (errors, warnings, logs) come on stderr as ":CONSOLE" lines.
+  timeout 120 chromium "${flags[@]}" --dump-dom "$url" >"$out/$page.dom" 2>"$out/$page.log"
+  if grep ":CONSOLE" "$out/$page.log" >&2; then
+    echo "browser_check: $page.html logged console messages (above)" >&2
+    status=1
+  fi
+  svgs="$(grep -o "<svg" "$out/$page.dom" | wc -l)"
+  if [ "$svgs" -lt 2 ] || ! grep -q "Per-equation marks" "$out/$page.dom"; then
+    echo "browser_check: $page.html did not render its plots and tables ($svgs svg)" >&2
+    status=1
+  fi
+  timeout 120 chromium "${flags[@]}" --screenshot="$out/$page.png" --window-size=1280,2000 "$url" \
+    2>>"$out/$page.log" >/dev/null
+  rm -rf "$profile"
+  if [ ! -s "$out/$page.png" ]; then
+    echo "browser_check: no screenshot of $page.html" >&2
+    status=1
+  fi
+  echo "browser_check: screenshot $out/$page.png"
+done
+exit "$status"

@@ -1,0 +1,117 @@
+"""The HTML report: one self-contained file (inline SVG, no script, no URL), holding the frontier
+plot, the producer bars, the residuals by module path and the per-equation marks."""
+
+from __future__ import annotations
+
+import functools
+import html.parser
+import re
+
+import pytest
+
+from sample_models import eight_names, te_transformer
+from te_ckpt_audit import AuditReport, audit
+from te_ckpt_audit._recommend import Recommendation, recommend
+from te_ckpt_audit._trace import trace
+from te_ckpt_audit.render import format_bytes
+from te_ckpt_audit.render_html import COLOURS, PRODUCER_WORDS, render_audit_html, render_recommend_html
+from te_ckpt_audit.report import Category
+
+VOID = {"meta", "br", "line", "rect", "circle", "polygon", "path", "img", "hr", "input", "link"}
+
+
+@functools.cache
+def audit_report() -> AuditReport:
+    return audit(te_transformer.loss, *te_transformer.loss_inputs())
+
+
+@functools.cache
+def recommendation() -> Recommendation:
+    return recommend(trace(eight_names.loss, eight_names.loss_inputs(layers=4), "eight_names:loss"), 3328)
+
+
+class _Structure(html.parser.HTMLParser):
+    """Tags open and close in order (SVG shapes may close themselves); counts every tag."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stack: list[str] = []
+        self.count: dict[str, int] = {}
+        self.errors: list[str] = []
+        self.svg_text: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.count[tag] = self.count.get(tag, 0) + 1
+        if tag not in VOID:
+            self.stack.append(tag)
+
+    def handle_startendtag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.count[tag] = self.count.get(tag, 0) + 1
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in VOID:
+            return
+        if not self.stack or self.stack[-1] != tag:
+            self.errors.append(f"</{tag}> closes {self.stack[-1:] or 'nothing'}")
+            return
+        self.stack.pop()
+
+    def handle_data(self, data: str) -> None:
+        if "svg" in self.stack and "title" in self.stack:
+            self.svg_text.append(data)
+
+
+def _parse(page: str) -> _Structure:
+    p = _Structure()
+    p.feed(page)
+    p.close()
+    return p
+
+
+def _pages() -> list[tuple[str, str]]:
+    return [("audit", render_audit_html(audit_report())), ("recommend", render_recommend_html(recommendation()))]
+
+
+@pytest.mark.parametrize("which", ["audit", "recommend"])
+def test_one_self_contained_file(which: str) -> None:
+    page = dict(_pages())[which]
+    assert page.startswith("<!DOCTYPE html>\n") and page.endswith("</html>\n")
+    assert page.count("<html") == 1 and page.count("<body") == 1
+    assert not re.search(r"https?://", page)  # no network, no CDN: inline SVG needs no xmlns either
+    for banned in ("<script", "<link", "<iframe", "<img", "@import", "src=", "url("):
+        assert banned not in page
+    parsed = _parse(page)
+    assert parsed.errors == [] and parsed.stack == []
+    assert parsed.count["svg"] == 2  # the frontier plot and the producer bars
+    assert parsed.count["style"] == 1
+
+
+def test_audit_page_sections_follow_the_report() -> None:
+    report = audit_report()
+    page = render_audit_html(report)
+    for heading in ("Frontier: activation bytes against recompute", "Activation bytes by producer",
+                    "Largest residuals by module path", "Per-equation marks"):
+        assert f"<h2>{heading}</h2>" in page
+    marks = page[page.index("<h2>Per-equation marks</h2>"):]
+    assert marks.count("<tr>") == len(report.equations) + 1  # a row per equation, and the header
+    # a bar segment per producer that keeps bytes, each titled with its exact size
+    bars = page[page.index("<h2>Activation bytes by producer</h2>"):page.index("<h2>Largest residuals")]
+    for cat, field in [(Category.TE_GEMM, "te_gemm_bytes"), (Category.DOT, "dot_bytes"),
+                       (Category.NAMED, "named_bytes"), (Category.OTHER, "other_bytes")]:
+        kept = [getattr(r.totals, field) for r in report.results if getattr(r.totals, field)]
+        assert bars.count(f'fill="{COLOURS[cat]}"') == len(kept)
+        for b in kept:
+            assert f"<title>{PRODUCER_WORDS[cat]}: {format_bytes(b)}</title>" in bars
+    assert sum(1 for r in report.results if r.totals.te_gemm_bytes) >= 1
+
+
+def test_recommend_page_shows_winner_snippet_and_frontier() -> None:
+    rec = recommendation()
+    page = render_recommend_html(rec)
+    assert "<b>Recommended:</b> <code>--policy save_only_these_names:layer1,layer2</code>" in page
+    assert "save_only_these_names(&quot;layer1&quot;, &quot;layer2&quot;)" in page
+    assert "remat_policy: &#x27;custom&#x27;" in page
+    frontier = page[page.index("<h2>Pareto frontier</h2>"):page.index("<h2>Frontier:")]
+    assert frontier.count("<tr>") == len(rec.frontier) + 1
+    assert page.count("<polygon") == 1  # the winner's star
+    assert "budget 3.25 KiB" in page
