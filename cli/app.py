@@ -64,7 +64,7 @@ app = typer.Typer(
 
 
 app.command(DEFAULT_COMMAND, short_help="Compare checkpoint policies on TARGET (the default command).")(audit)
-app.command("check", short_help="Gate CI on every target of [tool.te-ckpt-audit] in pyproject.toml.")(check)
+app.command("check", short_help="Gate CI: audit every target of [tool.te-ckpt-audit].")(check)
 app.command("policies", short_help="List every policy spec --policy understands.")(policies)
 app.command("recommend", short_help="Find the policy that fits --budget with the least recompute.")(recommend)
 
