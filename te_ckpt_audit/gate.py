@@ -376,10 +376,12 @@ def save_baseline(path: str | Path, runs: Iterable[tuple[AuditKey, AuditReport]]
     """Merge the runs' figures into the baseline at `path` (other entries, and other policies of the
     same entry, are kept) and write it; an unreadable file there is replaced."""
     real = check_writable(path)
-    try:
-        current = load_baseline(real)
-    except UsageError:
-        current = Baseline({})
+    current = Baseline({})
+    if real.is_file():  # never read a FIFO or a device: nothing may be writing to it
+        try:
+            current = load_baseline(real)
+        except UsageError:
+            pass
     entries = {k: dict(v) for k, v in current.entries.items()}
     by_target = dict(current.by_target)
     for key, report in runs:

@@ -432,6 +432,18 @@ def test_output_into_a_fifo_is_written_not_replaced(folder: Path) -> None:
         os.close(reader)
 
 
+def test_save_baseline_into_a_fifo_writes_without_reading_it(folder: Path) -> None:
+    os.mkfifo("pipe")
+    reader = os.open("pipe", os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        result = cli("model.py:loss", "-p", "none", "--save-baseline", "pipe", "-o", "out.md")
+        assert result.exit_code == 0, result.stderr
+        assert json.loads(os.read(reader, 1 << 16))["entries"][0]["target"] == "model.py:loss"
+        assert _is(folder / "pipe", stat.S_ISFIFO)
+    finally:
+        os.close(reader)
+
+
 def test_output_through_a_symlink_writes_its_target(folder: Path) -> None:
     (folder / "real").mkdir()
     (folder / "real" / "report.md").write_text("stale")
