@@ -6,6 +6,11 @@ policy's forward pass, returning exactly the residuals JAX keeps, is then compil
 with the inputs' shardings: the sharding XLA's SPMD partitioner gives each output is the sharding
 of that residual, and its shard shape times its item size is what one device keeps. Nothing is
 allocated or run; compiling is the partitioner's own answer, not a re-implementation of it.
+
+Compiling a deep unrolled stack for hundreds of devices takes minutes. A model written for
+explicit sharding (every mesh axis Explicit: each value's sharding is part of its type) needs no
+partitioner: it is traced on an abstract mesh, without devices, and each residual's sharding is
+read from its aval (`shardings="abstract"`). A report says which of the two gave its figures.
 """
 
 from __future__ import annotations
@@ -20,14 +25,14 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec
 
 from . import _jax_compat as jc
 from ._analysis import policy_function, residual_outputs
 from ._jaxpr import aval_bytes
 from ._trace import Traced, _is_array_leaf
-from .errors import AuditError, UsageError
-from .report import MeshAxis, MeshSpec, PolicyResult, ResidualKind
+from .errors import AuditError, TargetError, UsageError
+from .report import MeshAxis, MeshSpec, PolicyResult, ResidualKind, ShardingSource
 from .specs import PolicySpec
 
 # More virtual devices cost seconds and memory at start-up (4096: ~11 s, ~0.6 GB); no mesh a
@@ -81,13 +86,7 @@ def mesh_spec(axes: Sequence[tuple[str, Any]] | Mapping[str, Any], what: str = "
         seen.add(name)
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise UsageError(f"{what}: axis {name!r} has size {size!r}; a size is an int >= 1", f"e.g. {name}=8")
-    spec = MeshSpec(tuple(MeshAxis(n, s) for n, s in pairs))
-    if spec.devices > MAX_DEVICES:
-        raise UsageError(
-            f"{what} {spec} needs {spec.devices} devices; at most {MAX_DEVICES} virtual devices are provided",
-            "audit a smaller mesh with the same per-device shapes (fewer data-parallel replicas, say)",
-        )
-    return spec
+    return MeshSpec(tuple(MeshAxis(n, s) for n, s in pairs))
 
 
 def with_device_count(flags: str, n: int) -> str:
@@ -107,6 +106,12 @@ def with_device_count(flags: str, n: int) -> str:
 def provide_devices(n: int) -> list[Any]:
     """`n` CPU devices. The flag is set for a backend JAX has not started yet; one started with
     fewer devices raises DevicesUnavailable (the CLI then runs itself again)."""
+    if n > MAX_DEVICES:
+        raise UsageError(
+            f"a mesh of {n} devices is more than the {MAX_DEVICES} virtual CPU devices te-ckpt-audit provides",
+            "audit a smaller mesh with the same per-device shapes (fewer data-parallel replicas), or an "
+            "explicit-sharding model with --shardings abstract (no devices needed)",
+        )
     os.environ["XLA_FLAGS"] = with_device_count(os.environ.get("XLA_FLAGS", ""), n)
     devices = jax.devices("cpu")
     if len(devices) < n:
@@ -137,21 +142,33 @@ def build_mesh(spec: MeshSpec) -> Mesh:
     return Mesh(devices, tuple(a.name for a in spec.axes))
 
 
-def spec_of(mesh: Mesh) -> MeshSpec:
+def build_abstract_mesh(spec: MeshSpec) -> AbstractMesh:
+    """A mesh of axis names and sizes only, every axis Explicit: no devices, any size."""
+    return AbstractMesh(
+        tuple(a.size for a in spec.axes), tuple(a.name for a in spec.axes),
+        axis_types=(AxisType.Explicit,) * len(spec.axes),
+    )
+
+
+def spec_of(mesh: Mesh | AbstractMesh) -> MeshSpec:
     return MeshSpec(tuple(MeshAxis(str(n), int(s)) for n, s in mesh.shape.items()))
 
 
 @contextlib.contextmanager
-def mesh_context(mesh: Mesh | None) -> Iterator[None]:
+def mesh_context(mesh: Mesh | AbstractMesh | None) -> Iterator[None]:
     """The mesh as JAX's context mesh (bare PartitionSpecs then resolve against it), or nothing."""
     if mesh is None:
         yield
         return
-    with jax.sharding.set_mesh(mesh):
+    with jax.sharding.use_abstract_mesh(mesh) if isinstance(mesh, AbstractMesh) else jax.sharding.set_mesh(mesh):
         yield
 
 
-def place_args(args: tuple[Any, ...], mesh: Mesh) -> tuple[Any, ...]:
+def source_of(mesh: Mesh | AbstractMesh) -> ShardingSource:
+    return ShardingSource.ABSTRACT if isinstance(mesh, AbstractMesh) else ShardingSource.COMPILED
+
+
+def place_args(args: tuple[Any, ...], mesh: Mesh | AbstractMesh) -> tuple[Any, ...]:
     """`args` with every array leaf a ShapeDtypeStruct sharded on `mesh`: a leaf without a sharding
     is replicated; a NamedSharding must use the mesh's axes, each dividing the dimension it splits.
     Checked before tracing, so a wrong spec is named by input and dimension."""
@@ -182,7 +199,7 @@ def place_args(args: tuple[Any, ...], mesh: Mesh) -> tuple[Any, ...]:
     return tuple(jax.tree_util.tree_map_with_path(place, args, is_leaf=_is_array_leaf))
 
 
-def _check_spec(name: str, shape: tuple[int, ...], spec: Any, mesh: Mesh, sharding: Any) -> None:
+def _check_spec(name: str, shape: tuple[int, ...], spec: Any, mesh: Mesh | AbstractMesh, sharding: Any) -> None:
     sizes = dict(mesh.shape)
     own = getattr(sharding, "mesh", None)
     if own is not None and tuple(own.axis_names) != tuple(sizes):
@@ -217,24 +234,29 @@ def _check_spec(name: str, shape: tuple[int, ...], spec: Any, mesh: Mesh, shardi
             )
 
 
-def per_device(traced: Traced, spec: PolicySpec, result: PolicyResult, mesh: Mesh) -> PolicyResult:
-    """`result` with each residual's sharding and bytes per device, and the per-device total:
-    the forward pass returning the residuals, compiled for `mesh` with the inputs' shardings."""
+def per_device(traced: Traced, spec: PolicySpec, result: PolicyResult, mesh: Mesh | AbstractMesh) -> PolicyResult:
+    """`result` with each residual's sharding and bytes per device, and the per-device total: the
+    forward pass returning the residuals, compiled for `mesh` with the inputs' shardings (on an
+    abstract mesh: traced, each residual's sharding read from its aval)."""
     fun = policy_function(traced, spec, result.scope)
-    closed = jax.make_jaxpr(lambda *args: jc.linearize_for_vjp(fun, args)[0])(*traced.avals)
+    with mesh_context(mesh):
+        closed = jax.make_jaxpr(lambda *args: jc.linearize_for_vjp(fun, args)[0])(*traced.avals)
     outputs = residual_outputs(closed.jaxpr)
     if len(outputs) != len(result.residuals):
         raise AuditError(f"{spec.text}: {len(outputs)} residuals on the mesh, {len(result.residuals)} in the audit")
-    shardings = tuple(a.sharding for a in traced.avals)
-    with mesh_context(mesh):
-        compiled = jax.jit(jc.jaxpr_as_fun(closed), in_shardings=shardings).lower(*traced.avals).compile()
-    out_shardings = jax.tree_util.tree_leaves(compiled.output_shardings)
+    if isinstance(mesh, AbstractMesh):
+        out_shardings = [getattr(getattr(v, "aval", None), "sharding", None) for v in closed.jaxpr.outvars]
+    else:
+        out_shardings = _compiled_shardings(closed, traced, spec, mesh)
     residuals = []
     for r, (var, kind, i) in zip(result.residuals, outputs, strict=True):
         if kind is ResidualKind.LITERAL:
             residuals.append(dataclasses.replace(r, sharding=None, bytes_per_device=0))
             continue
         sharding = out_shardings[i]
+        if sharding is None:  # an abstract value with no sharding of its own: on every device
+            residuals.append(dataclasses.replace(r, sharding=str(PartitionSpec()), bytes_per_device=r.bytes))
+            continue
         residuals.append(
             dataclasses.replace(r, sharding=sharding_text(sharding, len(r.shape)),
                                 bytes_per_device=device_bytes(var.aval, sharding))
@@ -242,6 +264,24 @@ def per_device(traced: Traced, spec: PolicySpec, result: PolicyResult, mesh: Mes
     activation = sum(r.bytes_per_device or 0 for r in residuals if r.kind is ResidualKind.ACTIVATION)
     totals = dataclasses.replace(result.totals, activation_bytes_per_device=activation)
     return dataclasses.replace(result, residuals=tuple(residuals), totals=totals)
+
+
+def _compiled_shardings(closed: Any, traced: Traced, spec: PolicySpec, mesh: Mesh) -> list[Any]:
+    shardings = tuple(a.sharding for a in traced.avals)
+    try:
+        with mesh_context(mesh):
+            compiled = jax.jit(jc.jaxpr_as_fun(closed), in_shardings=shardings).lower(*traced.avals).compile()
+    except AuditError:
+        raise
+    except Exception as exc:  # a primitive without a CPU lowering (a real TE GEMM), say
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise TargetError(
+            f"partitioning {spec.text} on mesh {spec_of(mesh)}: XLA could not compile its forward pass for "
+            f"virtual CPU devices: {type(exc).__name__}: {first}",
+            "every primitive needs a CPU lowering to be partitioned here; an explicit-sharding model can "
+            "use --shardings abstract",
+        ) from exc
+    return list(jax.tree_util.tree_leaves(compiled.output_shardings))
 
 
 def device_bytes(aval: Any, sharding: Any) -> int:
