@@ -11,7 +11,16 @@ import jax
 from ._analysis import analyse
 from ._compile import compiled_memory
 from ._loading import load_inputs, load_target, user_code
-from ._mesh import build_mesh, mesh_context, parse_mesh, per_device, place_args, spec_of
+from ._mesh import (
+    build_abstract_mesh,
+    build_mesh,
+    mesh_context,
+    parse_mesh,
+    per_device,
+    place_args,
+    source_of,
+    spec_of,
+)
 from ._trace import Traced, trace
 from ._warnings import add_warnings
 from .errors import UsageError
@@ -56,7 +65,7 @@ def audit_traced(
     scope: Scope | str = Scope.AUTO,
     progress: Progress = _quiet,
     compile: bool = False,
-    mesh: jax.sharding.Mesh | None = None,
+    mesh: jax.sharding.Mesh | jax.sharding.AbstractMesh | None = None,
 ) -> AuditReport:
     """Analyse every policy from one trace. `progress` is told each stage as it starts; with
     `compile`, each policy's training step is also compiled for XLA's memory analysis. With `mesh`
@@ -94,7 +103,7 @@ def audit_traced(
         results=tuple(results),
         emulated_device=_emulated_device(),
         mesh=None if mesh is None else spec_of(mesh),
-        sharding_source=None if mesh is None else ShardingSource.COMPILED,
+        sharding_source=None if mesh is None else source_of(mesh),
     )
 
 
@@ -110,7 +119,7 @@ def audit(
     policies: Sequence[str | PolicySpec | Callable[..., Any]] = DEFAULT_POLICIES,
     scope: Scope | str = Scope.AUTO,
     compile: bool = False,
-    mesh: jax.sharding.Mesh | None = None,
+    mesh: jax.sharding.Mesh | jax.sharding.AbstractMesh | None = None,
 ) -> AuditReport:
     """Audit `fn(*args)` under each policy.
 
@@ -146,6 +155,7 @@ def check_target(
     progress: Progress = _quiet,
     compile: bool = False,
     mesh: MeshSpec | str | None = None,
+    shardings: ShardingSource | str = ShardingSource.COMPILED,
 ) -> tuple[AuditReport, CheckResult]:
     """Audit a target and check it against budgets and a baseline (the CI gate). Bad limits fail
     before the user's code runs; the result carries the baseline key of this audit."""
@@ -161,7 +171,8 @@ def check_target(
                 f"add --policy {b.policy}, or audited: {', '.join(policies)}",
             )
     report = audit_target(
-        target, policies, inputs=inputs, overrides=overrides, scope=scope, progress=progress, compile=compile, mesh=mesh
+        target, policies, inputs=inputs, overrides=overrides, scope=scope, progress=progress, compile=compile, mesh=mesh,
+        shardings=shardings,
     )
     figures = None if baseline is None else baseline.figures(key)
     result = check(report, budgets, max_recompute, figures, tolerance, require_baseline)
@@ -178,18 +189,22 @@ def audit_target(
     progress: Progress = _quiet,
     compile: bool = False,
     mesh: MeshSpec | str | None = None,
+    shardings: ShardingSource | str = ShardingSource.COMPILED,
 ) -> AuditReport:
     """Load `file.py:fn` (or `package.module:fn`) and its example inputs, then audit it. With `mesh`
     (a MeshSpec or "data=8,model=4"), the inputs callable gets the `jax.sharding.Mesh` as keyword
-    `mesh` if it declares one, and bytes also come per device.
+    `mesh` if it declares one, and bytes also come per device: each residual's sharding compiled by
+    XLA's partitioner for virtual CPU devices, or with `shardings="abstract"` read from the avals of
+    an explicit-sharding model traced on an abstract mesh (no devices; the inputs callable gets it).
 
     >>> report = audit_target("sample_models/mlp.py:loss", ["nothing_saveable"])  # doctest: +SKIP
     """
     scope = Scope(scope)
     spec = parse_mesh(mesh) if isinstance(mesh, str) else mesh
+    source = ShardingSource(shardings)
     with user_code(target):  # a custom policy's module is user code too
         specs = _specs(policies)  # bad specs fail before the target's code runs
-        on = None if spec is None else build_mesh(spec)
+        on = None if spec is None else build_mesh(spec) if source is ShardingSource.COMPILED else build_abstract_mesh(spec)
         progress(f"loading {target}")
         loaded = load_target(target)
         with mesh_context(on):
