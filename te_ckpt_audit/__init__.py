@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ._api import DEFAULT_POLICIES, audit, audit_target, check_target
 from ._mesh import parse_mesh
+from ._recommend import Candidate, CandidateKind, Recommendation, recommend, recommend_target
 from .errors import AuditError, PolicySpecError, TargetError, UsageError
 from .policies import (
     checkpoint_dots_and_te_gemms,
@@ -40,6 +41,8 @@ __all__ = [
     "AuditReport",
     "AuditWarning",
     "Category",
+    "Candidate",
+    "CandidateKind",
     "CompiledMemory",
     "Equation",
     "EquationMark",
@@ -48,6 +51,7 @@ __all__ = [
     "Outcome",
     "PolicyResult",
     "PolicySpecError",
+    "Recommendation",
     "Residual",
     "ResidualKind",
     "Scope",
@@ -63,5 +67,7 @@ __all__ = [
     "checkpoint_dots_and_te_gemms",
     "dots_and_te_gemms_with_no_batch_dims",
     "parse_mesh",
+    "recommend",
+    "recommend_target",
     "te_gemms_saveable",
 ]
