@@ -171,8 +171,8 @@ def check_target(
                 f"add --policy {b.policy}, or audited: {', '.join(policies)}",
             )
     report = audit_target(
-        target, policies, inputs=inputs, overrides=overrides, scope=scope, progress=progress, compile=compile, mesh=mesh,
-        shardings=shardings,
+        target, policies, inputs=inputs, overrides=overrides, scope=scope, progress=progress, compile=compile,
+        mesh=mesh, shardings=shardings,
     )
     figures = None if baseline is None else baseline.figures(key)
     result = check(report, budgets, max_recompute, figures, tolerance, require_baseline)
@@ -204,7 +204,8 @@ def audit_target(
     source = ShardingSource(shardings)
     with user_code(target):  # a custom policy's module is user code too
         specs = _specs(policies)  # bad specs fail before the target's code runs
-        on = None if spec is None else build_mesh(spec) if source is ShardingSource.COMPILED else build_abstract_mesh(spec)
+        build = build_mesh if source is ShardingSource.COMPILED else build_abstract_mesh
+        on = None if spec is None else build(spec)
         progress(f"loading {target}")
         loaded = load_target(target)
         with mesh_context(on):
