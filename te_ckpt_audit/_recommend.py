@@ -69,7 +69,8 @@ class CandidateKind(enum.StrEnum):
 @dataclasses.dataclass(frozen=True, slots=True)
 class Candidate:
     """One evaluated policy, with JAX's figures for it. `base` is the preset a name subset is
-    combined with; `saved`/`offloaded` are the checkpoint names it keeps on device / on host."""
+    combined with (for a preset, itself); `saved`/`offloaded` are the checkpoint names it keeps on
+    device / on host."""
 
     policy: str  # the spec, as --policy takes it
     kind: CandidateKind

@@ -289,3 +289,37 @@ def test_every_format_is_handled(fmt: RecommendFormat, tmp_path: Path) -> None:
     result = cli(EIGHT, "-D", "layers=4", "--budget", "3328", "-f", fmt.value, "-o", str(out), "--max-evals", "12")
     assert result.exit_code == ExitCode.OK, result.stderr
     assert "save_only_these_names:layer1" in out.read_text()
+
+
+SHARDED = """\
+import jax
+import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+
+def loss(w, x):
+    h = checkpoint_name(x @ w, "hidden")
+    return jnp.sum(jnp.sin(h) @ w)
+
+
+def loss_inputs(mesh=None):
+    x = NamedSharding(mesh, P("data")) if mesh is not None else None
+    return (jax.ShapeDtypeStruct((16, 16), jnp.float32),
+            jax.ShapeDtypeStruct((8, 16), jnp.float32, sharding=x))
+"""
+
+
+def test_budget_is_per_device_on_a_mesh(tmp_path: Path) -> None:
+    from te_ckpt_audit import recommend_target
+
+    path = tmp_path / "sharded.py"
+    path.write_text(SHARDED)
+    # `hidden` is 8x16 float32 = 512 B in all, split over data=2: 256 B a device
+    rec = recommend_target(f"{path}:loss", 256, mesh="data=2", max_evals=4)
+    win = rec.recommended
+    assert rec.mesh is not None and [(a.name, a.size) for a in rec.mesh.axes] == [("data", 2)]
+    assert win is not None and win.policy in ("checkpoint_dots", "save_only_these_names:hidden")
+    assert (win.activation_bytes, win.global_activation_bytes) == (256, 512)
+    whole = recommend_target(f"{path}:loss", 256, max_evals=4).recommended  # 512 B do not fit in all
+    assert whole is not None and whole.activation_bytes == 0 and whole.recompute_flops > win.recompute_flops
