@@ -17,7 +17,11 @@ left out: they keep nothing. Layout is Megatron's [seq, batch, hidden]; layers a
 (`loss`) or a `lax.scan` over stacked weights (`scanned`, for deep stacks).
 
 Shardings are `with_sharding_constraint`s with bare PartitionSpecs, resolved against the mesh
-te-ckpt-audit sets (`--mesh data=D,model=T`); without a mesh they are skipped.
+te-ckpt-audit sets (`--mesh data=D,model=T`); without a mesh they are skipped. On a mesh whose
+axes are all Explicit (`--shardings abstract`) they are `reshard`s, and the row-parallel linears
+name their output sharding. One difference then, with sequence parallelism: explicit sharding
+gathers a linear's sequence-split input in the program, so JAX keeps the gathered copy (2sbh, not
+2sbh/t, for each of the two column-parallel inputs), where XLA's partitioner keeps the split one.
 
     te-ckpt-audit sample_models/megatron_tp.py:loss --mesh data=2,model=4 --policy none
     te-ckpt-audit sample_models/megatron_tp.py:loss --mesh data=2,model=4 -D sp=True --policy none
@@ -30,7 +34,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import NamedSharding
+from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 Params = dict[str, Any]
@@ -43,9 +47,25 @@ def _on_mesh() -> bool:
     return not jax.sharding.get_abstract_mesh().empty
 
 
+def _explicit() -> bool:
+    """Every mesh axis Explicit (te-ckpt-audit's --shardings abstract): shardings are types."""
+    mesh = jax.sharding.get_abstract_mesh()
+    return not mesh.empty and all(t == AxisType.Explicit for t in mesh.axis_types)
+
+
 def _c(x: jax.Array, *spec: Any) -> jax.Array:
     """Shard `x` as `spec` says, when a mesh is set."""
-    return jax.lax.with_sharding_constraint(x, P(*spec)) if _on_mesh() else x
+    if not _on_mesh():
+        return x
+    return jax.sharding.reshard(x, P(*spec)) if _explicit() else jax.lax.with_sharding_constraint(x, P(*spec))
+
+
+def _row_parallel(eq: str, x: jax.Array, w: jax.Array, *spec: Any) -> jax.Array:
+    """A linear whose contraction is split over `model`: its partial sums are reduced (explicit
+    sharding asks for the output's sharding to say so)."""
+    if _on_mesh() and _explicit():
+        return jnp.einsum(eq, x, w, out_sharding=P(*spec))
+    return _c(jnp.einsum(eq, x, w), *spec)
 
 
 # --- the fused kernels: each keeps only what Megatron's keeps -------------------------------------
@@ -157,6 +177,13 @@ def dropout(x: jax.Array, key: jax.Array, *spec: Any) -> jax.Array:
 # --- the layer ------------------------------------------------------------------------------------
 
 
+def _gathered(x: jax.Array) -> jax.Array:
+    """What a column-parallel linear takes in: under explicit sharding, a sequence-split input is
+    gathered first, in the program (so the gathered copy is what JAX keeps for the backward pass);
+    otherwise XLA's partitioner gathers it inside the linear and keeps the split one."""
+    return _c(x, None, "data", None) if _on_mesh() and _explicit() else x
+
+
 def layer(x: jax.Array, p: Params, key: jax.Array, heads: int, sp: bool) -> jax.Array:
     """One transformer layer on [s, b, h]. Without sequence parallelism the LayerNorms, the
     dropouts and what the column-parallel linears take in are replicated over `model`; with it
@@ -167,7 +194,7 @@ def layer(x: jax.Array, p: Params, key: jax.Array, heads: int, sp: bool) -> jax.
     k1, k2, k3 = jax.random.split(key, 3)
 
     x = _c(x, seq, "data", None)
-    ln1 = _c(layernorm(x, p["ln1"]), seq, "data", None)
+    ln1 = _gathered(_c(layernorm(x, p["ln1"]), seq, "data", None))
 
     def heads_of(w: jax.Array) -> jax.Array:  # column-parallel: heads split over `model`
         y = _c(jnp.einsum("sbh,hk->sbk", ln1, w), None, "data", "model")
@@ -179,14 +206,14 @@ def layer(x: jax.Array, p: Params, key: jax.Array, heads: int, sp: bool) -> jax.
     probs = _c(dropout(probs, k1, "data", "model"), "data", "model")
     ctx = _c(jnp.einsum("bast,tbad->sbad", probs, v), None, "data", "model", None)
     ctx = _c(ctx.reshape(s, b, h), None, "data", "model")
-    out = _c(jnp.einsum("sbk,kh->sbh", ctx, p["wo"]), seq, "data", None)  # row-parallel: reduced
+    out = _row_parallel("sbk,kh->sbh", ctx, p["wo"], seq, "data", None)
     x = x + dropout(out, k2, seq, "data", None)
 
     x = _c(x, seq, "data", None)
-    ln2 = _c(layernorm(x, p["ln2"]), seq, "data", None)
+    ln2 = _gathered(_c(layernorm(x, p["ln2"]), seq, "data", None))
     u = _c(jnp.einsum("sbh,hf->sbf", ln2, p["w1"]), None, "data", "model")
     g = _c(gelu(u), None, "data", "model")
-    out = _c(jnp.einsum("sbf,fh->sbh", g, p["w2"]), seq, "data", None)
+    out = _row_parallel("sbf,fh->sbh", g, p["w2"], seq, "data", None)
     return _c(x + dropout(out, k3, seq, "data", None), seq, "data", None)
 
 
