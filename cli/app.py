@@ -79,11 +79,11 @@ def _emulate_gpu(argv: list[str]) -> tuple[str | None, list[str]]:
     return None, argv
 
 
-def _mesh_option(argv: list[str]) -> str | None:
+def _option(argv: list[str], name: str) -> str | None:
     for i, arg in enumerate(argv):
-        if arg == "--mesh" and i + 1 < len(argv):
+        if arg == name and i + 1 < len(argv):
             return argv[i + 1]
-        if arg.startswith("--mesh="):
+        if arg.startswith(f"{name}="):
             return arg.split("=", 1)[1]
     return None
 
@@ -98,8 +98,9 @@ def main() -> None:
         except AuditError as err:
             sys.exit(fail(err.message, err.hint, err.exit_code))
     sys.argv[1:] = rest
-    mesh = _mesh_option(rest)
-    if mesh is not None:  # JAX reads its device count once, when it starts: before any command runs
+    mesh = _option(rest, "--mesh")
+    # JAX reads its device count once, when it starts: before any command runs (an abstract mesh has none)
+    if mesh is not None and _option(rest, "--shardings") != "abstract":
         try:
             ensure_devices(parse_mesh(mesh).devices, [sys.executable, "-m", "te_ckpt_audit_cli", *rest])
         except AuditError as err:

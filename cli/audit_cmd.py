@@ -7,7 +7,7 @@ from typing import assert_never
 
 from rich.console import Console
 
-from te_ckpt_audit import DEFAULT_POLICIES, AuditReport, Scope, check_target
+from te_ckpt_audit import DEFAULT_POLICIES, AuditReport, Scope, ShardingSource, check_target
 from te_ckpt_audit.gate import CheckResult, load_baseline, parse_budget, save_baseline
 from te_ckpt_audit.render import render_json, render_markdown
 from te_ckpt_audit.render_html import render_audit_html
@@ -66,6 +66,7 @@ def audit(
     save_baseline_to: opt.SaveBaseline = None,
     compile: opt.Compile = False,  # noqa: A002 (the option's name)
     mesh: opt.MeshOption = None,
+    shardings: opt.Shardings = ShardingSource.COMPILED,
     debug: opt.Debug = False,
     version: opt.Version = False,
     emulate_gpu: opt.EmulateGpu = None,  # consumed by app.main before parsing; listed for --help
@@ -97,6 +98,7 @@ def audit(
             progress=progress,
             compile=compile,
             mesh=mesh,
+            shardings=shardings,
         )
     emit(renderer(format, table_view(top, equations, output is not None))(report, gate if gating else None), output)
     if save_baseline_to is not None:

@@ -11,7 +11,7 @@ from typing import Annotated
 import jax
 import typer
 
-from te_ckpt_audit import DEFAULT_POLICIES, Scope, UsageError, __version__
+from te_ckpt_audit import DEFAULT_POLICIES, Scope, ShardingSource, UsageError, __version__
 from te_ckpt_audit.gate import check_writable
 
 
@@ -181,6 +181,16 @@ MeshOption = Annotated[
         "callable gets the jax.sharding.Mesh as keyword `mesh`. Bytes then also come per device, as "
         "XLA's SPMD partitioner shards each residual; budgets and baselines apply per device.",
         show_default=False,
+    ),
+]
+Shardings = Annotated[
+    ShardingSource,
+    typer.Option(
+        "--shardings",
+        help="With --mesh: where residual shardings come from. compiled: XLA's SPMD partitioner, "
+        "compiling for virtual CPU devices (any model). abstract: an explicit-sharding model traced on "
+        "an abstract mesh, each residual's sharding read from its aval (no devices, any mesh size; "
+        "fast for deep unrolled stacks).",
     ),
 ]
 Compile = Annotated[
