@@ -8,7 +8,7 @@ from typing import Any
 
 import jax
 
-from ._analysis import analyse
+from ._analysis import analyse, failed
 from ._compile import compiled_memory
 from ._loading import load_inputs, load_target, user_code
 from ._mesh import (
@@ -23,7 +23,7 @@ from ._mesh import (
 )
 from ._trace import Traced, trace
 from ._warnings import add_warnings
-from .errors import UsageError
+from .errors import TargetError, UsageError
 from .gate import Baseline, Budget, CheckResult, audit_key, check, check_percent
 from .report import AuditReport, MeshSpec, Scope, ShardingSource
 from .specs import PolicySpec, SpecKind, resolve_policy
@@ -73,9 +73,16 @@ def audit_traced(
     specs = _specs(policies)
     scope = Scope(scope)
     results = []
+    errors: list[TargetError] = []
     for spec in specs:
         progress(f"analysing {spec.text}")
-        results.append(analyse(traced, spec, scope))
+        try:
+            results.append(analyse(traced, spec, scope))
+        except TargetError as exc:  # JAX cannot differentiate under this policy: its row says why
+            errors.append(exc)
+            results.append(failed(traced, spec, scope, exc))
+    if errors and len(errors) == len(specs):
+        raise errors[0]  # under no policy at all: the function's own error
     results = add_warnings(traced, specs, results, scope)
     if mesh is not None:
         for spec_i, (spec, result) in enumerate(zip(specs, results, strict=True)):
@@ -85,6 +92,9 @@ def audit_traced(
     if compile:
         compiled = []
         for spec, result in zip(specs, results, strict=True):
+            if result.error is not None:
+                compiled.append(result)
+                continue
             progress(f"compiling {spec.text}")
             compiled.append(dataclasses.replace(result, compiled=compiled_memory(traced, spec, result.scope)))
         results = compiled

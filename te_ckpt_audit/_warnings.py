@@ -46,6 +46,9 @@ def add_warnings(
 
     out = []
     for spec, result in zip(specs, results, strict=True):
+        if result.error is not None:  # an empty row: nothing to compare or warn about
+            out.append(result)
+            continue
         warnings = [*_spec_warnings(traced, spec, result)]
         # Only a policy that saves nothing itself can match nothing_saveable, unless the latter
         # was audited anyway: the extra analysis is spent only on likely cases.

@@ -272,6 +272,8 @@ JSON_SCHEMA: dict[str, Any] = {
                 dtype=_STR,
                 name=_OPT_STR,
                 source=_SOURCE,
+                frame=_SOURCE,
+                module=_OPT_STR,
                 is_te_gemm=_BOOL,
                 standin=_BOOL,
                 flops=_INT,
@@ -293,6 +295,8 @@ JSON_SCHEMA: dict[str, Any] = {
                         name=_OPT_STR,
                         equation=_OPT_STR,
                         source=_SOURCE,
+                        frame=_SOURCE,
+                        module=_OPT_STR,
                         multiplicity=_INT,
                         argument=_OPT_STR,
                         standin=_BOOL,
@@ -334,6 +338,7 @@ JSON_SCHEMA: dict[str, Any] = {
                         ),
                     ]
                 },
+                error=_OPT_STR,
                 recompute_percent={"type": "number", "minimum": 0},
             )
         ),
