@@ -17,6 +17,7 @@ import pytest
 from sample_models import eight_names
 from te_ckpt_audit._analysis import analyse
 from te_ckpt_audit._recommend import (
+    Candidate,
     CandidateKind,
     Recommendation,
     pareto_frontier,
@@ -138,10 +139,6 @@ def test_offload_moves_names_to_host() -> None:
 
 
 def test_maxtext_keys() -> None:
-    rec = recommend(four(), 3328)
-    assert rec.recommended is not None
-    from te_ckpt_audit._recommend import Candidate
-
     c = Candidate("save_only_these_names:qkv_proj,mlpwo", CandidateKind.NAMES, None, ("qkv_proj", "mlpwo"), (),
                   0, 0, 0, 0, True)
     assert maxtext_config(c, ("mlpwi", "mlpwo", "qkv_proj")).splitlines() == [
