@@ -245,6 +245,13 @@ def per_device(traced: Traced, spec: PolicySpec, result: PolicyResult, mesh: Mes
     if len(outputs) != len(result.residuals):
         raise AuditError(f"{spec.text}: {len(outputs)} residuals on the mesh, {len(result.residuals)} in the audit")
     if isinstance(mesh, AbstractMesh):
+        if any(e.is_te_gemm for e in traced.rows.equations()):
+            raise TargetError(
+                f"{spec.text} on an abstract mesh: Transformer Engine's GEMMs give their outputs no sharding "
+                "of their own, so every residual after one would read as replicated",
+                "use --shardings compiled; real TE partitions only on GPUs (see the README), its CPU stand-in "
+                "on virtual CPU devices",
+            )
         out_shardings = [getattr(getattr(v, "aval", None), "sharding", None) for v in closed.jaxpr.outvars]
     else:
         out_shardings = _compiled_shardings(closed, traced, spec, mesh)
@@ -274,14 +281,21 @@ def _compiled_shardings(closed: Any, traced: Traced, spec: PolicySpec, mesh: Mes
     except AuditError:
         raise
     except Exception as exc:  # a primitive without a CPU lowering (a real TE GEMM), say
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise TargetError(
             f"partitioning {spec.text} on mesh {spec_of(mesh)}: XLA could not compile its forward pass for "
-            f"virtual CPU devices: {type(exc).__name__}: {first}",
+            f"virtual CPU devices: {_cause(exc)}",
             "every primitive needs a CPU lowering to be partitioned here; an explicit-sharding model can "
             "use --shardings abstract",
         ) from exc
     return list(jax.tree_util.tree_leaves(compiled.output_shardings))
+
+
+def _cause(exc: BaseException) -> str:
+    """The innermost error a compile failure reports (a partitioning callback's traceback is
+    folded into XLA's message; its last `SomeError: ...` line says what went wrong)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    errors = [line for line in lines if re.match(r"[A-Za-z_.]*(Error|Exception)\b:", line)]
+    return errors[-1] if errors else f"{type(exc).__name__}: {lines[0] if lines else ''}"
 
 
 def device_bytes(aval: Any, sharding: Any) -> int:

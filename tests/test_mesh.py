@@ -20,7 +20,17 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from te_ckpt_audit import MeshAxis, MeshSpec, ResidualKind, ShardingSource, UsageError, audit, audit_target, parse_mesh
+from te_ckpt_audit import (
+    MeshAxis,
+    MeshSpec,
+    ResidualKind,
+    ShardingSource,
+    TargetError,
+    UsageError,
+    audit,
+    audit_target,
+    parse_mesh,
+)
 from te_ckpt_audit._mesh import (
     MAX_DEVICES,
     DevicesUnavailable,
@@ -114,6 +124,14 @@ def test_abstract_mesh_has_no_device_cap() -> None:
                           shardings="abstract")
     assert report.mesh is not None and report.mesh.devices == 8192
     assert report.result("none").totals.activation_bytes_per_device == paper_bytes_per_layer(S, 1, H, A, 8, False)
+
+
+def test_te_gemms_on_an_abstract_mesh_are_refused() -> None:
+    """TE's GEMM primitives (the CPU stand-in here, real TE alike) carry no explicit sharding: what
+    follows one would read as replicated, so the abstract mesh refuses rather than over-count."""
+    target = str(ROOT / "sample_models" / "te_transformer.py") + ":loss"
+    with pytest.raises(TargetError, match="Transformer Engine's GEMMs give their outputs no sharding"):
+        audit_target(target, ["none"], mesh="data=2,model=4", shardings="abstract")
 
 
 def test_megatron_residuals_one_by_one(megatron: dict) -> None:
