@@ -317,14 +317,19 @@ def recommend(
     if isinstance(max_evals, bool) or not isinstance(max_evals, int) or max_evals < 1:
         raise UsageError(f"max evaluations must be at least 1, not {max_evals!r}", "e.g. --max-evals 64")
     scope = Scope(scope)
-    found = sorted(traced.rows.names, key=_natural)
-    names = tuple(n for n in found if not _UNSPEAKABLE.search(n))
-    skipped = tuple(n for n in found if _UNSPEAKABLE.search(n))
     preset_list = list(PRESETS if presets is None else presets)
     if allow_offload and presets is None:
         preset_list += OFFLOAD_PRESETS
     for p in preset_list:
         resolve_policy(p)  # a bad preset fails here, before any analysis
+    ev = _Evaluator(traced, scope, budget, math.inf if exhaustive else max_evals, progress, mesh)  # type: ignore[arg-type]
+    # JAX traces custom_vjp forward rules on the first differentiation: the names and equations in
+    # them are known once one policy is analysed (without presets, the empty subset of names)
+    for p in preset_list or [spec_text(None)]:
+        ev.get(CandidateKind.PRESET, p)
+    found = sorted(traced.rows.names, key=_natural)
+    names = tuple(n for n in found if not _UNSPEAKABLE.search(n))
+    skipped = tuple(n for n in found if _UNSPEAKABLE.search(n))
     if not names and not preset_list:
         raise UsageError(
             f"{traced.target or 'the function'} has no checkpoint names and no presets are left to search",
@@ -332,10 +337,6 @@ def recommend(
         )
     has_te = any(e.is_te_gemm for e in traced.rows.equations())
     bases: list[str | None] = [None, *(TE_BASES if has_te else JAX_BASES)]
-    ev = _Evaluator(traced, scope, budget, math.inf if exhaustive else max_evals, progress, mesh)  # type: ignore[arg-type]
-
-    for p in preset_list:
-        ev.get(CandidateKind.PRESET, p)
     kind_of: dict[str | None, CandidateKind] = {None: CandidateKind.NAMES}
     if exhaustive:
         _exhaustive(ev, names, bases, allow_offload)
