@@ -9,14 +9,21 @@ from rich.console import Console
 
 from te_ckpt_audit import DEFAULT_POLICIES, AuditReport, Scope, ShardingSource, check_target
 from te_ckpt_audit.gate import CheckResult, load_baseline, parse_budget, save_baseline
-from te_ckpt_audit.render import render_json, render_markdown
+from te_ckpt_audit.render import HotspotKey, render_json, render_markdown
 from te_ckpt_audit.render_html import render_audit_html
 from te_ckpt_audit.render_gate import render_audit_check_markdown, render_check_github
 
 from . import options as opt
 from .options import OutputFormat
 from .tables import TableView, render_table
-from .terminal import at_the_edge, emit, progress_on_stderr, report_gate, stdout_kept_for_the_report
+from .terminal import (
+    at_the_edge,
+    emit,
+    progress_on_stderr,
+    report_gate,
+    report_policy_errors,
+    stdout_kept_for_the_report,
+)
 
 
 def renderer(fmt: OutputFormat, view: TableView) -> Callable[[AuditReport, CheckResult | None], str]:
@@ -25,10 +32,12 @@ def renderer(fmt: OutputFormat, view: TableView) -> Callable[[AuditReport, Check
         case OutputFormat.TABLE:
             return lambda report, _: render_table(report, view)
         case OutputFormat.JSON:
-            return lambda report, _: render_json(report)
+            return lambda report, _: render_json(report, view.top, view.by)
         case OutputFormat.MARKDOWN:
             return lambda report, gate: (
-                render_markdown(report) if gate is None else render_audit_check_markdown(report, gate)
+                render_markdown(report, view.top, view.by)
+                if gate is None
+                else render_audit_check_markdown(report, gate)
             )
         case OutputFormat.GITHUB:
             return lambda report, gate: render_check_github([(report, gate or CheckResult(report.target, (), ()))])
@@ -38,13 +47,13 @@ def renderer(fmt: OutputFormat, view: TableView) -> Callable[[AuditReport, Check
             assert_never(fmt)
 
 
-def table_view(top: int, equations: bool, to_file: bool) -> TableView:
+def table_view(top: int, by: HotspotKey | None, equations: bool, to_file: bool) -> TableView:
     """Tables fit the terminal and use colour when stdout is one (Rich honours NO_COLOR and COLUMNS);
     a file gets 80 plain columns."""
     if to_file:
-        return TableView(top, equations)
+        return TableView(top, by, equations)
     out = Console()
-    return TableView(top, equations, out.width, out.is_terminal and not out.no_color)
+    return TableView(top, by, equations, out.width, out.is_terminal and not out.no_color)
 
 
 @at_the_edge
@@ -56,6 +65,7 @@ def audit(
     scope: opt.ScopeOption = Scope.AUTO,
     equations: opt.Equations = False,
     top: opt.Top = 10,
+    by: opt.By = None,
     format: opt.Format = OutputFormat.TABLE,  # noqa: A002 (the option's name)
     output: opt.Output = None,
     budget: opt.Budgets = None,
@@ -100,8 +110,8 @@ def audit(
             mesh=mesh,
             shardings=shardings,
         )
-    emit(renderer(format, table_view(top, equations, output is not None))(report, gate if gating else None), output)
+    emit(renderer(format, table_view(top, by, equations, output is not None))(report, gate if gating else None), output)
     if save_baseline_to is not None:
         assert gate.key is not None
         save_baseline(save_baseline_to, [(gate.key, report)])
-    return report_gate([gate], baseline)
+    return report_policy_errors([report], report_gate([gate], baseline))

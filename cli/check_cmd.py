@@ -18,7 +18,15 @@ from te_ckpt_audit.render_gate import Run, render_check_github, render_check_jso
 from . import options as opt
 from .options import OutputFormat
 from .tables import render_check_table
-from .terminal import PROG, at_the_edge, emit, progress_on_stderr, report_gate, stdout_kept_for_the_report
+from .terminal import (
+    PROG,
+    at_the_edge,
+    emit,
+    progress_on_stderr,
+    report_gate,
+    report_policy_errors,
+    stdout_kept_for_the_report,
+)
 
 ConfigPath = Annotated[
     str,
@@ -101,4 +109,5 @@ def check(
         assert cfg.baseline is not None
         save_baseline(cfg.baseline, [(result.key, report) for report, result in runs if result.key is not None])
         print(f"{PROG}: baseline written to {cfg.baseline}", file=sys.stderr)
-    return report_gate([result for _, result in runs], cfg.baseline)
+    code = report_gate([result for _, result in runs], cfg.baseline)
+    return report_policy_errors([report for report, _ in runs], code)

@@ -13,6 +13,7 @@ import typer
 
 from te_ckpt_audit import DEFAULT_POLICIES, Scope, ShardingSource, UsageError, __version__
 from te_ckpt_audit.gate import check_writable
+from te_ckpt_audit.render import HotspotKey
 
 
 class OutputFormat(enum.StrEnum):
@@ -104,7 +105,18 @@ Equations = Annotated[
 ]
 Top = Annotated[
     int,
-    typer.Option("--top", min=0, metavar="N", help="Show the N source lines with the largest residuals."),
+    typer.Option(
+        "--top", min=0, metavar="N", help="Show the N module paths or source lines with the largest residuals."
+    ),
+]
+By = Annotated[
+    HotspotKey | None,
+    typer.Option(
+        "--by",
+        case_sensitive=False,
+        help="Group the largest residuals by module path (the default where the model has them) "
+        "or by source line.",
+    ),
 ]
 Format = Annotated[
     OutputFormat,

@@ -30,9 +30,13 @@ from te_ckpt_audit.render import (
     STANDIN_NOTE,
     format_bytes,
     format_flops,
+    HOTSPOT_TITLES,
+    HotspotKey,
+    hotspot_key,
     hotspots,
     marks_by_equation,
     mesh_note,
+    policy_errors,
     shown_columns,
 )
 
@@ -50,6 +54,7 @@ MADE_BY_WIDTH = 24  # the hotspots' last column keeps at least this much
 @dataclasses.dataclass(frozen=True, slots=True)
 class TableView:
     top: int = 10  # hotspot lines shown; 0 for none
+    by: HotspotKey | None = None  # hotspots by module path or source line; None: module where known
     equations: bool = False  # add the per-equation table
     width: int = 80
     color: bool = False
@@ -113,20 +118,21 @@ def _comparison(report: AuditReport, title: str, headers: tuple[str, ...], width
     return _titled(title, table)
 
 
-def _hotspots(report: AuditReport, top: int, width: int) -> Group:
+def _hotspots(report: AuditReport, top: int, width: int, by: HotspotKey | None) -> Group:
     table = _table()
-    spots = hotspots(report, top)
+    by = hotspot_key(report, by)
+    spots = hotspots(report, top, by)
     sizes = [format_bytes(s.most) for s in spots]
     kept = [" ".join(map(str, s.kept_by)) for s in spots]
     fixed = _width("bytes", sizes) + _width("kept by #", kept) + 3  # and the dividers
-    where = [_break(s.location, max(MIN_TEXT_WIDTH, width - fixed - MADE_BY_WIDTH), after="/") for s in spots]
-    table.add_column("source", no_wrap=True)  # broken after `/` above; only "made by" wraps
+    where = [_break(s.where, max(MIN_TEXT_WIDTH, width - fixed - MADE_BY_WIDTH), after="/") for s in spots]
+    table.add_column(HOTSPOT_TITLES[by], no_wrap=True)  # broken after `/` above; only "made by" wraps
     _fixed(table, "bytes", sizes)
     _fixed(table, "kept by #", kept)
     table.add_column("made by", overflow="fold")
-    for location, size, by, spot in zip(where, sizes, kept, spots, strict=True):
-        table.add_row(Text(location), size, by, Text(", ".join(spot.producers)))
-    title = f"Largest residuals by source line (top {top}; bytes: the most a policy keeps there)"
+    for place, size, numbers, spot in zip(where, sizes, kept, spots, strict=True):
+        table.add_row(Text(place), size, numbers, Text(", ".join(spot.producers)))
+    title = f"Largest residuals by {HOTSPOT_TITLES[by]} (top {top}; bytes: the most a policy keeps there)"
     return _titled(title, table)
 
 
@@ -238,8 +244,11 @@ def render_table(report: AuditReport, view: TableView = TableView()) -> str:
                 *(Text(f"{p}: not compiled: {why}", style="yellow") for p, why in compiled_errors(report)),
             ]
         )
+    if policy_errors(report):
+        notes = [f"{p}: not differentiable under this policy: {why}" for p, why in policy_errors(report)]
+        sections.append([Text(note, style="yellow") for note in notes])
     if view.top:
-        sections.append([_hotspots(report, view.top, view.width)])
+        sections.append([_hotspots(report, view.top, view.width, view.by)])
     if view.equations:
         sections.append([_equations(report, view.width)])
     sections.append(_warnings(report))

@@ -15,8 +15,9 @@ from typing import Any
 
 from rich.console import Console
 
-from te_ckpt_audit import AuditError
+from te_ckpt_audit import AuditError, AuditReport
 from te_ckpt_audit.gate import CheckResult, write_output
+from te_ckpt_audit.render import policy_errors
 
 from .options import ExitCode
 
@@ -69,6 +70,15 @@ def report_gate(results: Sequence[CheckResult], baseline: str | Path | None) -> 
     for v in failed:
         print(f"{PROG}: check failed: {v.message}", file=sys.stderr)
     return ExitCode.CHECK_FAILED if failed else ExitCode.OK
+
+
+def report_policy_errors(reports: Sequence[AuditReport], code: int) -> int:
+    """A line per policy JAX could not differentiate a target under; the target failed (exit 3)
+    unless `code` already says worse. A gate never passes over a policy it could not measure."""
+    errors = [(report.target, policy, why) for report in reports for policy, why in policy_errors(report)]
+    for target, policy, why in errors:
+        print(f"{PROG}: error: {target} [{policy}]: not differentiable under this policy: {why}", file=sys.stderr)
+    return ExitCode.TARGET if errors and code in (ExitCode.OK, ExitCode.CHECK_FAILED) else code
 
 
 def emit(text: str, output: str | Path | None) -> None:

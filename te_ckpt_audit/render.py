@@ -11,8 +11,9 @@ same columns, hotspots and mark symbols, so every output shows the same figures.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from .report import (
@@ -22,6 +23,7 @@ from .report import (
     Equation,
     Outcome,
     PolicyResult,
+    Residual,
     ResidualKind,
     Scope,
     ShardingSource,
@@ -60,8 +62,17 @@ def format_percent(p: float) -> str:
 @dataclasses.dataclass(frozen=True, slots=True)
 class Column:
     header: str
-    cell: Callable[[AuditReport, PolicyResult], str]
+    value: Callable[[AuditReport, PolicyResult], str]
     numeric: bool = True
+
+    def cell(self, report: AuditReport, result: PolicyResult) -> str:
+        """The column's text for a policy; a policy JAX could not differentiate under has no figures."""
+        return "error" if self.numeric and result.error is not None else self.value(report, result)
+
+
+def policy_errors(report: AuditReport) -> list[tuple[str, str]]:
+    """(policy, why) for each policy JAX could not differentiate the function under."""
+    return [(r.policy, r.error) for r in report.results if r.error is not None]
 
 
 def _te_gemms_recomputed(report: AuditReport, result: PolicyResult) -> str:
@@ -144,14 +155,22 @@ COLUMNS: dict[str, Column] = {
 }
 
 
-# --- hotspots: residual bytes grouped by source line --------------------------------------------
+# --- hotspots: residual bytes grouped by module path or source line -----------------------------
+
+
+class HotspotKey(enum.StrEnum):
+    """What hotspots group residuals by (`--by`)."""
+
+    MODULE = "module"  # the module path from JAX's name stack: the layer, for library models
+    LINE = "line"  # the innermost source line of the user's own code
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Hotspot:
-    """Activation and host bytes made at one source line, per policy (in the report's order)."""
+    """Activation and host bytes made at one module path or source line, per policy (in the
+    report's order)."""
 
-    location: str  # "file:line", or "(no source)"
+    where: str  # a module path, "file:line", or "(no module)" / "(no source)"
     producers: tuple[str, ...]  # checkpoint names, else primitives, of the residuals made there
     bytes_by_policy: tuple[int, ...]
 
@@ -161,26 +180,42 @@ class Hotspot:
 
     @property
     def kept_by(self) -> tuple[int, ...]:
-        """1-based numbers of the policies that keep anything made at this line."""
+        """1-based numbers of the policies that keep anything made here."""
         return tuple(i + 1 for i, b in enumerate(self.bytes_by_policy) if b)
 
 
-def hotspots(report: AuditReport, top: int) -> list[Hotspot]:
-    """The `top` source lines whose activation and host residuals are largest under any policy."""
-    kept: dict[tuple[str, int], list[int]] = {}
-    producers: dict[tuple[str, int], dict[str, None]] = {}  # ordered set
+def _kept(report: AuditReport) -> Iterator[tuple[int, Residual]]:
     for i, result in enumerate(report.results):
         for r in result.residuals:
-            if r.kind not in (ResidualKind.ACTIVATION, ResidualKind.HOST):
-                continue
-            key = (r.source.file, r.source.line) if r.source else ("(no source)", 0)
-            kept.setdefault(key, [0] * len(report.results))[i] += r.bytes
-            producers.setdefault(key, {})[r.name or r.primitive or "?"] = None
+            if r.kind in (ResidualKind.ACTIVATION, ResidualKind.HOST):
+                yield i, r
+
+
+def hotspot_key(report: AuditReport, by: HotspotKey | None = None) -> HotspotKey:
+    """`by`, or by default the module path where the residuals carry one, else the source line."""
+    if by is not None:
+        return by
+    return HotspotKey.MODULE if any(r.module for _, r in _kept(report)) else HotspotKey.LINE
+
+
+def hotspots(report: AuditReport, top: int, by: HotspotKey | None = None) -> list[Hotspot]:
+    """The `top` module paths (or source lines) whose activation and host residuals are largest
+    under any policy."""
+    by = hotspot_key(report, by)
+    kept: dict[str, list[int]] = {}
+    producers: dict[str, dict[str, None]] = {}  # ordered set
+    for i, r in _kept(report):
+        if by is HotspotKey.MODULE:
+            key = r.module or "(no module)"
+        else:
+            key = f"{r.source.file}:{r.source.line}" if r.source else "(no source)"
+        kept.setdefault(key, [0] * len(report.results))[i] += r.bytes
+        producers.setdefault(key, {})[r.name or r.primitive or "?"] = None
     ranked = sorted(kept, key=lambda k: (-max(kept[k]), k))
-    return [
-        Hotspot(f"{file}:{line}" if line else file, tuple(producers[(file, line)]), tuple(kept[(file, line)]))
-        for file, line in ranked[:top]
-    ]
+    return [Hotspot(k, tuple(producers[k]), tuple(kept[k])) for k in ranked[:top]]
+
+
+HOTSPOT_TITLES = {HotspotKey.MODULE: "module path", HotspotKey.LINE: "source line"}
 
 
 # --- per-equation marks -------------------------------------------------------------------------
@@ -221,9 +256,13 @@ COMPILED_NOTE = (
 )
 
 
-def render_json(report: AuditReport) -> str:
-    """The report as JSON (schema ``te-ckpt-audit/1``); the same report gives the same bytes."""
-    return json.dumps(report.to_dict(), indent=2, allow_nan=False) + "\n"  # strict JSON: no NaN
+def render_json(report: AuditReport, top: int = 10, by: HotspotKey | None = None) -> str:
+    """The report as JSON (schema ``te-ckpt-audit/1``), with its hotspots; the same report gives
+    the same bytes."""
+    key = hotspot_key(report, by)
+    spots = [dataclasses.asdict(h) for h in hotspots(report, top, key)]
+    doc = {**report.to_dict(), "hotspots": {"by": key.value, "rows": spots}}
+    return json.dumps(doc, indent=2, allow_nan=False) + "\n"  # strict JSON: no NaN
 
 
 def _object(**properties: Any) -> dict[str, Any]:
@@ -260,6 +299,10 @@ JSON_SCHEMA: dict[str, Any] = {
     "title": "te-ckpt-audit report",
     **_object(
         schema={"const": SCHEMA},
+        hotspots=_object(
+            by=_enum(HotspotKey),
+            rows=_array(_object(where=_STR, producers=_array(_STR), bytes_by_policy=_array(_INT))),
+        ),
         target=_STR,
         arguments=_array(_STR),
         jax_version=_STR,
@@ -367,8 +410,9 @@ def md_table(headers: list[str], rows: list[list[str]], numeric: list[bool]) -> 
     return [md_row(headers), "| " + " | ".join(rule) + " |", *(md_row(r) for r in rows)]
 
 
-def render_markdown(report: AuditReport) -> str:
-    """The comparison and the warnings as GitHub tables, for a pull-request or CI summary."""
+def render_markdown(report: AuditReport, top: int = 10, by: HotspotKey | None = None) -> str:
+    """The comparison, the largest residuals and the warnings as GitHub tables, for a pull-request
+    or CI summary."""
     compiled = any(r.compiled is not None for r in report.results)
     columns = [
         c
@@ -395,10 +439,20 @@ def render_markdown(report: AuditReport) -> str:
         lines += [f"> {mesh_note(report)}", ""]
     if report.emulated_device:
         lines += [f"> {EMULATED_NOTE.format(device=report.emulated_device)}", ""]
+    if policy_errors(report):
+        lines += [f"> {policy}: not differentiable under this policy: {why}" for policy, why in policy_errors(report)]
+        lines += [""]
     if compiled:
         lines += [f"> XLA columns: {COMPILED_NOTE}", ""]
         lines += [f"> {policy}: not compiled: {why}" for policy, why in compiled_errors(report)]
         lines += [""] if compiled_errors(report) else []
+    if top:
+        key = hotspot_key(report, by)
+        spots = hotspots(report, top, key)
+        lines += [f"### Largest residuals by {HOTSPOT_TITLES[key]}", ""]
+        rows = [[s.where, format_bytes(s.most), " ".join(map(str, s.kept_by)), ", ".join(s.producers)] for s in spots]
+        lines += [*md_table([HOTSPOT_TITLES[key], "bytes", "kept by #", "made by"], rows, [False, True, False, False])]
+        lines += [""]
     lines += ["### Warnings", ""]
     if report.warnings:
         rows = [[w.policy or "", w.code, w.message] for w in report.warnings]

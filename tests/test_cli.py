@@ -27,6 +27,7 @@ from te_ckpt_audit import (
     __version__,
     audit_target,
 )
+from te_ckpt_audit.render import render_json
 from te_ckpt_audit.specs import available_policies
 from te_ckpt_audit_cli.app import app
 from te_ckpt_audit_cli.options import ExitCode, OutputFormat
@@ -34,6 +35,11 @@ from te_ckpt_audit_cli.tables import TableView
 
 ROOT = Path(__file__).resolve().parent.parent
 PREFIX = "te-ckpt-audit: error: "
+
+
+def _doc(report: Any) -> Any:
+    """The report as `--format json` writes it (hotspots included)."""
+    return json.loads(render_json(report))
 
 MODEL = """\
 import jax
@@ -100,7 +106,7 @@ def test_json_on_stdout_is_the_report_and_nothing_else(model: Path) -> None:
     model.write_text("print('hello from the model')\n" + MODEL)
     result = cli("model.py:loss", "--format", "json", "-p", "checkpoint_dots", "-D", "batch=2")
     assert result.exit_code == 0, result.stderr
-    expected = audit_target("model.py:loss", ["checkpoint_dots"], overrides=["batch=2"]).to_dict()
+    expected = _doc(audit_target("model.py:loss", ["checkpoint_dots"], overrides=["batch=2"]))
     assert json.loads(result.stdout) == expected
     assert "hello from the model" in result.stderr
 
@@ -133,7 +139,7 @@ def test_the_report_reaches_stdout_though_a_spinner_swapped_it(
 def test_output_is_written_atomically(model: Path) -> None:
     result = cli("model.py:loss", "-f", "json", "-o", "report.json")
     assert result.exit_code == 0 and result.stdout == ""
-    assert json.loads(Path("report.json").read_text()) == audit_target("model.py:loss").to_dict()
+    assert json.loads(Path("report.json").read_text()) == _doc(audit_target("model.py:loss"))
     assert sorted(p.name for p in model.parent.iterdir()) == ["model.py", "report.json"]
 
 
@@ -169,7 +175,7 @@ def test_every_format_is_handled(model: Path, fmt: OutputFormat) -> None:
 def test_every_scope_is_handled(model: Path, scope: Scope) -> None:
     result = cli("model.py:loss", "--scope", scope.value, "-f", "json", "-p", "checkpoint_dots")
     assert result.exit_code == 0, result.stderr
-    expected = audit_target("model.py:loss", ["checkpoint_dots"], scope=scope).to_dict()
+    expected = _doc(audit_target("model.py:loss", ["checkpoint_dots"], scope=scope))
     assert json.loads(result.stdout) == expected
 
 
@@ -191,7 +197,7 @@ def test_default_policies_and_the_explicit_audit_command(model: Path) -> None:
     explicit = cli("audit", "model.py:loss", "-f", "json")
     assert default.exit_code == explicit.exit_code == 0
     assert default.stdout == explicit.stdout
-    assert json.loads(default.stdout) == audit_target("model.py:loss").to_dict()
+    assert json.loads(default.stdout) == _doc(audit_target("model.py:loss"))
 
 
 # --- the other entry points ---------------------------------------------------------------------
@@ -239,7 +245,7 @@ def te_sample() -> tuple[Result, Result, dict[str, Any]]:
     try:
         table = cli("sample_models/te_transformer.py:loss", env={"COLUMNS": "80"})
         as_json = cli("sample_models/te_transformer.py:loss", "-f", "json")
-        expected = audit_target("sample_models/te_transformer.py:loss").to_dict()
+        expected = _doc(audit_target("sample_models/te_transformer.py:loss"))
     finally:
         os.chdir(here)
     return table, as_json, expected
@@ -267,3 +273,49 @@ def test_te_sample_table_fits_80_columns(te_sample: tuple[Result, Result, dict[s
     assert by_policy["checkpoint_dots"].endswith(f" {n}/{n}")
     assert by_policy["checkpoint_dots_and_te_gemms"].endswith(f" 0/{n}")
     assert "[te-gemms-recomputed] checkpoint_dots" in table.stdout
+
+
+# --- hotspots by module path or line; a policy JAX cannot differentiate under -------------------
+
+SCOPED = MODEL.replace(
+    "    h = checkpoint_name(jnp.sin(x @ w), \"hidden\")",
+    "    with jax.named_scope(\"encoder\"):\n        h = checkpoint_name(jnp.sin(x @ w), \"hidden\")",
+)
+
+
+@pytest.mark.parametrize(("by", "expected"), [(None, "module"), ("module", "module"), ("line", "line")])
+def test_hotspots_by_module_path_by_default_or_by_line(model: Path, by: str | None, expected: str) -> None:
+    model.write_text(SCOPED)
+    args = ["model.py:loss", "-f", "json", "-p", "everything_saveable"] + (["--by", by] if by else [])
+    result = cli(*args)
+    assert result.exit_code == 0, result.stderr
+    hot = json.loads(result.stdout)["hotspots"]
+    assert hot["by"] == expected
+    where = {row["where"] for row in hot["rows"]}
+    assert "encoder" in where if expected == "module" else all(w.startswith("model.py:") for w in where)
+
+
+COMPLEX = """\
+import jax
+import jax.numpy as jnp
+
+
+def loss(x):
+    z = jnp.exp(1j * x.astype(jnp.complex64))
+    return jnp.real(jnp.sum(z * z))
+
+
+def loss_inputs():
+    return (jax.ShapeDtypeStruct((4,), jnp.float32),)
+"""
+
+
+def test_a_policy_that_cannot_be_differentiated_reports_the_rest_and_exits_3(model: Path) -> None:
+    model.write_text(COMPLEX)
+    result = cli("model.py:loss", "-f", "json", "-p", "everything_saveable", "-p", "nothing_saveable")
+    assert result.exit_code == ExitCode.TARGET
+    doc = json.loads(result.stdout)
+    assert [r["error"] is None for r in doc["results"]] == [False, True]
+    assert doc["results"][1]["totals"]["argument_bytes"] == 16
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(PREFIX) and "[everything_saveable]" in lines[0]
