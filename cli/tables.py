@@ -38,6 +38,7 @@ from te_ckpt_audit.render import (
     mesh_note,
     policy_errors,
     shown_columns,
+    warning_message,
 )
 
 MARK_STYLES = {
@@ -180,7 +181,8 @@ def _warnings(report: AuditReport) -> list[RenderableType]:
     if not report.warnings:
         return [Text("No warnings.", style="green")]
     return [Text("Warnings", style="bold"), *[
-        Text.assemble(("! ", "bold yellow"), (f"[{w.code}] ", "yellow"), w.message) for w in report.warnings
+        Text.assemble(("! ", "bold yellow"), (f"[{w.code.value}] ", "yellow"), warning_message(w))
+        for w in report.warnings
     ]]
 
 

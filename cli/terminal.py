@@ -18,6 +18,7 @@ from rich.console import Console
 from te_ckpt_audit import AuditError, AuditReport
 from te_ckpt_audit.gate import CheckResult, write_output
 from te_ckpt_audit.render import policy_errors
+from te_ckpt_audit.render_gate import violation_message
 
 from .options import ExitCode
 
@@ -68,7 +69,7 @@ def report_gate(results: Sequence[CheckResult], baseline: str | Path | None) -> 
             print(f"{PROG}: note: {result.target} [{', '.join(missing)}]: not in baseline {baseline}", file=sys.stderr)
     failed = [v for result in results for v in result.violations]
     for v in failed:
-        print(f"{PROG}: check failed: {v.message}", file=sys.stderr)
+        print(f"{PROG}: check failed: {violation_message(v)}", file=sys.stderr)
     return ExitCode.CHECK_FAILED if failed else ExitCode.OK
 
 

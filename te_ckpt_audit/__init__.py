@@ -30,6 +30,7 @@ from .report import (
     SourceLocation,
     Totals,
     Verdict,
+    WarningCode,
 )
 
 __version__ = "0.1.0"
@@ -61,6 +62,7 @@ __all__ = [
     "Totals",
     "UsageError",
     "Verdict",
+    "WarningCode",
     "audit",
     "audit_target",
     "check_target",

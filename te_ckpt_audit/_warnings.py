@@ -13,8 +13,7 @@ import jax.numpy as jnp
 
 from ._analysis import analyse, row_policy, verdict_of
 from ._trace import Traced
-from .render import format_flops
-from .report import AuditWarning, Outcome, PolicyResult, Scope, Verdict
+from .report import AuditWarning, WarningCode, Outcome, PolicyResult, Scope, Verdict
 from .specs import PolicySpec, SpecKind, resolve_policy
 
 
@@ -56,14 +55,7 @@ def add_warnings(
         audited = ("nothing_saveable", result.scope) in given
         if spec.kind is SpecKind.POLICY and spec.text != "nothing_saveable" and (audited or not saves):
             if _signature(nothing_saveable(result.scope)) == _signature(result):
-                warnings.append(
-                    AuditWarning(
-                        "same-as-nothing-saveable",
-                        spec.text,
-                        f"{spec.text} saves exactly what nothing_saveable saves: it checkpoints "
-                        "nothing in this model",
-                    )
-                )
+                warnings.append(AuditWarning(WarningCode.SAME_AS_NOTHING_SAVEABLE, spec.text))
         out.append(dataclasses.replace(result, warnings=tuple(warnings)))
     return out
 
@@ -76,64 +68,30 @@ def _spec_warnings(traced: Traced, spec: PolicySpec, result: PolicyResult) -> li
         policies = {id(p): p for r in te_rows if (p := row_policy(r, spec, result.scope)) is not None}
         saves_dots = any(verdict_of(p, _probe_dot(), spec.text) is Verdict.SAVE for p in policies.values())
         if recomputed and len(recomputed) == len(te_rows) and saves_dots:
-            totals = (traced.rows.equation(r.equation.id) for r in recomputed)
+            totals = [traced.rows.equation(r.equation.id) for r in recomputed]
             flops = sum(e.flops * e.multiplicity for e in totals)
-            warnings.append(
-                AuditWarning(
-                    "te-gemms-recomputed",
-                    spec.text,
-                    f"{spec.text} saves dots but recomputes all {len(te_rows)} TE GEMMs "
-                    f"({format_flops(flops)}): JAX's dot policies do not know TE's primitives; "
-                    "use checkpoint_dots_and_te_gemms",
-                )
-            )
+            ids = tuple(e.id for e in totals)
+            warnings.append(AuditWarning(WarningCode.TE_GEMMS_RECOMPUTED, spec.text, equations=ids, flops=flops))
     if result.scope is Scope.INNER and spec.kind is SpecKind.POLICY and not traced.has_remat:
-        warnings.append(
-            AuditWarning(
-                "inner-scope-without-checkpoints",
-                spec.text,
-                f"--scope inner applies {spec.text} to the model's own checkpoints, and it has none: "
-                "the policy changes nothing; use --scope outer (or auto)",
-            )
-        )
+        warnings.append(AuditWarning(WarningCode.INNER_SCOPE_WITHOUT_CHECKPOINTS, spec.text))
     used = set(traced.rows.names)
     for name in (*spec.names, *spec.offload_names):
         if name not in used:
             close = difflib.get_close_matches(name, sorted(used), n=1)
-            known = ", ".join(sorted(used)) or "none"
-            hint = f"did you mean {close[0]!r}?" if close else f"names in the model: {known}"
             warnings.append(
                 AuditWarning(
-                    "unknown-name",
+                    WarningCode.UNKNOWN_NAME,
                     spec.text,
-                    f"{spec.text}: no checkpoint_name in the model is {name!r} ({hint})",
+                    name=name,
+                    suggestion=close[0] if close else None,
+                    known=tuple(sorted(used)),
                 )
             )
     if spec.saves_everything_regardless:
-        warnings.append(
-            AuditWarning(
-                "saves-everything",
-                spec.text,
-                f"jax {jax.__version__}'s save_anything_except_these_names ignores its names and saves "
-                "everything; use save_any_names_but_these",
-            )
-        )
+        warnings.append(AuditWarning(WarningCode.SAVES_EVERYTHING, spec.text))
     wants_offload = bool(spec.offload_names) or spec.text.startswith("offload_")
     if wants_offload and result.totals.host_bytes == 0:
-        warnings.append(
-            AuditWarning(
-                "offload-missing",
-                spec.text,
-                f"{spec.text} offloads nothing to host memory in this model",
-            )
-        )
+        warnings.append(AuditWarning(WarningCode.OFFLOAD_MISSING, spec.text))
     if spec.kind is SpecKind.POLICY and jax.config.values.get("jax_remat3"):
-        warnings.append(
-            AuditWarning(
-                "remat3",
-                spec.text,
-                "jax_remat3 is on: jax.checkpoint takes another path, which this audit does not model; "
-                "turn it off (JAX_REMAT3=0) for exact figures",
-            )
-        )
+        warnings.append(AuditWarning(WarningCode.REMAT3, spec.text))
     return warnings

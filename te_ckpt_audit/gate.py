@@ -9,6 +9,7 @@ Pure functions of reports; reading and writing files is limited to the baseline 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
 import math
 import os
@@ -21,7 +22,6 @@ from typing import Any
 
 from ._loading import split_defines, split_spec
 from .errors import UsageError
-from .render import format_bytes
 from .report import AuditReport, PolicyResult
 
 BASELINE_SCHEMA = "te-ckpt-audit-baseline/2"
@@ -77,14 +77,27 @@ def parse_budget(text: str) -> Budget:
     return Budget(parse_size(size), policy.strip() or None)
 
 
+class Figure(enum.StrEnum):
+    """What a gate limits."""
+
+    ACTIVATION_BYTES = "activation bytes"  # a budget (per device on a mesh)
+    RECOMPUTE_PERCENT = "recompute %"  # --max-recompute, % of forward FLOPs
+    GROWTH = "growth over baseline"  # % of activation bytes over the baseline entry
+    NOT_IN_BASELINE = "not in baseline"  # --require-baseline, and the baseline lacks the policy
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Violation:
+    """A broken limit; renderers word it (`render_gate.violation_message`)."""
+
     target: str
     policy: str
-    figure: str  # "activation bytes", "recompute %", "growth over baseline"
-    value: float
+    figure: Figure
+    value: float  # bytes, %, or (growth from 0 B) math.inf
     limit: float
-    message: str
+    per_device: bool = False  # the bytes are one device's, on a mesh
+    baseline_bytes: int | None = None  # GROWTH: the baseline's figure
+    bytes: int | None = None  # GROWTH, NOT_IN_BASELINE: this audit's figure
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -183,10 +196,6 @@ def gated_bytes(result: PolicyResult) -> int:
     return result.totals.activation_bytes if per_device is None else per_device
 
 
-def gated_figure(result: PolicyResult) -> str:
-    return "activation bytes" if result.totals.activation_bytes_per_device is None else "activation bytes per device"
-
-
 def check(
     report: AuditReport,
     budgets: Sequence[Budget] = (),
@@ -215,20 +224,13 @@ def check(
         act = gated_bytes(result)
         for b in budgets:
             if (b.policy in (None, result.policy)) and act > b.limit_bytes:
+                per_device = result.totals.activation_bytes_per_device is not None
                 violations.append(
-                    Violation(
-                        target, result.policy, "activation bytes", act, b.limit_bytes,
-                        f"{target} [{result.policy}]: {gated_figure(result)} {format_bytes(act)} ({act} B) "
-                        f"exceed the budget {format_bytes(b.limit_bytes)} ({b.limit_bytes} B)",
-                    )
+                    Violation(target, result.policy, Figure.ACTIVATION_BYTES, act, b.limit_bytes, per_device)
                 )
         if max_recompute is not None and result.recompute_percent > max_recompute:
             violations.append(
-                Violation(
-                    target, result.policy, "recompute %", result.recompute_percent, max_recompute,
-                    f"{target} [{result.policy}]: recompute {result.recompute_percent:.1f}% of forward "
-                    f"FLOPs exceeds --max-recompute {max_recompute:g}%",
-                )
+                Violation(target, result.policy, Figure.RECOMPUTE_PERCENT, result.recompute_percent, max_recompute)
             )
         if baseline is not None:
             change = Change(target, result.policy, baseline.get(result.policy), act)
@@ -240,22 +242,23 @@ def check(
 
 
 def _baseline_violation(change: Change, tolerance: float, required: bool) -> Violation | None:
-    where = f"{change.target} [{change.policy}]"
     if change.baseline_bytes is None:
         if not required:
             return None
         return Violation(
-            change.target, change.policy, "not in baseline", change.bytes, 0,
-            f"{where}: not in the baseline, and --require-baseline is given",
+            change.target, change.policy, Figure.NOT_IN_BASELINE, change.bytes, 0, bytes=change.bytes
         )
     pct = change.percent
     if not change.unbounded and (pct is None or pct <= tolerance):
         return None
-    grew = "from 0 B (unbounded growth)" if change.unbounded else f"{pct:+.2f}% over the baseline"
     return Violation(
-        change.target, change.policy, "growth over baseline", math.inf if pct is None else pct, tolerance,
-        f"{where}: activation bytes grew {grew} ({format_bytes(change.baseline_bytes)} -> "
-        f"{format_bytes(change.bytes)}), beyond the tolerance {tolerance:g}%",
+        change.target,
+        change.policy,
+        Figure.GROWTH,
+        math.inf if pct is None else pct,
+        tolerance,
+        baseline_bytes=change.baseline_bytes,
+        bytes=change.bytes,
     )
 
 

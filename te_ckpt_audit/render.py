@@ -14,11 +14,12 @@ import dataclasses
 import enum
 import json
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, assert_never
 
 from .report import (
     SCHEMA,
     AuditReport,
+    AuditWarning,
     Category,
     Equation,
     Outcome,
@@ -28,6 +29,7 @@ from .report import (
     Scope,
     ShardingSource,
     Verdict,
+    WarningCode,
 )
 
 # --- units ------------------------------------------------------------------------------------
@@ -68,6 +70,45 @@ class Column:
     def cell(self, report: AuditReport, result: PolicyResult) -> str:
         """The column's text for a policy; a policy JAX could not differentiate under has no figures."""
         return "error" if self.numeric and result.error is not None else self.value(report, result)
+
+
+def warning_message(w: AuditWarning) -> str:
+    """The words for a warning, from its code and fields."""
+    match w.code:
+        case WarningCode.TE_GEMMS_RECOMPUTED:
+            return (
+                f"{w.policy} saves dots but recomputes all {len(w.equations)} TE GEMMs "
+                f"({format_flops(w.flops or 0)}): JAX's dot policies do not know TE's primitives; "
+                "use checkpoint_dots_and_te_gemms"
+            )
+        case WarningCode.SAME_AS_NOTHING_SAVEABLE:
+            return f"{w.policy} saves exactly what nothing_saveable saves: it checkpoints nothing in this model"
+        case WarningCode.UNKNOWN_NAME:
+            hint = (
+                f"did you mean {w.suggestion!r}?"
+                if w.suggestion
+                else f"names in the model: {', '.join(w.known) or 'none'}"
+            )
+            return f"{w.policy}: no checkpoint_name in the model is {w.name!r} ({hint})"
+        case WarningCode.SAVES_EVERYTHING:
+            return (
+                "this jax's save_anything_except_these_names ignores its names and saves everything; "
+                "use save_any_names_but_these"
+            )
+        case WarningCode.OFFLOAD_MISSING:
+            return f"{w.policy} offloads nothing to host memory in this model"
+        case WarningCode.INNER_SCOPE_WITHOUT_CHECKPOINTS:
+            return (
+                f"--scope inner applies {w.policy} to the model's own checkpoints, and it has none: "
+                "the policy changes nothing; use --scope outer (or auto)"
+            )
+        case WarningCode.REMAT3:
+            return (
+                "jax_remat3 is on: jax.checkpoint takes another path, which this audit does not model; "
+                "turn it off (JAX_REMAT3=0) for exact figures"
+            )
+        case _:
+            assert_never(w.code)
 
 
 def policy_errors(report: AuditReport) -> list[tuple[str, str]]:
@@ -262,6 +303,9 @@ def render_json(report: AuditReport, top: int = 10, by: HotspotKey | None = None
     key = hotspot_key(report, by)
     spots = [dataclasses.asdict(h) for h in hotspots(report, top, key)]
     doc = {**report.to_dict(), "hotspots": {"by": key.value, "rows": spots}}
+    for result, result_doc in zip(report.results, doc["results"], strict=True):
+        for w, w_doc in zip(result.warnings, result_doc["warnings"], strict=True):
+            w_doc["message"] = warning_message(w)  # the words beside the fields, for people
     return json.dumps(doc, indent=2, allow_nan=False) + "\n"  # strict JSON: no NaN
 
 
@@ -367,7 +411,18 @@ JSON_SCHEMA: dict[str, Any] = {
                 marks=_array(_object(equation=_STR, verdict=_enum(Verdict), outcome=_enum(Outcome))),
                 recompute_flops=_INT,
                 forward_flops=_INT,
-                warnings=_array(_object(code=_STR, policy=_OPT_STR, message=_STR)),
+                warnings=_array(
+                    _object(
+                        code=_enum(WarningCode),
+                        policy=_OPT_STR,
+                        equations=_array(_STR),
+                        flops=_OPT_INT,
+                        name=_OPT_STR,
+                        suggestion=_OPT_STR,
+                        known=_array(_STR),
+                        message=_STR,
+                    )
+                ),
                 compiled={
                     "oneOf": [
                         {"type": "null"},
@@ -455,7 +510,7 @@ def render_markdown(report: AuditReport, top: int = 10, by: HotspotKey | None = 
         lines += [""]
     lines += ["### Warnings", ""]
     if report.warnings:
-        rows = [[w.policy or "", w.code, w.message] for w in report.warnings]
+        rows = [[w.policy or "", w.code.value, warning_message(w)] for w in report.warnings]
         lines += [*md_table(["policy", "warning", "message"], rows, [False] * 3), ""]
     else:
         lines += ["None.", ""]

@@ -6,15 +6,40 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, assert_never
 
-from .gate import Change, CheckResult, Violation, gated_bytes
-from .render import md_table, format_bytes, format_percent, render_markdown
+from .gate import Change, CheckResult, Figure, Violation, gated_bytes
+from .render import format_bytes, format_percent, md_table, render_markdown, warning_message
 from .report import AuditReport, ResidualKind, SourceLocation
 
 CHECK_SCHEMA = "te-ckpt-audit-check/2"  # /2: unbounded growth explicit; never a non-finite number
 
 Run = tuple[AuditReport, CheckResult]
+
+
+def violation_message(v: Violation) -> str:
+    """The words for a broken limit, naming target, policy, figure and limit."""
+    where = f"{v.target} [{v.policy}]"
+    match v.figure:
+        case Figure.ACTIVATION_BYTES:
+            figure = "activation bytes per device" if v.per_device else "activation bytes"
+            act, limit = int(v.value), int(v.limit)
+            return (
+                f"{where}: {figure} {format_bytes(act)} ({act} B) exceed the budget "
+                f"{format_bytes(limit)} ({limit} B)"
+            )
+        case Figure.RECOMPUTE_PERCENT:
+            return f"{where}: recompute {v.value:.1f}% of forward FLOPs exceeds --max-recompute {v.limit:g}%"
+        case Figure.GROWTH:
+            grew = "from 0 B (unbounded growth)" if math.isinf(v.value) else f"{v.value:+.2f}% over the baseline"
+            return (
+                f"{where}: activation bytes grew {grew} ({format_bytes(v.baseline_bytes or 0)} -> "
+                f"{format_bytes(v.bytes or 0)}), beyond the tolerance {v.limit:g}%"
+            )
+        case Figure.NOT_IN_BASELINE:
+            return f"{where}: not in the baseline, and --require-baseline is given"
+        case _:
+            assert_never(v.figure)
 
 
 def _change_text(change: Change | None) -> str:
@@ -69,7 +94,7 @@ def render_check_markdown(runs: Sequence[Run]) -> str:
         *md_table(SUMMARY_HEADERS, summary_rows(runs), SUMMARY_NUMERIC),
     ]
     if failed:
-        lines += ["", "### Violations", ""] + [f"- {v.message}" for v in failed]
+        lines += ["", "### Violations", ""] + [f"- {violation_message(v)}" for v in failed]
     return "\n".join(lines) + "\n"
 
 
@@ -99,7 +124,7 @@ def github_annotation(report: AuditReport, v: Violation) -> str:
     props = [f"title={_escape(f'te-ckpt-audit: {v.policy}', prop=True)}"]
     if where is not None:
         props = [f"file={_escape(where.file, True)}", f"line={where.line}", *props]
-    return f"::error {','.join(props)}::{_escape(v.message)}"
+    return f"::error {','.join(props)}::{_escape(violation_message(v))}"
 
 
 def render_check_github(runs: Sequence[Run]) -> str:
@@ -116,7 +141,7 @@ def render_check_github(runs: Sequence[Run]) -> str:
         for r in report.results
     ]
     lines += [
-        f"::warning title={_escape('te-ckpt-audit: ' + (w.policy or ''), True)}::{_escape(w.message)}"
+        f"::warning title={_escape('te-ckpt-audit: ' + (w.policy or ''), True)}::{_escape(warning_message(w))}"
         for report, _ in runs
         for w in report.warnings
     ]
@@ -130,11 +155,11 @@ def _violation_dict(v: Violation) -> dict[str, Any]:
     finite = math.isfinite(v.value)
     return {
         "policy": v.policy,
-        "figure": v.figure,
+        "figure": v.figure.value,
         "value": v.value if finite else None,
         "unbounded": not finite,
         "limit": v.limit,
-        "message": v.message,
+        "message": violation_message(v),
     }
 
 

@@ -114,11 +114,29 @@ class EquationMark:
     outcome: Outcome
 
 
+class WarningCode(enum.StrEnum):
+    """Policies that silently do nothing, or not what their name promises."""
+
+    TE_GEMMS_RECOMPUTED = "te-gemms-recomputed"  # a dot policy recomputes every TE GEMM
+    SAME_AS_NOTHING_SAVEABLE = "same-as-nothing-saveable"  # it checkpoints nothing in this model
+    UNKNOWN_NAME = "unknown-name"  # a name policy names no checkpoint_name of the model (a typo)
+    SAVES_EVERYTHING = "saves-everything"  # jax's save_anything_except_these_names ignores its names
+    OFFLOAD_MISSING = "offload-missing"  # an offload policy offloads nothing
+    INNER_SCOPE_WITHOUT_CHECKPOINTS = "inner-scope-without-checkpoints"  # --scope inner, no checkpoints
+    REMAT3 = "remat3"  # jax_remat3 is on: another remat path
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class AuditWarning:
-    code: str
+    """A finding about one policy; renderers word it from the code and the fields its code uses."""
+
+    code: WarningCode
     policy: str | None
-    message: str
+    equations: tuple[str, ...] = ()  # TE_GEMMS_RECOMPUTED: the TE GEMM equations recomputed
+    flops: int | None = None  # TE_GEMMS_RECOMPUTED: their recompute FLOPs
+    name: str | None = None  # UNKNOWN_NAME: the name no checkpoint_name carries
+    suggestion: str | None = None  # UNKNOWN_NAME: the closest name the model has
+    known: tuple[str, ...] = ()  # UNKNOWN_NAME: the names the model has
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

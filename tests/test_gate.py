@@ -11,6 +11,7 @@ import pytest
 
 from te_ckpt_audit import audit
 from te_ckpt_audit.errors import UsageError
+from te_ckpt_audit.render_gate import violation_message
 from te_ckpt_audit.gate import (
     BASELINE_SCHEMA,
     AuditKey,
@@ -75,7 +76,8 @@ def test_over_budget_names_target_policy_figure_and_limit(report) -> None:
     assert [v.policy for v in result.violations] == ["everything_saveable"]
     (v,) = result.violations
     assert (v.figure, v.value, v.limit) == ("activation bytes", act(report, "everything_saveable"), limit)
-    assert v.target in v.message and "everything_saveable" in v.message and str(limit) in v.message
+    message = violation_message(v)
+    assert v.target in message and "everything_saveable" in message and str(limit) in message
 
 
 def test_per_policy_budget(report) -> None:
