@@ -18,7 +18,7 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from te_ckpt_audit import AuditReport, Outcome
+from te_ckpt_audit import AuditReport, Outcome, TeKind
 from te_ckpt_audit.render_gate import SUMMARY_HEADERS, SUMMARY_NUMERIC, Run, summary_rows
 from te_ckpt_audit.render import (
     COLUMNS,
@@ -254,7 +254,7 @@ def render_table(report: AuditReport, view: TableView = TableView()) -> str:
     if view.equations:
         sections.append([_equations(report, view.width)])
     sections.append(_warnings(report))
-    if report.te == "stand-in":
+    if report.te is TeKind.STANDIN:
         sections.append([Text(f"Note: {STANDIN_NOTE}", style="dim")])
     if report.mesh is not None:
         sections.append([Text(f"Note: {mesh_note(report)}", style="dim")])

@@ -25,7 +25,7 @@ from ._trace import Traced, trace
 from ._warnings import add_warnings
 from .errors import TargetError, UsageError
 from .gate import Baseline, Budget, CheckResult, audit_key, check, check_percent
-from .report import AuditReport, MeshSpec, Scope, ShardingSource
+from .report import AuditReport, MeshSpec, Scope, ShardingSource, TeKind
 from .specs import PolicySpec, SpecKind, resolve_policy
 
 DEFAULT_POLICIES = (
@@ -99,16 +99,13 @@ def audit_traced(
             compiled.append(dataclasses.replace(result, compiled=compiled_memory(traced, spec, result.scope)))
         results = compiled
     equations = traced.rows.equations()
-    te = "none"
-    if any(e.is_te_gemm for e in equations):
-        te = "stand-in" if any(e.standin for e in equations if e.is_te_gemm) else "real"
     return AuditReport(
         target=traced.target,
         arguments=tuple(
             f"{n}: {a.dtype}{list(a.shape)}" for n, a in zip(traced.arg_names, traced.avals, strict=True)
         ),
         jax_version=jax.__version__,
-        te=te,
+        te=TeKind.of(equations),
         equations=equations,
         results=tuple(results),
         emulated_device=_emulated_device(),

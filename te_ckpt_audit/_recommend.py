@@ -34,7 +34,7 @@ from ._loading import load_inputs, load_target
 from ._mesh import build_mesh, mesh_context, parse_mesh, per_device, place_args, spec_of
 from ._trace import Traced, trace
 from .errors import TargetError, UsageError
-from .report import AuditReport, MeshSpec, PolicyResult, Scope, ShardingSource
+from .report import AuditReport, MeshSpec, PolicyResult, Scope, ShardingSource, TeKind
 from .specs import resolve_policy
 
 SCHEMA = "te-ckpt-audit-recommend/1"
@@ -383,11 +383,8 @@ def recommend(
     )
 
 
-def _te(traced: Traced) -> str:
-    gemms = [e for e in traced.rows.equations() if e.is_te_gemm]
-    if not gemms:
-        return "none"
-    return "stand-in" if any(e.standin for e in gemms) else "real"
+def _te(traced: Traced) -> TeKind:
+    return TeKind.of(traced.rows.equations())
 
 
 def _subsets(names: Sequence[str]) -> Iterable[tuple[str, ...]]:

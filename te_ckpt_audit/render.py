@@ -28,6 +28,7 @@ from .report import (
     ResidualKind,
     Scope,
     ShardingSource,
+    TeKind,
     Verdict,
     WarningCode,
 )
@@ -350,7 +351,7 @@ JSON_SCHEMA: dict[str, Any] = {
         target=_STR,
         arguments=_array(_STR),
         jax_version=_STR,
-        te={"enum": ["real", "stand-in", "none"]},
+        te=_enum(TeKind),
         equations=_array(
             _object(
                 id=_STR,
@@ -488,7 +489,7 @@ def render_markdown(report: AuditReport, top: int = 10, by: HotspotKey | None = 
         ),
         "",
     ]
-    if report.te == "stand-in":
+    if report.te is TeKind.STANDIN:
         lines += [f"> {STANDIN_NOTE}", ""]
     if report.mesh is not None:
         lines += [f"> {mesh_note(report)}", ""]

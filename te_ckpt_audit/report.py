@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from collections.abc import Iterable
 from typing import Any
 
 SCHEMA = "te-ckpt-audit/1"
@@ -34,6 +35,21 @@ class ResidualKind(enum.StrEnum):
     HOST = "host"  # offloaded to host memory
     CONSTANT = "constant"  # a closed-over constant
     LITERAL = "literal"  # a compile-time literal JAX lists "from a literal": no memory, 0 bytes
+
+
+class TeKind(enum.StrEnum):
+    """Which Transformer Engine GEMMs the traced function holds."""
+
+    REAL = "real"  # Transformer Engine's own primitives (TE imported)
+    STANDIN = "stand-in"  # the labelled CPU stand-in of the sample models
+    NONE = "none"  # no TE GEMMs
+
+    @classmethod
+    def of(cls, equations: Iterable[Equation]) -> TeKind:
+        gemms = [e for e in equations if e.is_te_gemm]
+        if not gemms:
+            return cls.NONE
+        return cls.STANDIN if any(e.standin for e in gemms) else cls.REAL
 
 
 class Category(enum.StrEnum):
@@ -233,7 +249,7 @@ class AuditReport:
     target: str
     arguments: tuple[str, ...]  # "path: dtype[shape]" of each traced input
     jax_version: str
-    te: str  # "real" (Transformer Engine imported), "stand-in", or "none" (no TE GEMMs)
+    te: TeKind
     equations: tuple[Equation, ...]
     results: tuple[PolicyResult, ...]
     # The emulated GPU TE traced against (te_ckpt_audit.emulation), or None. What TE selects by

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from te_ckpt_audit import Category, Outcome, Verdict, audit_target
+from te_ckpt_audit import Category, Outcome, TeKind, Verdict, audit_target
 
 POLICIES = [
     "checkpoint_dots",
@@ -32,7 +32,7 @@ def test_te_gemms_are_found_and_labelled_as_stand_in(report) -> None:
     assert sorted(e.primitive for e in rows) == sorted(
         ["te_gemm_v2_ffi_wrapper"] * 8 + ["te_grouped_gemm_ffi_wrapper"] * 4
     )
-    assert report.te == "stand-in" and all(e.standin for e in rows)
+    assert report.te is TeKind.STANDIN and all(e.standin for e in rows)
     # attributed to the model's own lines, not to the stand-in's file
     assert all(e.source is not None and e.source.file.endswith("te_transformer.py") for e in rows)
     assert {e.name for e in rows} == {"qkv_proj", "out_proj", "ffn1", "ffn2", "moe_ffn1", "moe_ffn2"}
