@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# One CI lane, by name; .ci/run runs them all. Each lane is its own process, so `set -e` holds in
+# it whatever the caller does with its exit code. Arguments after the name go to pytest.
+#
+#   bash .ci/lane.sh py311-jax0.10.2     # the README's test command, lint, typing, memory gate
+#   bash .ci/lane.sh py312-newest        # the whole suite on Python 3.12 with the newest jax
+#   bash .ci/lane.sh te-jax0.10.2 | te-newest | zoo | browser
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# The newest jax release, tested here; pyproject.toml's upper bound is the next minor.
+JAX_NEWEST="${JAX_NEWEST:-0.12.0.1}"
+NEWEST_PYTHON="${NEWEST_PYTHON:-3.12}"
+
+name="$1"
+shift
+case "$name" in
+  py311-jax0.10.2)
+    python3 -m pip install -q -e ".[test]"
+    python3 -m pytest "$@"
+    python3 -m ruff check .
+    python3 -m mypy te_ckpt_audit cli
+    te-ckpt-audit check --format markdown
+    ;;
+  py312-newest)
+    PY="$(bash .ci/venv.sh "$NEWEST_PYTHON" "$JAX_NEWEST" | tail -n 1)"
+    "$PY" -c 'import sys, jax; print(f"python {sys.version.split()[0]}, jax {jax.__version__}")'
+    "$PY" -m pytest "$@"
+    ;;
+  te-jax0.10.2)
+    bash te_cpu/test.sh -q "$@"
+    ;;
+  te-newest)
+    PYTHON="$(bash .ci/python.sh "$NEWEST_PYTHON")" JAX_VERSION="$JAX_NEWEST" bash te_cpu/test.sh -q "$@"
+    ;;
+  zoo)
+    bash zoo/test.sh -q "$@"
+    ;;
+  browser)
+    bash ci/browser_check.sh  # the HTML reports in headless Chromium; screenshots in build/browser-check/
+    ;;
+  *)
+    echo "ci/lane: no lane named $name" >&2
+    exit 2
+    ;;
+esac

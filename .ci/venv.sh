@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# A virtual environment for one CI lane: a Python minor version and an exact jax, cached under
+# ${TE_CKPT_AUDIT_CACHE:-$HOME/.cache/te-ckpt-audit}, keyed by both versions. This checkout is
+# installed into it (editable, with its test extras) on every call, so the lane tests this tree.
+#
+#   bash .ci/venv.sh 3.12 0.12.0.1     # prints the environment's python on its last line
+#
+# The interpreter is found by .ci/python.sh, never downloaded.
+set -euo pipefail
+
+PY_MINOR="$1"
+JAX_VERSION="$2"
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+CACHE="${TE_CKPT_AUDIT_CACHE:-$HOME/.cache/te-ckpt-audit}"
+
+log() { echo "ci/venv: $*" >&2; }
+
+ENV="$CACHE/venv-py${PY_MINOR/./}-jax-$JAX_VERSION"
+STAMP="$ENV/.complete"
+# pip, quiet; the local index's "is ignored" warnings dropped, the rest shown on failure.
+pipq() {
+  local out
+  if ! out="$("$ENV/bin/python" -m pip install -q --disable-pip-version-check "$@" 2>&1)"; then
+    echo "$out" | grep -v 'is ignored: it is neither' >&2
+    return 1
+  fi
+}
+
+if [ ! -f "$STAMP" ]; then
+  PY="$(bash "$ROOT/.ci/python.sh" "$PY_MINOR")"
+  log "creating $ENV with $PY"
+  rm -rf "$ENV"
+  "$PY" -m venv "$ENV"
+  # jax stays at JAX_VERSION whatever a later install asks for.
+  printf 'jax==%s\njaxlib==%s\n' "$JAX_VERSION" "$JAX_VERSION" >"$ENV/constraints.txt"
+  pipq --upgrade pip setuptools wheel
+  pipq -c "$ENV/constraints.txt" "jax==$JAX_VERSION" "jaxlib==$JAX_VERSION"
+  touch "$STAMP"
+fi
+pipq -c "$ENV/constraints.txt" -e "$ROOT[test]"
+echo "$ENV/bin/python"
