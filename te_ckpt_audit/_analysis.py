@@ -16,10 +16,9 @@ import jax
 
 from . import _jax_compat as jc
 from ._jaxpr import aval_bytes, aval_dtype, aval_shape, is_gemm, map_sub_jaxprs, open_jaxpr, sub_jaxprs
-from ._loading import user_location
-from ._source import Origin
+from ._source import Origin, user_location
 from ._trace import Row, Traced, id_key
-from .errors import AuditError, PolicySpecError, TargetError
+from .errors import AuditError, PolicySpecError, TargetError, first_line
 from .policies import is_te_gemm, is_te_standin
 from .report import (
     Category,
@@ -191,10 +190,9 @@ def analyse(traced: Traced, spec: PolicySpec, scope: Scope = Scope.AUTO) -> Poli
     except AuditError:
         raise
     except Exception as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise TargetError(
             f"differentiating {traced.target or 'the function'} under {spec.text} raised "
-            f"{type(exc).__name__} at {user_location(exc)}: {first}",
+            f"{type(exc).__name__} at {user_location(exc)}: {first_line(exc)}",
             "fix the model's differentiation rules (rerun with --debug for the traceback)",
         ) from exc
     rows = traced.rows.by_id  # complete now: custom_vjp forward rules were traced just above

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 
 from ._analysis import policy_function
 from ._trace import Traced
+from .errors import first_line
 from .report import CompiledMemory, Scope
 from .specs import PolicySpec
 
@@ -32,8 +33,7 @@ def compiled_memory(traced: Traced, spec: PolicySpec, scope: Scope) -> CompiledM
     try:
         stats = jax.jit(step).lower(*traced.avals).compile().memory_analysis()
     except Exception as exc:  # reported per policy; the audit itself stands
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        return CompiledMemory(backend, None, None, None, None, f"{type(exc).__name__}: {first}")
+        return CompiledMemory(backend, None, None, None, None, f"{type(exc).__name__}: {first_line(exc)}")
     if stats is None:
         return CompiledMemory(backend, None, None, None, None, "the backend reports no memory analysis")
     return CompiledMemory(

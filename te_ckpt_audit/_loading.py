@@ -22,7 +22,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from .errors import AuditError, TargetError, UsageError
+from ._source import raised_in_user_code, user_location
+from .errors import AuditError, TargetError, UsageError, first_line
 
 INPUTS_SUFFIX = "_inputs"
 FALLBACK_INPUTS = "example_inputs"
@@ -53,49 +54,6 @@ def split_spec(text: str, what: str) -> tuple[str, str]:
             "e.g. sample_models/gpt.py:loss",
         )
     return where, attr
-
-
-_HERE = str(Path(__file__).parent)
-
-
-def user_location(exc: BaseException, roots: tuple[str, ...] = ()) -> str:
-    """file:line of the innermost frame of the user's code in an exception's traceback (or in the
-    exceptions it was raised from); never a frame of te-ckpt-audit itself."""
-    if isinstance(exc, SyntaxError) and exc.filename:
-        return f"{exc.filename}:{exc.lineno}"
-    chain: list[BaseException] = []
-    while exc is not None and exc not in chain:
-        chain.append(exc)
-        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
-    for e in chain:
-        user = [f for f in traceback.extract_tb(e.__traceback__) if _is_user_file(f.filename)]
-        preferred = [f for f in user if any(f.filename.startswith(r) for r in roots)] or user
-        if preferred:
-            return f"{preferred[-1].filename}:{preferred[-1].lineno}"
-    return "an unknown location (no frame of your code in the traceback)"
-
-
-def _is_user_file(filename: str) -> bool:
-    return not filename.startswith(_HERE) and not _is_library_file(filename)
-
-
-def _is_library_file(filename: str) -> bool:
-    return any(part in filename for part in ("site-packages", "dist-packages", "<frozen", "/lib/python"))
-
-
-def first_line(exc: BaseException) -> str:
-    """The first line of an exception's message, also for one whose __str__ raises."""
-    try:
-        lines = str(exc).strip().splitlines()
-    except Exception:
-        return "(no message: its __str__ raised)"
-    return lines[0] if lines else type(exc).__name__
-
-
-def raised_in_user_code(exc: BaseException) -> bool:
-    """Whether the innermost frame of the traceback is the user's (their code raised it)."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    return bool(frames) and _is_user_file(frames[-1].filename)
 
 
 @contextlib.contextmanager

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,47 @@ def module_path(prefix: tuple[str, ...], eqn: Any, merged: dict[int, tuple[str, 
     body shared by several layers has its scopes `merged` across them ("block_*")."""
     own = merged.get(id(eqn))
     return prefix + (own if own is not None else jc.scope_names(eqn))
+
+
+def is_library_file(filename: str, marked: frozenset[str] = frozenset()) -> bool:
+    """Not the user's own code: te-ckpt-audit itself, installed packages, the standard library, or a
+    module `marked` as library code (`__te_ckpt_audit_library__ = True`, as the TE stand-in is)."""
+    return (
+        filename.startswith(_HERE)
+        or filename in marked
+        or any(part in filename for part in _LIBRARY_PARTS)
+    )
+
+
+_LIBRARY_PARTS = (
+    f"{os.sep}site-packages{os.sep}",
+    f"{os.sep}dist-packages{os.sep}",
+    "<frozen",
+    f"{os.sep}lib{os.sep}python",
+)
+
+
+def user_location(exc: BaseException, roots: tuple[str, ...] = ()) -> str:
+    """file:line of the innermost frame of the user's code in an exception's traceback (or in the
+    exceptions it was raised from); never a frame of te-ckpt-audit itself."""
+    if isinstance(exc, SyntaxError) and exc.filename:
+        return f"{exc.filename}:{exc.lineno}"
+    chain: list[BaseException] = []
+    while exc is not None and exc not in chain:
+        chain.append(exc)
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    for e in chain:
+        user = [f for f in traceback.extract_tb(e.__traceback__) if not is_library_file(f.filename)]
+        preferred = [f for f in user if any(f.filename.startswith(r) for r in roots)] or user
+        if preferred:
+            return f"{preferred[-1].filename}:{preferred[-1].lineno}"
+    return "an unknown location (no frame of your code in the traceback)"
+
+
+def raised_in_user_code(exc: BaseException) -> bool:
+    """Whether the innermost frame of the traceback is the user's (their code raised it)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    return bool(frames) and not is_library_file(frames[-1].filename)
 
 
 def _library_files() -> frozenset[str]:
@@ -51,12 +93,7 @@ class SourceFinder:
         self._cache: dict[int, tuple[Any, Origin]] = {}
 
     def _is_library(self, filename: str) -> bool:
-        return (
-            filename.startswith(_HERE)
-            or filename in self._library
-            or f"{os.sep}site-packages{os.sep}" in filename
-            or f"{os.sep}dist-packages{os.sep}" in filename
-        )
+        return is_library_file(filename, self._library)
 
     def __call__(self, eqn: Any) -> Origin:
         tb = eqn.source_info.traceback

@@ -25,11 +25,10 @@ from ._jaxpr import (
     open_jaxpr,
     sub_jaxprs,
 )
-from ._loading import user_location
-from .errors import TargetError, UsageError
+from .errors import TargetError, UsageError, first_line
 from .policies import is_te_gemm, is_te_standin
 from ._intern import intern_bodies
-from ._source import Origin, SourceFinder, module_path
+from ._source import Origin, SourceFinder, module_path, user_location
 from .report import Equation
 
 
@@ -130,7 +129,7 @@ def trace(fn: Callable[..., Any], args: tuple[Any, ...], target: str = "") -> Tr
     except Exception as exc:
         raise TargetError(
             f"tracing {target or 'the function'} raised {type(exc).__name__} at {user_location(exc)}: "
-            f"{_first_line(exc)}",
+            f"{first_line(exc)}",
             "fix the model code (rerun with --debug for the traceback)",
         ) from exc
     out_leaves = jax.tree_util.tree_leaves(out_shape)
@@ -169,11 +168,6 @@ def _abstract(leaf: Any, name: str) -> jax.ShapeDtypeStruct:
 
 def _arg_name(path: Any) -> str:
     return "args" + jax.tree_util.keystr(path)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
 
 
 

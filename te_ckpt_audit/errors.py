@@ -31,3 +31,12 @@ class TargetError(AuditError):
     """The user's code failed: import, inputs callable, or tracing. Exit 3."""
 
     exit_code = 3
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message, also for one whose __str__ raises."""
+    try:
+        lines = str(exc).strip().splitlines()
+    except Exception:
+        return "(no message: its __str__ raised)"
+    return lines[0] if lines else type(exc).__name__
