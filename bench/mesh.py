@@ -89,7 +89,7 @@ def main() -> None:
         rows += [("unrolled", 64, False, "abstract")]
     if args.full:
         rows += [("unrolled", 64, False, "compiled")]
-    header = f"{'model':<9}{'mesh':<18}{'devices':>8} {'shardings':<10}{'seconds':>8}{'x base':>7}"
+    header = f"{'model':<9}{'mesh':<20}{'devices':>8} {'shardings':<10}{'seconds':>8}{'x base':>7}"
     header += f"{'RSS MiB':>8}{'x base':>7}"
     print(header + "  none: bytes per device")
     print("-" * (len(header) + 40))
@@ -97,14 +97,14 @@ def main() -> None:
     for model, data, sp, source in rows:
         if model not in bases:
             base = bases[model] = run(model, None)
-            print(f"{model:<9}{'(none)':<18}{1:>8} {'-':<10}{base['seconds']:>8.1f}{1:>7.2f}{base['rss_mib']:>8.0f}"
+            print(f"{model:<9}{'(none)':<20}{1:>8} {'-':<10}{base['seconds']:>8.1f}{1:>7.2f}{base['rss_mib']:>8.0f}"
                   f"{1:>7.2f}  {base['activation']:,} B global")
         base = bases[model]
         mesh = f"data={data},model=8"
         r = run(model, mesh, sp, source)
         paper = paper_bytes(8, BATCH // data, sp)
         verdict = "= paper" if r["per_device"] == paper else f"!= paper {paper:,}"
-        print(f"{model:<9}{mesh + (' +sp' if sp else ''):<18}{data * 8:>8} {r['source']:<10}{r['seconds']:>8.1f}"
+        print(f"{model:<9}{mesh + (' +sp' if sp else ''):<20}{data * 8:>8} {r['source']:<10}{r['seconds']:>8.1f}"
               f"{r['seconds'] / base['seconds']:>7.2f}{r['rss_mib']:>8.0f}{r['rss_mib'] / base['rss_mib']:>7.2f}"
               f"  {r['per_device']:,} B {verdict}")
 
