@@ -136,7 +136,10 @@ def render_recommend_text(rec: Recommendation, width: int = 80) -> str:
         mark = "*" if c == rec.recommended else " "
         host = f"  host {format_bytes(c.host_bytes)}" if c.host_bytes else ""
         fit = "" if c.fits else "  over budget"
-        out.append(f" {mark} {format_bytes(c.activation_bytes):>10}  {format_flops(c.recompute_flops):>12}"
-                   f"  {c.recompute_percent:5.1f}%  {c.policy}{host}{fit}")
+        figures = f" {mark} {format_bytes(c.activation_bytes):>10}  {format_flops(c.recompute_flops):>12}" \
+                  f"  {c.recompute_percent:5.1f}%"
+        line = f"{figures}  {c.policy}{host}{fit}"
+        # a long spec goes on its own line: the figures stay in their columns within `width`
+        out += [line] if len(line) <= width else [figures + host + fit, f"{'':6}{c.policy}"]
     out += ["", render_frontier_plot(rec, width=min(width, 80))]
     return "\n".join(out) + "\n"
