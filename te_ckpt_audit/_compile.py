@@ -3,7 +3,9 @@
 The step is the forward and backward pass of the policy-applied function (`jax.vjp` then the
 pullback of ones), lowered from shapes alone and compiled for the default backend; nothing is
 allocated or run. XLA fuses, schedules and may rematerialize on its own, so its temp bytes are a
-different figure from the residual bytes: both are reported, side by side.
+different figure from the residual bytes: both are reported, side by side. On a mesh (`--mesh`)
+the inputs carry their NamedShardings, so the step compiles partitioned and `memory_analysis()`
+is one device's, beside the per-device residual bytes.
 """
 
 from __future__ import annotations
