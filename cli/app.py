@@ -13,7 +13,7 @@ from typer.exceptions import TyperException
 
 from .audit_cmd import audit
 from .check_cmd import check
-from .options import ExitCode
+from te_ckpt_audit.errors import ExitCode
 from .policies_cmd import policies
 from .recommend_cmd import recommend
 from te_ckpt_audit import AuditError, emulation, parse_mesh

@@ -24,15 +24,6 @@ class OutputFormat(enum.StrEnum):
     HTML = "html"  # one self-contained page (inline SVG, no network): audit only
 
 
-class ExitCode(enum.IntEnum):
-    OK = 0
-    CHECK_FAILED = 1  # a budget, recompute or baseline check failed
-    USAGE = 2  # what the user typed is wrong: an option, a path, a spec
-    TARGET = 3  # the user's code failed to load or trace
-    INTERNAL = 4  # a bug in te-ckpt-audit
-    INTERRUPTED = 130  # Ctrl-C, as shells report SIGINT
-
-
 def _writable_output(text: str | None) -> str | None:
     """Fail before the audit runs, not after it, when the report could not be written.
     (Paths arrive as str: Typer would load pydantic, a fifth of a second, to coerce a Path.)"""

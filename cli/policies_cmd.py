@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from te_ckpt_audit.specs import available_policies
 
-from .options import ExitCode
+from te_ckpt_audit.errors import ExitCode
 
 ALIGN_UP_TO = 40  # longer spec forms keep one space before their description
 

@@ -17,7 +17,7 @@ from te_ckpt_audit.render_html import render_recommend_html
 from te_ckpt_audit.render_recommend import render_recommend_json, render_recommend_text
 
 from . import options as opt
-from .options import ExitCode
+from te_ckpt_audit.errors import ExitCode
 from .terminal import PROG, at_the_edge, emit, progress_on_stderr, stdout_kept_for_the_report
 
 

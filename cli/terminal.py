@@ -20,7 +20,7 @@ from te_ckpt_audit.gate import CheckResult, write_output
 from te_ckpt_audit.render import policy_errors
 from te_ckpt_audit.render_gate import violation_message
 
-from .options import ExitCode
+from te_ckpt_audit.errors import ExitCode
 
 PROG = "te-ckpt-audit"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from ._api import DEFAULT_POLICIES, audit, audit_target, check_target
 from ._mesh import parse_mesh
 from ._recommend import Candidate, CandidateKind, Recommendation, recommend, recommend_target
-from .errors import AuditError, PolicySpecError, TargetError, UsageError
+from .errors import AuditError, ExitCode, PolicySpecError, TargetError, UsageError
 from .policies import (
     checkpoint_dots_and_te_gemms,
     dots_and_te_gemms_with_no_batch_dims,
@@ -47,6 +47,7 @@ __all__ = [
     "CandidateKind",
     "CompiledMemory",
     "Equation",
+    "ExitCode",
     "EquationMark",
     "MeshAxis",
     "MeshSpec",

@@ -2,11 +2,24 @@
 
 from __future__ import annotations
 
+import enum
+
+
+class ExitCode(enum.IntEnum):
+    """The command line's exit codes, one per kind of outcome; findings and failures stay apart."""
+
+    OK = 0
+    CHECK_FAILED = 1  # a budget, recompute or baseline check failed
+    USAGE = 2  # what the user typed is wrong: an option, a path, a spec
+    TARGET = 3  # the user's code failed to load, trace or differentiate
+    INTERNAL = 4  # a bug in te-ckpt-audit
+    INTERRUPTED = 130  # Ctrl-C, as shells report SIGINT
+
 
 class AuditError(Exception):
     """Base class. `hint` says how to fix the problem; `exit_code` is the CLI's code for it."""
 
-    exit_code = 4
+    exit_code = ExitCode.INTERNAL
 
     def __init__(self, message: str, hint: str = "") -> None:
         super().__init__(message)
@@ -20,7 +33,7 @@ class AuditError(Exception):
 class UsageError(AuditError):
     """What the user typed is wrong: a path, a name, a spec, an option value. Exit 2."""
 
-    exit_code = 2
+    exit_code = ExitCode.USAGE
 
 
 class PolicySpecError(UsageError):
@@ -30,7 +43,7 @@ class PolicySpecError(UsageError):
 class TargetError(AuditError):
     """The user's code failed: import, inputs callable, or tracing. Exit 3."""
 
-    exit_code = 3
+    exit_code = ExitCode.TARGET
 
 
 def first_line(exc: BaseException) -> str:

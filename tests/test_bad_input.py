@@ -30,7 +30,7 @@ import pytest
 from te_ckpt_audit import AuditError, _loading, audit, audit_target, check_target, gate
 from te_ckpt_audit.config import load_config
 from te_ckpt_audit.specs import resolve_policy
-from te_ckpt_audit_cli.options import ExitCode
+from te_ckpt_audit.errors import ExitCode
 from test_cli import MODEL, PREFIX, cli
 
 ROOT = Path(__file__).resolve().parent.parent

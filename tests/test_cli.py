@@ -30,7 +30,8 @@ from te_ckpt_audit import (
 from te_ckpt_audit.render import render_json
 from te_ckpt_audit.specs import available_policies
 from te_ckpt_audit_cli.app import app
-from te_ckpt_audit_cli.options import ExitCode, OutputFormat
+from te_ckpt_audit.errors import ExitCode
+from te_ckpt_audit_cli.options import OutputFormat
 from te_ckpt_audit_cli.tables import TableView
 
 ROOT = Path(__file__).resolve().parent.parent
