@@ -23,8 +23,8 @@ from ._mesh import (
 )
 from ._trace import Traced, trace
 from ._warnings import add_warnings
-from .errors import TargetError, UsageError
-from .gate import Baseline, Budget, CheckResult, audit_key, check, check_percent
+from .errors import TargetError
+from .gate import Baseline, Budget, CheckResult, audit_key, check, check_budget_policies, check_percent
 from .report import AuditReport, MeshSpec, Scope, ShardingSource, TeKind
 from .specs import PolicySpec, SpecKind, resolve_policy
 
@@ -171,12 +171,7 @@ def check_target(
     check_percent(tolerance, "--tolerance")
     if max_recompute is not None:
         check_percent(max_recompute, "--max-recompute")
-    for b in budgets:  # a budget for a policy that is not audited is a mistake, found before tracing
-        if b.policy is not None and b.policy not in policies:
-            raise UsageError(
-                f"budget for {b.policy!r}, which is not among the audited policies",
-                f"add --policy {b.policy}, or audited: {', '.join(policies)}",
-            )
+    check_budget_policies(budgets, policies)  # before the user's code runs
     report = audit_target(
         target, policies, inputs=inputs, overrides=overrides, scope=scope, progress=progress, compile=compile,
         mesh=mesh, shardings=shardings,

@@ -69,6 +69,16 @@ class Budget:
     policy: str | None = None
 
 
+def check_budget_policies(budgets: Sequence[Budget], policies: Sequence[str]) -> None:
+    """A budget for a policy that is not audited is a mistake (a typo would switch the gate off)."""
+    for b in budgets:
+        if b.policy is not None and b.policy not in policies:
+            raise UsageError(
+                f"budget for {b.policy!r}, which is not among the audited policies",
+                f"add --policy {b.policy}, or audited: {', '.join(policies)}",
+            )
+
+
 def parse_budget(text: str) -> Budget:
     """`6GiB` (every policy) or `checkpoint_dots=6GiB` (one policy)."""
     policy, eq, size = text.rpartition("=")
@@ -210,13 +220,7 @@ def check(
     tolerance = check_percent(tolerance, "--tolerance")
     if max_recompute is not None:
         max_recompute = check_percent(max_recompute, "--max-recompute")
-    known = {r.policy for r in report.results}
-    for b in budgets:
-        if b.policy is not None and b.policy not in known:
-            raise UsageError(
-                f"budget for {b.policy!r}, which is not among the audited policies",
-                f"audited: {', '.join(sorted(known))}",
-            )
+    check_budget_policies(budgets, [r.policy for r in report.results])
     violations: list[Violation] = []
     changes: list[Change] = []
     target = report.target

@@ -166,7 +166,9 @@ def test_a_failed_write_is_a_usage_error(refused_write: Result) -> None:
 
 @pytest.mark.parametrize("fmt", list(OutputFormat))
 def test_every_format_is_handled(model: Path, fmt: OutputFormat) -> None:
-    assert audit_cmd.renderer(fmt, TableView()) is not None
+    report = audit_target("model.py:loss", ["nothing_saveable"])
+    text = audit_cmd.renderer(fmt, TableView())(report, None)
+    assert isinstance(text, str) and "nothing_saveable" in text
     result = cli("model.py:loss", "--format", fmt.value, "-p", "nothing_saveable")
     assert result.exit_code == 0, result.stderr
     assert "nothing_saveable" in result.stdout
