@@ -321,7 +321,7 @@ def _on_host(aval: Any) -> bool:
 
 class _Resolver:
     """Follows a value back to the equation that computed it, through names, offload copies,
-    reduce_precision, scans (counting the layers they stack), jit, checkpoint and custom calls."""
+    sharding constraints, reduce_precision, scans (counting the layers they stack), jit, checkpoint and custom calls."""
 
     def __init__(self) -> None:
         self._producers: dict[int, dict[Any, tuple[Any, int]]] = {}
@@ -346,7 +346,7 @@ class _Resolver:
         prim = eqn.primitive
         if prim is jc.name_p:
             return self._resolve(jaxpr, eqn.invars[0], name or eqn.params["name"], mult, depth + 1, top)
-        if prim is jc.reduce_precision_p or prim is jc.device_put_p:
+        if prim is jc.reduce_precision_p or prim is jc.device_put_p or prim is jc.sharding_constraint_p:
             return self._resolve(jaxpr, eqn.invars[i], name, mult, depth + 1, top)
         if prim is jc.scan_p:
             return self._through_scan(jaxpr, eqn, i, name, mult, depth, top)

@@ -98,6 +98,7 @@ remat_p = _prims.remat_p
 name_p = _prims.name_p
 reduce_precision_p = _prims.reduce_precision_p
 device_put_p = _prims.device_put_p
+sharding_constraint_p = _prims.sharding_constraint_p
 scan_p = _prims.scan_p
 while_p = _prims.while_p
 cond_p = _prims.cond_p
