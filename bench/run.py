@@ -145,7 +145,7 @@ def bench_c() -> None:
     from te_ckpt_audit._loading import load_inputs, load_target
     from te_ckpt_audit._trace import trace
     from te_ckpt_audit.render import render_json
-    from te_ckpt_audit_cli.tables import TableView, render_table
+    from te_ckpt_audit.render import TableView, render_table
 
     target = "sample_models/gpt.py:loss"
     t0 = time.perf_counter()

@@ -10,12 +10,12 @@ from rich.console import Console
 from te_ckpt_audit import DEFAULT_POLICIES, AuditReport, Scope, ShardingSource, check_target
 from te_ckpt_audit.gate import CheckResult, load_baseline, parse_budget, save_baseline
 from te_ckpt_audit.render import HotspotKey, render_json, render_markdown
-from te_ckpt_audit.render_html import render_audit_html
-from te_ckpt_audit.render_gate import render_audit_check_markdown, render_check_github
+from te_ckpt_audit.render import render_audit_html
+from te_ckpt_audit.render import render_audit_check_markdown, render_check_github
 
 from . import options as opt
 from .options import OutputFormat
-from .tables import TableView, render_table
+from te_ckpt_audit.render import TableView, render_table
 from .terminal import (
     at_the_edge,
     emit,

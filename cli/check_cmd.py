@@ -13,11 +13,11 @@ from te_ckpt_audit._mesh import ensure_devices
 from te_ckpt_audit.config import load_config
 from te_ckpt_audit.errors import UsageError
 from te_ckpt_audit.gate import load_baseline, save_baseline
-from te_ckpt_audit.render_gate import Run, render_check_github, render_check_json, render_check_markdown
+from te_ckpt_audit.render import Run, render_check_github, render_check_json, render_check_markdown
 
 from . import options as opt
 from .options import OutputFormat
-from .tables import render_check_table
+from te_ckpt_audit.render import render_check_table
 from .terminal import (
     PROG,
     at_the_edge,

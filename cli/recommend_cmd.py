@@ -13,8 +13,8 @@ from te_ckpt_audit import Scope
 from te_ckpt_audit._recommend import DEFAULT_MAX_EVALS, Recommendation, check_budget, recommend_target
 from te_ckpt_audit.gate import parse_size
 from te_ckpt_audit.render import format_bytes
-from te_ckpt_audit.render_html import render_recommend_html
-from te_ckpt_audit.render_recommend import render_recommend_json, render_recommend_text
+from te_ckpt_audit.render import render_recommend_html
+from te_ckpt_audit.render import render_recommend_json, render_recommend_text
 
 from . import options as opt
 from te_ckpt_audit.errors import ExitCode

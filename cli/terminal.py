@@ -18,7 +18,7 @@ from rich.console import Console
 from te_ckpt_audit import AuditError, AuditReport
 from te_ckpt_audit.gate import CheckResult, write_output
 from te_ckpt_audit.render import policy_errors
-from te_ckpt_audit.render_gate import violation_message
+from te_ckpt_audit.render import violation_message
 
 from te_ckpt_audit.errors import ExitCode
 

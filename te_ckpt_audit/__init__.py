@@ -6,11 +6,13 @@ from ._api import DEFAULT_POLICIES, audit, audit_target, check_target
 from ._mesh import parse_mesh
 from ._recommend import Candidate, CandidateKind, Recommendation, recommend, recommend_target
 from .errors import AuditError, ExitCode, PolicySpecError, TargetError, UsageError
+from .gate import Budget, CheckResult, Violation
 from .policies import (
     checkpoint_dots_and_te_gemms,
     dots_and_te_gemms_with_no_batch_dims,
     te_gemms_saveable,
 )
+from .specs import PolicySpec, resolve_policy
 from .report import (
     SCHEMA,
     AuditReport,
@@ -37,6 +39,11 @@ from .report import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "Budget",
+    "CheckResult",
+    "PolicySpec",
+    "Violation",
+    "resolve_policy",
     "DEFAULT_POLICIES",
     "SCHEMA",
     "AuditError",

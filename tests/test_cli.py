@@ -32,7 +32,7 @@ from te_ckpt_audit.specs import available_policies
 from te_ckpt_audit_cli.app import app
 from te_ckpt_audit.errors import ExitCode
 from te_ckpt_audit_cli.options import OutputFormat
-from te_ckpt_audit_cli.tables import TableView
+from te_ckpt_audit.render import TableView
 
 ROOT = Path(__file__).resolve().parent.parent
 PREFIX = "te-ckpt-audit: error: "

@@ -11,7 +11,7 @@ import pytest
 
 from te_ckpt_audit import audit
 from te_ckpt_audit.errors import UsageError
-from te_ckpt_audit.render_gate import violation_message
+from te_ckpt_audit.render import violation_message
 from te_ckpt_audit.gate import (
     BASELINE_SCHEMA,
     AuditKey,

@@ -40,7 +40,7 @@ from te_ckpt_audit._mesh import (
     with_device_count,
 )
 from te_ckpt_audit.config import load_config
-from te_ckpt_audit.render_gate import violation_message
+from te_ckpt_audit.render import violation_message
 from te_ckpt_audit.gate import Budget, check
 from te_ckpt_audit.render import JSON_SCHEMA, render_json
 

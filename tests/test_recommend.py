@@ -28,7 +28,7 @@ from te_ckpt_audit._trace import Traced, trace
 from te_ckpt_audit.errors import PolicySpecError, UsageError
 from te_ckpt_audit.policies import SaveFromBoth
 from te_ckpt_audit.render import format_bytes
-from te_ckpt_audit.render_recommend import maxtext_config, python_snippet, render_recommend_json
+from te_ckpt_audit.render import maxtext_config, python_snippet, render_recommend_json
 from te_ckpt_audit.report import Scope
 from te_ckpt_audit.specs import PolicySpec, SpecKind, resolve_policy
 

@@ -30,7 +30,7 @@ from te_ckpt_audit.render import (
     render_json,
     render_markdown,
 )
-from te_ckpt_audit_cli.tables import TableView, render_table
+from te_ckpt_audit.render import TableView, render_table
 
 
 def tiny(w: jax.Array, x: jax.Array) -> jax.Array:

@@ -14,7 +14,7 @@ from te_ckpt_audit import AuditReport, audit
 from te_ckpt_audit._recommend import Recommendation, recommend
 from te_ckpt_audit._trace import trace
 from te_ckpt_audit.render import format_bytes
-from te_ckpt_audit.render_html import COLOURS, PRODUCER_WORDS, render_audit_html, render_recommend_html
+from te_ckpt_audit.render import COLOURS, PRODUCER_WORDS, render_audit_html, render_recommend_html
 from te_ckpt_audit.report import Category
 
 VOID = {"meta", "br", "line", "rect", "circle", "polygon", "path", "img", "hr", "input", "link"}

@@ -18,9 +18,9 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from te_ckpt_audit import AuditReport, Outcome, TeKind
-from te_ckpt_audit.render_gate import SUMMARY_HEADERS, SUMMARY_NUMERIC, Run, summary_rows
-from te_ckpt_audit.render import (
+from ..report import AuditReport, Outcome, TeKind
+from .check import SUMMARY_HEADERS, SUMMARY_NUMERIC, Run, summary_rows
+from ._common import (
     COLUMNS,
     COMPILED_HEADERS,
     COMPILED_NOTE,

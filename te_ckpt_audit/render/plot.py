@@ -11,9 +11,9 @@ import dataclasses
 import string
 from collections.abc import Sequence
 
-from ._recommend import PRESETS, Candidate, CandidateKind, Recommendation, pareto_frontier
-from .render import format_bytes, format_flops
-from .report import AuditReport
+from .._recommend import PRESETS, Candidate, CandidateKind, Recommendation, pareto_frontier
+from ._common import format_bytes, format_flops
+from ..report import AuditReport
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -17,11 +17,11 @@ import html
 import math
 from collections.abc import Sequence
 
-from ._recommend import Recommendation
-from .render import format_bytes, format_flops, format_percent
-from .render_plot import PlotPoint, recommendation_points, report_points
-from .render_recommend import maxtext_config, python_snippet
-from .report import AuditReport, Category, Outcome, PolicyResult, ResidualKind
+from .._recommend import Recommendation
+from ._common import format_bytes, format_flops, format_percent
+from .plot import PlotPoint, recommendation_points, report_points
+from .recommend import maxtext_config, python_snippet
+from ..report import AuditReport, Category, Outcome, PolicyResult, ResidualKind
 
 MAX_EQUATIONS = 2000  # rows of the marks table; a note says how many more there are
 TOP_MODULES = 15

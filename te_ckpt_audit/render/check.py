@@ -1,5 +1,5 @@
 """Renderers for CI gate results (`te-ckpt-audit check`, and `--budget`/`--baseline` on an audit):
-pure functions of (report, CheckResult) pairs, like the report renderers in `render.py`."""
+pure functions of (report, CheckResult) pairs, like the report renderers beside them."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ import math
 from collections.abc import Sequence
 from typing import Any, assert_never
 
-from .gate import Change, CheckResult, Figure, Violation, gated_bytes
-from .render import format_bytes, format_percent, md_table, render_markdown, warning_message
-from .report import AuditReport, ResidualKind, SourceLocation
+from ..gate import Change, CheckResult, Figure, Violation, gated_bytes
+from ._common import format_bytes, format_percent, warning_message
+from .markdown import md_table, render_markdown
+from ..report import AuditReport, ResidualKind, SourceLocation
 
 CHECK_SCHEMA = "te-ckpt-audit-check/2"  # /2: unbounded growth explicit; never a non-finite number
 

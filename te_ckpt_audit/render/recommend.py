@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import json
 
-from ._recommend import Candidate, CandidateKind, Recommendation, candidate_dict
-from .render import format_bytes, format_flops
-from .render_plot import render_frontier_plot
+from .._recommend import Candidate, CandidateKind, Recommendation, candidate_dict
+from ._common import format_bytes, format_flops
+from .plot import render_frontier_plot
 
 # The per-tensor keys of MaxText's `remat_policy: 'custom'` (src/MaxText/configs/base.yml), each
 # 'device' (saved), 'offload' (host memory) or 'remat' (recomputed). decoder_layer_input is the scan

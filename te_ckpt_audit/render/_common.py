@@ -1,8 +1,5 @@
-"""Renderers: pure functions from an `AuditReport` to text, and the figures every output shares.
-
-JSON is `report.to_dict()` (schema ``te-ckpt-audit/1``, described by `JSON_SCHEMA`); Markdown is the
-comparison and the warnings as GitHub tables. The terminal tables (in the CLI) are built from the
-same columns, hotspots and mark symbols, so every output shows the same figures.
+"""What every output shares: units, the comparison's columns, hotspots, mark symbols, notes, and
+the words for warnings, so that the terminal, JSON, Markdown, GitHub and HTML show the same figures.
 
     >>> format_bytes(836923), format_flops(7440627)
     ('817 KiB', '7.44 MFLOP')
@@ -12,24 +9,18 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import json
 from collections.abc import Callable, Iterator
-from typing import Any, assert_never
+from typing import assert_never
 
-from .report import (
-    SCHEMA,
+from ..report import (
     AuditReport,
     AuditWarning,
-    Category,
     Equation,
     Outcome,
     PolicyResult,
     Residual,
     ResidualKind,
-    Scope,
     ShardingSource,
-    TeKind,
-    Verdict,
     WarningCode,
 )
 
@@ -289,230 +280,7 @@ STANDIN_NOTE = (
 )
 
 
-# --- JSON ---------------------------------------------------------------------------------------
-
-
 COMPILED_NOTE = (
     "XLA's memory_analysis() of the compiled forward+backward step for this backend; XLA fuses and "
     "schedules on its own, so its temp bytes differ from the residual estimate."
 )
-
-
-def render_json(report: AuditReport, top: int = 10, by: HotspotKey | None = None) -> str:
-    """The report as JSON (schema ``te-ckpt-audit/1``), with its hotspots; the same report gives
-    the same bytes."""
-    key = hotspot_key(report, by)
-    spots = [dataclasses.asdict(h) for h in hotspots(report, top, key)]
-    doc = {**report.to_dict(), "hotspots": {"by": key.value, "rows": spots}}
-    for result, result_doc in zip(report.results, doc["results"], strict=True):
-        for w, w_doc in zip(result.warnings, result_doc["warnings"], strict=True):
-            w_doc["message"] = warning_message(w)  # the words beside the fields, for people
-    return json.dumps(doc, indent=2, allow_nan=False) + "\n"  # strict JSON: no NaN
-
-
-def _object(**properties: Any) -> dict[str, Any]:
-    return {
-        "type": "object",
-        "properties": properties,
-        "required": list(properties),
-        "additionalProperties": False,
-    }
-
-
-def _enum(members: type[Any]) -> dict[str, Any]:
-    return {"enum": [m.value for m in members]}
-
-
-_INT = {"type": "integer", "minimum": 0}
-_STR = {"type": "string"}
-_BOOL = {"type": "boolean"}
-_OPT_STR = {"type": ["string", "null"]}
-_OPT_INT = {"oneOf": [{"type": "null"}, _INT]}
-_SHAPE = {"type": "array", "items": _INT}
-_SOURCE = {
-    "oneOf": [{"type": "null"}, _object(file=_STR, line=_INT, function=_STR)],
-}
-
-
-def _array(items: dict[str, Any]) -> dict[str, Any]:
-    return {"type": "array", "items": items}
-
-
-JSON_SCHEMA: dict[str, Any] = {
-    "$schema": "https://json-schema.org/draft/2020-12/schema",
-    "$id": SCHEMA,
-    "title": "te-ckpt-audit report",
-    **_object(
-        schema={"const": SCHEMA},
-        hotspots=_object(
-            by=_enum(HotspotKey),
-            rows=_array(_object(where=_STR, producers=_array(_STR), bytes_by_policy=_array(_INT))),
-        ),
-        target=_STR,
-        arguments=_array(_STR),
-        jax_version=_STR,
-        te=_enum(TeKind),
-        equations=_array(
-            _object(
-                id=_STR,
-                primitive=_STR,
-                shape=_SHAPE,
-                dtype=_STR,
-                name=_OPT_STR,
-                source=_SOURCE,
-                frame=_SOURCE,
-                module=_OPT_STR,
-                is_te_gemm=_BOOL,
-                standin=_BOOL,
-                flops=_INT,
-                multiplicity=_INT,
-            )
-        ),
-        results=_array(
-            _object(
-                policy=_STR,
-                scope={"enum": [Scope.OUTER.value, Scope.INNER.value]},
-                residuals=_array(
-                    _object(
-                        shape=_SHAPE,
-                        dtype=_STR,
-                        bytes=_INT,
-                        kind=_enum(ResidualKind),
-                        category=_enum(Category),
-                        primitive=_OPT_STR,
-                        name=_OPT_STR,
-                        equation=_OPT_STR,
-                        source=_SOURCE,
-                        frame=_SOURCE,
-                        module=_OPT_STR,
-                        multiplicity=_INT,
-                        argument=_OPT_STR,
-                        standin=_BOOL,
-                        sharding=_OPT_STR,
-                        bytes_per_device=_OPT_INT,
-                    )
-                ),
-                totals=_object(
-                    **{
-                        f: _INT
-                        for f in (
-                            "activation_bytes",
-                            "argument_bytes",
-                            "host_bytes",
-                            "constant_bytes",
-                            "te_gemm_bytes",
-                            "dot_bytes",
-                            "named_bytes",
-                            "other_bytes",
-                            "total_bytes",
-                        )
-                    },
-                    activation_bytes_per_device=_OPT_INT,
-                ),
-                marks=_array(_object(equation=_STR, verdict=_enum(Verdict), outcome=_enum(Outcome))),
-                recompute_flops=_INT,
-                forward_flops=_INT,
-                warnings=_array(
-                    _object(
-                        code=_enum(WarningCode),
-                        policy=_OPT_STR,
-                        equations=_array(_STR),
-                        flops=_OPT_INT,
-                        name=_OPT_STR,
-                        suggestion=_OPT_STR,
-                        known=_array(_STR),
-                        message=_STR,
-                    )
-                ),
-                compiled={
-                    "oneOf": [
-                        {"type": "null"},
-                        _object(
-                            backend=_STR,
-                            temp_bytes=_OPT_INT,
-                            argument_bytes=_OPT_INT,
-                            output_bytes=_OPT_INT,
-                            host_bytes=_OPT_INT,
-                            error=_OPT_STR,
-                        ),
-                    ]
-                },
-                error=_OPT_STR,
-                recompute_percent={"type": "number", "minimum": 0},
-            )
-        ),
-        forward_flops=_INT,
-        emulated_device=_OPT_STR,
-        mesh={
-            "oneOf": [
-                {"type": "null"},
-                _object(axes=_array(_object(name=_STR, size={"type": "integer", "minimum": 1})), devices=_INT),
-            ]
-        },
-        sharding_source={"oneOf": [{"type": "null"}, _enum(ShardingSource)]},
-    ),
-}
-
-
-# --- Markdown -----------------------------------------------------------------------------------
-
-
-def md_row(cells: list[str]) -> str:
-    return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
-
-
-def md_table(headers: list[str], rows: list[list[str]], numeric: list[bool]) -> list[str]:
-    rule = ["---:" if n else "---" for n in numeric]
-    return [md_row(headers), "| " + " | ".join(rule) + " |", *(md_row(r) for r in rows)]
-
-
-def render_markdown(report: AuditReport, top: int = 10, by: HotspotKey | None = None) -> str:
-    """The comparison, the largest residuals and the warnings as GitHub tables, for a pull-request
-    or CI summary."""
-    compiled = any(r.compiled is not None for r in report.results)
-    columns = [
-        c
-        for c in COLUMNS.values()
-        if (compiled or not c.header.startswith("XLA")) and (report.mesh is not None or c.header != PER_DEVICE)
-    ]
-    lines = [
-        f"## te-ckpt-audit: `{report.target}`",
-        "",
-        f"Forward pass: {format_flops(report.forward_flops)}; jax {report.jax_version}. "
-        "Bytes are residuals kept for the backward pass; TE GEMM, dot, named and other split "
-        "the activation bytes.",
-        "",
-        *md_table(
-            [c.header for c in columns],
-            [[c.cell(report, r) for c in columns] for r in report.results],
-            [c.numeric for c in columns],
-        ),
-        "",
-    ]
-    if report.te is TeKind.STANDIN:
-        lines += [f"> {STANDIN_NOTE}", ""]
-    if report.mesh is not None:
-        lines += [f"> {mesh_note(report)}", ""]
-    if report.emulated_device:
-        lines += [f"> {EMULATED_NOTE.format(device=report.emulated_device)}", ""]
-    if policy_errors(report):
-        lines += [f"> {policy}: not differentiable under this policy: {why}" for policy, why in policy_errors(report)]
-        lines += [""]
-    if compiled:
-        lines += [f"> XLA columns: {COMPILED_NOTE}", ""]
-        lines += [f"> {policy}: not compiled: {why}" for policy, why in compiled_errors(report)]
-        lines += [""] if compiled_errors(report) else []
-    if top:
-        key = hotspot_key(report, by)
-        spots = hotspots(report, top, key)
-        lines += [f"### Largest residuals by {HOTSPOT_TITLES[key]}", ""]
-        rows = [[s.where, format_bytes(s.most), " ".join(map(str, s.kept_by)), ", ".join(s.producers)] for s in spots]
-        lines += [*md_table([HOTSPOT_TITLES[key], "bytes", "kept by #", "made by"], rows, [False, True, False, False])]
-        lines += [""]
-    lines += ["### Warnings", ""]
-    if report.warnings:
-        rows = [[w.policy or "", w.code.value, warning_message(w)] for w in report.warnings]
-        lines += [*md_table(["policy", "warning", "message"], rows, [False] * 3), ""]
-    else:
-        lines += ["None.", ""]
-    return "\n".join(lines)

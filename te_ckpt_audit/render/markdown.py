@@ -1,0 +1,89 @@
+"""Markdown: the comparison, the largest residuals and the warnings as GitHub tables."""
+
+from __future__ import annotations
+
+
+from ..report import (
+    AuditReport,
+    TeKind,
+)
+from ._common import (
+    COLUMNS,
+    COMPILED_NOTE,
+    EMULATED_NOTE,
+    HOTSPOT_TITLES,
+    HotspotKey,
+    PER_DEVICE,
+    STANDIN_NOTE,
+    compiled_errors,
+    format_bytes,
+    format_flops,
+    hotspot_key,
+    hotspots,
+    mesh_note,
+    policy_errors,
+    warning_message,
+)
+
+# --- Markdown -----------------------------------------------------------------------------------
+
+
+def md_row(cells: list[str]) -> str:
+    return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
+
+
+def md_table(headers: list[str], rows: list[list[str]], numeric: list[bool]) -> list[str]:
+    rule = ["---:" if n else "---" for n in numeric]
+    return [md_row(headers), "| " + " | ".join(rule) + " |", *(md_row(r) for r in rows)]
+
+
+def render_markdown(report: AuditReport, top: int = 10, by: HotspotKey | None = None) -> str:
+    """The comparison, the largest residuals and the warnings as GitHub tables, for a pull-request
+    or CI summary."""
+    compiled = any(r.compiled is not None for r in report.results)
+    columns = [
+        c
+        for c in COLUMNS.values()
+        if (compiled or not c.header.startswith("XLA")) and (report.mesh is not None or c.header != PER_DEVICE)
+    ]
+    lines = [
+        f"## te-ckpt-audit: `{report.target}`",
+        "",
+        f"Forward pass: {format_flops(report.forward_flops)}; jax {report.jax_version}. "
+        "Bytes are residuals kept for the backward pass; TE GEMM, dot, named and other split "
+        "the activation bytes.",
+        "",
+        *md_table(
+            [c.header for c in columns],
+            [[c.cell(report, r) for c in columns] for r in report.results],
+            [c.numeric for c in columns],
+        ),
+        "",
+    ]
+    if report.te is TeKind.STANDIN:
+        lines += [f"> {STANDIN_NOTE}", ""]
+    if report.mesh is not None:
+        lines += [f"> {mesh_note(report)}", ""]
+    if report.emulated_device:
+        lines += [f"> {EMULATED_NOTE.format(device=report.emulated_device)}", ""]
+    if policy_errors(report):
+        lines += [f"> {policy}: not differentiable under this policy: {why}" for policy, why in policy_errors(report)]
+        lines += [""]
+    if compiled:
+        lines += [f"> XLA columns: {COMPILED_NOTE}", ""]
+        lines += [f"> {policy}: not compiled: {why}" for policy, why in compiled_errors(report)]
+        lines += [""] if compiled_errors(report) else []
+    if top:
+        key = hotspot_key(report, by)
+        spots = hotspots(report, top, key)
+        lines += [f"### Largest residuals by {HOTSPOT_TITLES[key]}", ""]
+        rows = [[s.where, format_bytes(s.most), " ".join(map(str, s.kept_by)), ", ".join(s.producers)] for s in spots]
+        lines += [*md_table([HOTSPOT_TITLES[key], "bytes", "kept by #", "made by"], rows, [False, True, False, False])]
+        lines += [""]
+    lines += ["### Warnings", ""]
+    if report.warnings:
+        rows = [[w.policy or "", w.code.value, warning_message(w)] for w in report.warnings]
+        lines += [*md_table(["policy", "warning", "message"], rows, [False] * 3), ""]
+    else:
+        lines += ["None.", ""]
+    return "\n".join(lines)
