@@ -1,118 +1,91 @@
-"""Property: for small random functions and random policies, the residuals te-ckpt-audit reports
-are exactly JAX's own."""
+"""Property: for generated programs (tests/_gen.py) and policies, the residuals te-ckpt-audit
+reports are exactly JAX's own `saved_residuals`: shape, dtype as JAX prints it, bytes; activation,
+argument, host and constant totals; literals listed apart at 0 bytes; recompute within the forward
+FLOPs; a policy JAX cannot differentiate under fails its own row. Deterministic: the same programs
+every run."""
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Callable
-from typing import Any
+import os
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-from hypothesis import HealthCheck, given, settings
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
-from jax.ad_checkpoint import checkpoint_name
 
-from te_ckpt_audit import audit
-from te_ckpt_audit._jax_compat import saved_residuals
-from te_ckpt_audit.specs import SpecKind, resolve_policy
+from _gen import ALL_FEATURES, SPECS, Block, Program, check, features, programs
 
-B, D, L, K = 2, 4, 3, 2  # K weight matrices per layer
-NAMES = ("a", "b", "c")
-OPS = ("dot", "dot_t", "sin", "tanh", "square", "skip", "exp_neg", *(f"name:{n}" for n in NAMES))
+# CI runs 300 programs, two policies each; TE_CKPT_AUDIT_PROPERTY_EXAMPLES runs more (or fewer).
+EXAMPLES = int(os.environ.get("TE_CKPT_AUDIT_PROPERTY_EXAMPLES", "300"))
+PER_PROGRAM = 2  # policies per program, drawn from SPECS (each class below runs all of them)
 
-
-def _apply(ops: tuple[str, ...], h: jax.Array, ws: jax.Array, x0: jax.Array) -> jax.Array:
-    k = 0
-    for op in ops:
-        if op == "dot":
-            h = h @ ws[k % ws.shape[0]]
-            k += 1
-        elif op == "dot_t":
-            h = jnp.einsum("bd,ed->be", h, ws[k % ws.shape[0]])
-            k += 1
-        elif op == "sin":
-            h = jnp.sin(h)
-        elif op == "tanh":
-            h = jnp.tanh(h)
-        elif op == "square":
-            h = h * h
-        elif op == "skip":
-            h = h + x0
-        elif op == "exp_neg":
-            h = jnp.exp(-h)
-        else:
-            h = checkpoint_name(h, op.split(":")[1])
-    return h
-
-
-def build(ops: tuple[str, ...], scanned: bool, remat: Any) -> Callable[..., jax.Array]:
-    """remat: None (no checkpoint) or a policy for a jax.checkpoint around the layer body."""
-
-    def body(h: jax.Array, ws: jax.Array, x0: jax.Array) -> jax.Array:
-        return _apply(ops, h, ws, x0)
-
-    layer = body if remat is None else jax.checkpoint(body, policy=remat)
-
-    def f(x: jax.Array, ws: jax.Array) -> jax.Array:
-        if scanned:
-            h, _ = jax.lax.scan(lambda h, w: (layer(h, w, x), None), x, ws)
-        else:
-            h = layer(x, ws[0], x)
-        return jnp.sum(jnp.sin(h))
-
-    return f
-
-
-SPECS = [
-    "none",
-    "as-is",
-    "nothing_saveable",
-    "everything_saveable",
-    "dots_saveable",
-    "dots_with_no_batch_dims_saveable",
-    "checkpoint_dots_and_te_gemms",
-    "te_gemms_saveable",
-    *(f"save_only_these_names:{n}" for n in NAMES),
-    "save_any_names_but_these:a",
-    "save_and_offload_only_these_names:save=a;offload=b",
-    "offload_dot_with_no_batch_dims",
-]
-
-
-def _shapes(pairs: Any) -> Counter[tuple[tuple[int, ...], str]]:
-    return Counter((tuple(a.shape), str(np.dtype(a.dtype))) for a in pairs)
-
-
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    ops=st.lists(st.sampled_from(OPS), min_size=1, max_size=7).map(tuple),
-    scanned=st.booleans(),
-    inner=st.booleans(),
-    spec_text=st.sampled_from(SPECS),
+DETERMINISTIC = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
-def test_random_functions_match_jax(ops: tuple[str, ...], scanned: bool, inner: bool, spec_text: str) -> None:
-    spec = resolve_policy(spec_text)
-    own = jax.checkpoint_policies.nothing_saveable if inner else None  # the function's own policy
-    x = jax.ShapeDtypeStruct((B, D), jnp.float32)
-    ws = jax.ShapeDtypeStruct((L, K, D, D), jnp.float32)
 
-    if spec.kind is SpecKind.AS_IS:
-        reference = build(ops, scanned, own)
-    elif spec.kind is SpecKind.NONE:
-        reference = build(ops, scanned, None)
-    elif inner:  # auto scope: the function's own checkpoint gets the policy
-        reference = build(ops, scanned, spec.policy)
-    else:  # auto scope: the whole function is wrapped
-        reference = jax.checkpoint(build(ops, scanned, None), policy=spec.policy)
 
-    truth = _shapes(a for a, src in saved_residuals(reference, x, ws) if src != "from a literal")
-    result = audit(build(ops, scanned, own), x, ws, policies=[spec_text]).results[0]
-    assert Counter((r.shape, r.dtype) for r in result.residuals) == truth
-    assert result.totals.total_bytes == sum(int(np.prod(s)) * np.dtype(d).itemsize * n for (s, d), n in truth.items())
-    # every mark refers to a forward equation of the report, and saved rows have a residual
-    saved_ids = {r.equation for r in result.residuals if r.equation}
-    for m in result.marks:
-        if m.outcome.value in ("SAVED", "OFFLOADED"):
-            assert m.equation in saved_ids
+@DETERMINISTIC
+@given(prog=programs(), specs=st.lists(st.sampled_from(SPECS), min_size=PER_PROGRAM, max_size=PER_PROGRAM, unique=True))
+def test_generated_programs_match_jax(prog: Program, specs: list[str]) -> None:
+    assert check(prog, specs) == []
+
+
+def test_the_generator_reaches_every_class() -> None:
+    """The property above is only as good as what it draws: every op, block kind, key kind, input
+    kind and checkpoint shape comes up within the same number of draws."""
+    seen: set[str] = set()
+
+    @settings(DETERMINISTIC, phases=[Phase.generate])
+    @given(programs())
+    def collect(prog: Program) -> None:
+        seen.update(features(prog))
+
+    collect()
+    assert ALL_FEATURES - seen == set()
+
+
+def _block(kind: str, *ops: str, remat: bool = False, own: str = "nothing_saveable", passthrough: str = "") -> Block:
+    return Block(kind, ops, remat or kind == "remat", own, 0, passthrough, "")
+
+
+def _prog(*blocks: Block, dtype: str = "float32", key: str = "", key_input: bool = True, weak: str = "") -> Program:
+    return Program(dtype, key, key_input, weak, blocks, False)
+
+
+# One small program per class the generator draws, under every policy: a failure here names its
+# class (the property's counterexamples are larger).
+CLASSES = {
+    **{
+        f"dropout-{key}-{'input' if key_input else 'inside'}": _prog(
+            _block("remat", "dot", "drop", "sin"), key=key, key_input=key_input
+        )
+        for key in ("raw", "threefry2x32", "rbg", "unsafe_rbg")
+        for key_input in (True, False)
+    },
+    "key-scan-carry": _prog(_block("scan", "drop", "dot", "tanh", remat=True), key="threefry2x32"),
+    "key-fori-carry": _prog(_block("fori", "drop", "sin"), key="rbg"),
+    "while-off-path": _prog(_block("remat", "while_sg", "dot", "while_int", "sin")),
+    "cond": _prog(_block("cond", "dot", "sin", remat=True)),
+    "jit": _prog(_block("jit", "dot", "tanh", remat=True)),
+    "solve": _prog(_block("plain", "solve", "sin")),
+    "inv": _prog(_block("plain", "inv", "sin")),
+    "slogdet": _prog(_block("plain", "slogdet", "sin")),
+    "custom_linear_solve": _prog(_block("plain", "cls", "sin")),
+    "cg": _prog(_block("plain", "cg", "sin")),
+    "custom_jvp": _prog(_block("remat", "dot", "cjvp", "sin")),
+    "complex-error-row": _prog(_block("plain", "dot", "complex")),
+    "weak-sds-bf16": _prog(_block("plain", "weak", "dot"), dtype="bfloat16", weak="sds"),
+    "weak-array-bf16": _prog(_block("plain", "weak", "dot"), dtype="bfloat16", weak="array"),
+    "passthrough-input": _prog(_block("remat", "dot", "sin", passthrough="input")),
+    "passthrough-twice": _prog(_block("remat", "dot", "sin", passthrough="twice")),
+    "remat-only-in-custom-vjp-fwd": _prog(_block("plain", "sin"), _block("cvjp", "dot", "sin", remat=True)),
+    "literal": _prog(_block("plain", "lit", "dot")),
+}
+
+
+@pytest.mark.parametrize("name", list(CLASSES))
+def test_each_program_class_matches_jax(name: str) -> None:
+    assert check(CLASSES[name]) == []
