@@ -8,7 +8,7 @@ from typing import Annotated, assert_never
 
 import typer
 
-from te_ckpt_audit import DEFAULT_POLICIES, check_target
+from te_ckpt_audit import DEFAULT_POLICIES, ShardingSource, check_target
 from te_ckpt_audit._mesh import ensure_devices
 from te_ckpt_audit.config import load_config
 from te_ckpt_audit.errors import UsageError
@@ -83,7 +83,7 @@ def check(
             )
         reference = load_baseline(cfg.baseline)
     runs: list[Run] = []
-    meshes = [t.mesh.devices for t in cfg.targets if t.mesh is not None]
+    meshes = [t.mesh.devices for t in cfg.targets if t.mesh is not None and t.shardings is ShardingSource.COMPILED]
     if meshes:  # JAX reads its device count once: enough for the largest mesh, before the first
         ensure_devices(max(meshes), [sys.executable, "-m", "te_ckpt_audit_cli", *sys.argv[1:]])
     with stdout_kept_for_the_report(), progress_on_stderr() as progress:
@@ -102,6 +102,7 @@ def check(
                     scope=t.scope,
                     progress=progress,
                     mesh=t.mesh,
+                    shardings=t.shardings,
                 )
             )
     emit(render(runs), output)

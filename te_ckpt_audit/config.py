@@ -14,6 +14,7 @@
     budgets = { checkpoint_dots = "4MiB" }
     max_recompute = 60.0
     mesh = { data = 8, model = 4 }                # per-device figures on this mesh (like --mesh)
+    shardings = "compiled"                        # or "abstract" (like --shardings)
 
 Unknown keys are errors that name the key: a typo must not turn a gate off.
 """
@@ -30,22 +31,28 @@ from typing import Any
 from ._mesh import mesh_spec
 from .errors import UsageError
 from .gate import Budget, parse_size
-from .report import MeshSpec, Scope
+from .report import MeshSpec, Scope, ShardingSource
 
 _TOP_KEYS = {"targets", "baseline", "tolerance"}
-_TARGET_KEYS = {"target", "inputs", "defines", "policies", "scope", "budget", "budgets", "max_recompute", "mesh"}
+_TARGET_KEYS = {"target", "inputs", "defines", "policies", "scope", "budget", "budgets", "max_recompute", "mesh",
+                "shardings"}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class TargetConfig:
+    """What to audit and how to gate it: one `[[tool.te-ckpt-audit.targets]]` table, or the audit
+    command's options. `check_target` takes it; the CLI's audit and check commands both build one."""
+
     target: str
-    inputs: str | None
-    defines: tuple[str, ...]  # "key=value"
-    policies: tuple[str, ...]  # empty: the default comparison set
-    scope: Scope
-    budgets: tuple[Budget, ...]
-    max_recompute: float | None
+    inputs: str | None = None
+    defines: tuple[str, ...] = ()  # "key=value"
+    policies: tuple[str, ...] = ()  # empty: the default comparison set
+    scope: Scope = Scope.AUTO
+    budgets: tuple[Budget, ...] = ()
+    max_recompute: float | None = None
     mesh: MeshSpec | None = None  # per-device figures on this mesh (like --mesh)
+    shardings: ShardingSource = ShardingSource.COMPILED  # like --shardings
+    compile: bool = False  # XLA's memory analysis per policy (like --compile)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -127,6 +134,11 @@ def _target(raw: Any, i: int, p: Path) -> TargetConfig:
     mesh = raw.get("mesh")
     if mesh is not None and not isinstance(mesh, dict):
         raise UsageError(f"{p}: {where}.mesh must be a table, not {mesh!r}", "e.g. mesh = { data = 8, model = 4 }")
+    try:
+        shardings = ShardingSource(raw.get("shardings", "compiled"))
+    except ValueError:
+        hint = 'e.g. shardings = "abstract"'
+        raise UsageError(f"{p}: {where}.shardings must be compiled or abstract", hint) from None
     return TargetConfig(
         target=target,
         inputs=inputs,
@@ -136,4 +148,5 @@ def _target(raw: Any, i: int, p: Path) -> TargetConfig:
         budgets=tuple(budgets),
         max_recompute=None if max_recompute is None else _number(max_recompute, "max_recompute", where, p),
         mesh=None if mesh is None else mesh_spec(mesh, f"{p}: {where}.mesh"),
+        shardings=shardings,
     )

@@ -298,6 +298,11 @@ def test_config_mesh(tmp_path: Path) -> None:
     body = '[tool.te-ckpt-audit]\n[[tool.te-ckpt-audit.targets]]\ntarget = "m.py:loss"\nmesh = {mesh}\n'
     path.write_text(body.replace("{mesh}", "{ data = 8, model = 4 }"))
     assert load_config(path).targets[0].mesh == parse_mesh("data=8,model=4")
+    path.write_text(body.replace("{mesh}", '{ data = 8 }\nshardings = "abstract"'))
+    assert load_config(path).targets[0].shardings is ShardingSource.ABSTRACT
+    path.write_text(body.replace("{mesh}", '{ data = 8 }\nshardings = "guessed"'))
+    with pytest.raises(UsageError, match=r"targets\[0\].shardings must be compiled or abstract"):
+        load_config(path)
     path.write_text(body.replace("{mesh}", '"data=8"'))
     with pytest.raises(UsageError, match=r"targets\[0\].mesh must be a table"):
         load_config(path)
