@@ -31,6 +31,7 @@ from te_ckpt_audit import (
     audit_target,
     parse_mesh,
 )
+from te_ckpt_audit._jax_compat import JAX_VERSION
 from te_ckpt_audit._mesh import (
     MAX_DEVICES,
     DevicesUnavailable,
@@ -221,13 +222,16 @@ def test_shard_map_bodies_are_per_device() -> None:
     x = jax.ShapeDtypeStruct((8, 32), jnp.float32, sharding=NamedSharding(mesh, P("data")))
     w = jax.ShapeDtypeStruct((32, 64), jnp.float32, sharding=NamedSharding(mesh, P(None, "model")))
     result = audit(f, x, w, policies=["none"], mesh=mesh).result("none")
-    assert [(r.shape, r.bytes, r.bytes_per_device) for r in result.residuals] == [
+    expected = [
         ((256, 16), 16384, 32 * 16 * 4),  # w's slice on each device
         ((32, 32), 4096, 4 * 32 * 4),  # x's slice on each device
         ((32, 16), 2048, 4 * 16 * 4),  # 1 - tanh^2, in the body
         ((8, 64), 2048, 4 * 16 * 4),  # tanh output (sin's input), sharded data x model
         ((8, 64), 2048, 4 * 16 * 4),  # cos, for sin's derivative
     ]
+    if JAX_VERSION >= (0, 12, 0):  # from jax 0.12, JAX keeps only cos for sin's derivative
+        expected.remove(((8, 64), 2048, 4 * 16 * 4))
+    assert [(r.shape, r.bytes, r.bytes_per_device) for r in result.residuals] == expected
 
 
 def test_without_a_mesh_the_fields_are_null() -> None:
