@@ -18,7 +18,7 @@ cp = jax.checkpoint_policies
         "save_from_both_policies", "save_only_these_names", "save_any_names_but_these",
         "save_anything_except_these_names", "offload_dot_with_no_batch_dims",
         "save_and_offload_only_these_names",
-    }],
+    } and not isinstance(getattr(cp, n), type)],  # jax 0.11 also lists the factories' classes
 )
 def test_every_plain_jax_policy_resolves_by_name(name: str) -> None:
     spec = resolve_policy(name)
