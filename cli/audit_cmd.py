@@ -7,7 +7,7 @@ from typing import assert_never
 
 from rich.console import Console
 
-from te_ckpt_audit import DEFAULT_POLICIES, AuditReport, Scope, ShardingSource, check_target
+from te_ckpt_audit import AuditReport, Scope, ShardingSource, TargetConfig, check_target, parse_mesh
 from te_ckpt_audit.gate import CheckResult, load_baseline, parse_budget, save_baseline
 from te_ckpt_audit.render import HotspotKey, render_json, render_markdown
 from te_ckpt_audit.render import render_audit_html
@@ -94,21 +94,20 @@ def audit(
     # The user's code may print, but stdout carries only the report. The spinner nests inside the
     # redirect: it swaps sys.stdout too while it runs, and must restore the redirect, not stdout.
     with stdout_kept_for_the_report(), progress_on_stderr() as progress:
-        report, gate = check_target(
+        config = TargetConfig(
             target,
-            policy or DEFAULT_POLICIES,
-            budgets=budgets,
-            max_recompute=max_recompute,
-            baseline=reference,
-            tolerance=tolerance,
-            require_baseline=require_baseline,
-            inputs=inputs,
-            overrides=define or [],
-            scope=scope,
-            progress=progress,
-            compile=compile,
-            mesh=mesh,
-            shardings=shardings,
+            inputs,
+            tuple(define or ()),
+            tuple(policy or ()),
+            scope,
+            tuple(budgets),
+            max_recompute,
+            None if mesh is None else parse_mesh(mesh),
+            shardings,
+            compile,
+        )
+        report, gate = check_target(
+            config, baseline=reference, tolerance=tolerance, require_baseline=require_baseline, progress=progress
         )
     emit(renderer(format, table_view(top, by, equations, output is not None))(report, gate if gating else None), output)
     if save_baseline_to is not None:

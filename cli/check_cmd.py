@@ -8,7 +8,7 @@ from typing import Annotated, assert_never
 
 import typer
 
-from te_ckpt_audit import DEFAULT_POLICIES, ShardingSource, check_target
+from te_ckpt_audit import ShardingSource, check_target
 from te_ckpt_audit._mesh import ensure_devices
 from te_ckpt_audit.config import load_config
 from te_ckpt_audit.errors import UsageError
@@ -90,19 +90,11 @@ def check(
         for t in cfg.targets:
             runs.append(
                 check_target(
-                    t.target,
-                    t.policies or DEFAULT_POLICIES,
-                    budgets=t.budgets,
-                    max_recompute=t.max_recompute,
+                    t,
                     baseline=reference,
                     tolerance=cfg.tolerance,
                     require_baseline=require_baseline,
-                    inputs=t.inputs,
-                    overrides=t.defines,
-                    scope=t.scope,
                     progress=progress,
-                    mesh=t.mesh,
-                    shardings=t.shardings,
                 )
             )
     emit(render(runs), output)

@@ -6,7 +6,8 @@ from ._api import DEFAULT_POLICIES, audit, audit_target, check_target
 from ._mesh import parse_mesh
 from ._recommend import Candidate, CandidateKind, Recommendation, recommend, recommend_target
 from .errors import AuditError, ExitCode, PolicySpecError, TargetError, UsageError
-from .gate import Budget, CheckResult, Violation
+from .config import TargetConfig
+from .gate import Budget, CheckResult, Violation, parse_budget
 from .policies import (
     checkpoint_dots_and_te_gemms,
     dots_and_te_gemms_with_no_batch_dims,
@@ -40,6 +41,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Budget",
+    "TargetConfig",
+    "parse_budget",
     "CheckResult",
     "PolicySpec",
     "Violation",

@@ -23,8 +23,9 @@ from ._mesh import (
 )
 from ._trace import Traced, trace
 from ._warnings import add_warnings
+from .config import TargetConfig
 from .errors import TargetError
-from .gate import Baseline, Budget, CheckResult, audit_key, check, check_budget_policies, check_percent
+from .gate import Baseline, CheckResult, audit_key, check, check_budget_policies, check_percent
 from .report import AuditReport, MeshSpec, Scope, ShardingSource, TeKind
 from .specs import PolicySpec, SpecKind, resolve_policy
 
@@ -148,36 +149,39 @@ def audit(
 
 
 def check_target(
-    target: str,
-    policies: Sequence[str] = DEFAULT_POLICIES,
+    config: TargetConfig,
     *,
-    budgets: Sequence[Budget] = (),
-    max_recompute: float | None = None,
     baseline: Baseline | None = None,
     tolerance: float = 0.0,
     require_baseline: bool = False,
-    inputs: str | None = None,
-    overrides: Sequence[str] = (),
-    scope: Scope | str = Scope.AUTO,
     progress: Progress = _quiet,
-    compile: bool = False,
-    mesh: MeshSpec | str | None = None,
-    shardings: ShardingSource | str = ShardingSource.COMPILED,
 ) -> tuple[AuditReport, CheckResult]:
-    """Audit a target and check it against budgets and a baseline (the CI gate). Bad limits fail
-    before the user's code runs; the result carries the baseline key of this audit."""
-    mesh = parse_mesh(mesh) if isinstance(mesh, str) else mesh
-    key = audit_key(target, inputs, overrides, scope, None if mesh is None else str(mesh))
+    """Audit a target and check it against its budgets and a baseline (the CI gate). Bad limits
+    fail before the user's code runs; the result carries the baseline key of this audit.
+
+    >>> from te_ckpt_audit import TargetConfig, check_target, parse_budget
+    >>> report, result = check_target(TargetConfig("model.py:loss", budgets=(parse_budget("6GiB"),)))  # doctest: +SKIP
+    """
+    policies = config.policies or DEFAULT_POLICIES
+    mesh = None if config.mesh is None else str(config.mesh)
+    key = audit_key(config.target, config.inputs, config.defines, config.scope, mesh)
     check_percent(tolerance, "--tolerance")
-    if max_recompute is not None:
-        check_percent(max_recompute, "--max-recompute")
-    check_budget_policies(budgets, policies)  # before the user's code runs
+    if config.max_recompute is not None:
+        check_percent(config.max_recompute, "--max-recompute")
+    check_budget_policies(config.budgets, policies)  # before the user's code runs
     report = audit_target(
-        target, policies, inputs=inputs, overrides=overrides, scope=scope, progress=progress, compile=compile,
-        mesh=mesh, shardings=shardings,
+        config.target,
+        policies,
+        inputs=config.inputs,
+        overrides=config.defines,
+        scope=config.scope,
+        progress=progress,
+        compile=config.compile,
+        mesh=config.mesh,
+        shardings=config.shardings,
     )
     figures = None if baseline is None else baseline.figures(key)
-    result = check(report, budgets, max_recompute, figures, tolerance, require_baseline)
+    result = check(report, config.budgets, config.max_recompute, figures, tolerance, require_baseline)
     return report, dataclasses.replace(result, key=key)
 
 

@@ -27,7 +27,7 @@ import pytest
 
 # Modules, not their names: this file also runs against older trees, where a missing name fails
 # the cases that use it rather than the whole file.
-from te_ckpt_audit import AuditError, _loading, audit, audit_target, check_target, gate
+from te_ckpt_audit import AuditError, TargetConfig, _loading, audit, audit_target, check_target, gate
 from te_ckpt_audit.config import load_config
 from te_ckpt_audit.specs import resolve_policy
 from te_ckpt_audit.errors import ExitCode
@@ -389,7 +389,7 @@ LIBRARY_CASES: list[tuple[str, dict[str, str], Callable[[], Any], int, str]] = [
     (  # exit 2 before the module runs, not the 3 of its sys.exit
         "lib-check-target-nan-first",
         QUIT,
-        lambda: check_target("quit.py:loss", tolerance=math.nan),
+        lambda: check_target(TargetConfig("quit.py:loss"), tolerance=math.nan),
         USAGE,
         "--tolerance",
     ),
