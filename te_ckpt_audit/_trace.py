@@ -235,9 +235,12 @@ def _tag(jaxpr: Any, prefix: str, ctx: _Context, rows: Rows) -> Any:
             )
             # JAX traces a forward rule lazily, when it first differentiates; trace it now, for the
             # tangents a differentiation will have (floating inputs), so that its rows and any
-            # checkpoint inside it are known before the first policy is analysed.
-            call_avals = params["call_jaxpr"].in_avals[params["num_consts"] :]
-            params["fwd_jaxpr_thunk"].call_wrapped(*(_differentiable(a) for a in call_avals))
+            # checkpoint inside it are known before the first policy is analysed. Not inside a
+            # forward rule: that runs undifferentiated, and one that calls its own custom_vjp
+            # function would trace itself forever.
+            if ctx.anchor is None:
+                call_avals = params["call_jaxpr"].in_avals[params["num_consts"] :]
+                params["fwd_jaxpr_thunk"].call_wrapped(*(_differentiable(a) for a in call_avals))
         elif eqn.primitive is jc.custom_jvp_call_p:  # one row; its jvp rule's equations map to it
             tb = eqn.source_info.traceback if ctx.traceback_from is None else ctx.traceback_from
             params["jvp_jaxpr_fun"] = jc.wrap_jaxpr_thunk(

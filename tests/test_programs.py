@@ -257,3 +257,25 @@ def test_module_path_from_named_scopes_with_dropout() -> None:
     assert dots[0].source is not None and dots[0].source.file.endswith("test_programs.py")
     activations = [r for r in report.result("none").residuals if r.kind is ResidualKind.ACTIVATION]
     assert activations and {r.module for r in activations} == {"encoder/layer_0"}
+
+
+def test_a_forward_rule_that_calls_its_own_custom_vjp_function() -> None:
+    """The common `def fwd(x): return f(x), x`: the forward rule binds f again, undifferentiated."""
+
+    @jax.custom_vjp
+    def f(x: Any) -> Any:
+        return jnp.sin(x)
+
+    def fwd(x: Any) -> Any:
+        return f(x), x
+
+    def bwd(x: Any, g: Any) -> Any:
+        return (g * jnp.cos(x),)
+
+    f.defvjp(fwd, bwd)
+
+    def loss(x: Any) -> Any:
+        return jnp.sum(jax.checkpoint(lambda x: f(jnp.tanh(x)))(x) ** 2)
+
+    assert_exact(loss, SDS((8,), jnp.float32), policies=("nothing_saveable", "everything_saveable"),
+                 inner=lambda p: lambda x: jnp.sum(jax.checkpoint(lambda x: f(jnp.tanh(x)), policy=p)(x) ** 2))
