@@ -182,9 +182,9 @@ def linearize_for_vjp(fun: Callable[..., Any], args: Sequence[Any]) -> tuple[lis
         # residuals (this jaxpr is for reading; it never runs).
         residuals += structured
         tangent = tangent.replace(
-            constvars=tangent.invars[:n_res] + tangent.invars[n_res + n_in :],
+            constvars=[*tangent.constvars, *tangent.invars[:n_res], *tangent.invars[n_res + n_in :]],
             invars=tangent.invars[n_res : n_res + n_in],
-            consts=residuals,
+            consts=[*tangent.consts, *residuals],
         )
     if _VJPNode is not None:
         tangent = _unwrap_vjp_nodes(tangent, {})
