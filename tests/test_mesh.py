@@ -229,7 +229,7 @@ def test_shard_map_bodies_are_per_device() -> None:
         ((8, 64), 2048, 4 * 16 * 4),  # tanh output (sin's input), sharded data x model
         ((8, 64), 2048, 4 * 16 * 4),  # cos, for sin's derivative
     ]
-    if JAX_VERSION >= (0, 12, 0):  # from jax 0.12, JAX keeps only cos for sin's derivative
+    if JAX_VERSION >= (0, 11, 2):  # from jax 0.11.2, JAX keeps only cos for sin's derivative
         expected.remove(((8, 64), 2048, 4 * 16 * 4))
     # sorted: JAX's residual order changes between releases (jax 0.11.1 puts sin's input first)
     assert sorted((r.shape, r.bytes, r.bytes_per_device) for r in result.residuals) == sorted(expected)
