@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -207,16 +208,30 @@ def audit_target(
     """
     scope = Scope(scope)
     spec = parse_mesh(mesh) if isinstance(mesh, str) else mesh
-    source = ShardingSource(shardings)
+    build = build_mesh if ShardingSource(shardings) is ShardingSource.COMPILED else build_abstract_mesh
     with user_code(target):  # a custom policy's module is user code too
         specs = _specs(policies)  # bad specs fail before the target's code runs
-        build = build_mesh if source is ShardingSource.COMPILED else build_abstract_mesh
         on = None if spec is None else build(spec)
+        with traced_target(target, inputs, overrides, on, progress) as traced:
+            return audit_traced(traced, specs, scope, progress, compile, mesh=on)
+
+
+@contextlib.contextmanager
+def traced_target(
+    target: str,
+    inputs: str | None,
+    overrides: Mapping[str, str] | Sequence[str],
+    mesh: Any,
+    progress: Progress = _quiet,
+) -> Iterator[Traced]:
+    """Load `target`, call its inputs callable and trace it, as the user's code (`sys.exit` there is
+    the target's failure); with `mesh` (a built Mesh or AbstractMesh), the inputs are placed on it and
+    it stays JAX's context mesh while the caller analyses the trace."""
+    with user_code(target):
         progress(f"loading {target}")
         loaded = load_target(target)
-        with mesh_context(on):
-            overrides = list(overrides) if not isinstance(overrides, Mapping) else overrides
-            args = load_inputs(loaded, inputs, overrides, mesh=on).args
+        with mesh_context(mesh):
+            pairs = list(overrides) if not isinstance(overrides, Mapping) else overrides
+            args = load_inputs(loaded, inputs, pairs, mesh=mesh).args
             progress(f"tracing {target}")
-            traced = trace(loaded.fn, args if on is None else place_args(args, on), target)
-            return audit_traced(traced, specs, scope, progress, compile, mesh=on)
+            yield trace(loaded.fn, args if mesh is None else place_args(args, mesh), target)

@@ -30,9 +30,9 @@ from typing import Any
 import jax
 
 from ._analysis import analyse
-from ._loading import load_inputs, load_target
-from ._mesh import build_mesh, mesh_context, parse_mesh, per_device, place_args, spec_of
-from ._trace import Traced, trace
+from ._api import traced_target
+from ._mesh import build_mesh, parse_mesh, per_device, spec_of
+from ._trace import Traced
 from .errors import TargetError, UsageError
 from .report import AuditReport, MeshSpec, PolicyResult, Scope, ShardingSource, TeKind
 from .specs import resolve_policy
@@ -562,13 +562,7 @@ def recommend_target(
         raise UsageError(f"max evaluations must be at least 1, not {max_evals!r}", "e.g. --max-evals 64")
     spec = parse_mesh(mesh) if isinstance(mesh, str) else mesh
     on = None if spec is None else build_mesh(spec)
-    progress(f"loading {target}")
-    loaded = load_target(target)
-    with mesh_context(on):
-        overrides = list(overrides) if not isinstance(overrides, Mapping) else overrides
-        args = load_inputs(loaded, inputs, overrides, mesh=on).args
-        progress(f"tracing {target}")
-        traced = trace(loaded.fn, args if on is None else place_args(args, on), target)
+    with traced_target(target, inputs, overrides, on, progress) as traced:
         return recommend(
             traced, budget_bytes, allow_offload=allow_offload, max_evals=max_evals, scope=scope,
             presets=presets, progress=progress, mesh=on,

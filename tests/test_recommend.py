@@ -320,3 +320,17 @@ def test_budget_is_per_device_on_a_mesh(tmp_path: Path) -> None:
     assert (win.activation_bytes, win.global_activation_bytes) == (256, 512)
     whole = recommend_target(f"{path}:loss", 256, max_evals=4).recommended  # 512 B do not fit in all
     assert whole is not None and whole.activation_bytes == 0 and whole.recompute_flops > win.recompute_flops
+
+
+def test_sys_exit_in_the_target_is_the_targets_failure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """recommend runs the user's code under the same rule as audit: sys.exit there is exit 3."""
+    from te_ckpt_audit import TargetError, recommend_target
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "quits.py").write_text(
+        "import sys, jax, jax.numpy as jnp\n"
+        "def loss(x):\n    sys.exit(0)\n"
+        "def loss_inputs():\n    return (jax.ShapeDtypeStruct((4,), jnp.float32),)\n"
+    )
+    with pytest.raises(TargetError, match=r"sys\.exit\(0\)"):
+        recommend_target("quits.py:loss", 1024)
