@@ -57,10 +57,13 @@ def test_remat3_is_flagged() -> None:
     spec = resolve_policy("checkpoint_dots")
     traced = trace(_fn, ARGS)
     result = audit(_fn, *ARGS, policies=[spec]).results[0]
-    assert [w.code for w in _spec_warnings(traced, spec, result)] == []
-    jax.config.update("jax_remat3", True)
+    before = jax.config.values.get("jax_remat3", False)
     try:  # only the warning is under test: the audit itself does not model remat3
+        jax.config.update("jax_remat3", False)
+        codes_off = [w.code for w in _spec_warnings(traced, spec, result)]
+        jax.config.update("jax_remat3", True)
         codes_on = [w.code for w in _spec_warnings(traced, spec, result)]
     finally:
-        jax.config.update("jax_remat3", False)
+        jax.config.update("jax_remat3", before)  # as the run set it (JAX_REMAT3)
+    assert codes_off == []
     assert codes_on == [WarningCode.REMAT3]
