@@ -194,7 +194,7 @@ COLUMNS: dict[str, Column] = {
 class HotspotKey(enum.StrEnum):
     """What hotspots group residuals by (`--by`)."""
 
-    MODULE = "module"  # the module path from JAX's name stack: the layer, for library models
+    MODULE = "module"  # the module path from JAX's name stack (the layer), else the source line
     LINE = "line"  # the innermost source line of the user's own code
 
 
@@ -238,17 +238,16 @@ def hotspots(report: AuditReport, top: int, by: HotspotKey | None = None) -> lis
     kept: dict[str, list[int]] = {}
     producers: dict[str, dict[str, None]] = {}  # ordered set
     for i, r in _kept(report):
-        if by is HotspotKey.MODULE:
-            key = r.module or "(no module)"
-        else:
-            key = f"{r.source.file}:{r.source.line}" if r.source else "(no source)"
+        line = f"{r.source.file}:{r.source.line}" if r.source else "(no source)"
+        # by module: a residual made outside any module (the model's own code) keeps its line
+        key = (r.module or line) if by is HotspotKey.MODULE else line
         kept.setdefault(key, [0] * len(report.results))[i] += r.bytes
         producers.setdefault(key, {})[r.name or r.primitive or "?"] = None
     ranked = sorted(kept, key=lambda k: (-max(kept[k]), k))
     return [Hotspot(k, tuple(producers[k]), tuple(kept[k])) for k in ranked[:top]]
 
 
-HOTSPOT_TITLES = {HotspotKey.MODULE: "module path", HotspotKey.LINE: "source line"}
+HOTSPOT_TITLES = {HotspotKey.MODULE: "module path (else line)", HotspotKey.LINE: "source line"}
 
 
 # --- per-equation marks -------------------------------------------------------------------------
