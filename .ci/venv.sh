@@ -17,14 +17,8 @@ log() { echo "ci/venv: $*" >&2; }
 
 ENV="$CACHE/venv-py${PY_MINOR/./}-jax-$JAX_VERSION"
 STAMP="$ENV/.complete"
-# pip, quiet; the local index's "is ignored" warnings dropped, the rest shown on failure.
-pipq() {
-  local out
-  if ! out="$("$ENV/bin/python" -m pip install -q --disable-pip-version-check "$@" 2>&1)"; then
-    echo "$out" | grep -v 'is ignored: it is neither' >&2
-    return 1
-  fi
-}
+# pipq: pip install into "$ENV", quiet, its output shown only on failure.
+source "$ROOT/.ci/pipq.sh"
 
 if [ ! -f "$STAMP" ]; then
   PY="$(bash "$ROOT/.ci/python.sh" "$PY_MINOR")"

@@ -42,14 +42,8 @@ ENV="$CACHE/zoo-$KEY"
 STAMP="$ENV/.complete"
 
 log() { echo "zoo/setup: $*" >&2; }
-# pip, quiet; its output (the --no-deps installs make it list what they left out) only on failure.
-pipq() {
-  local out
-  if ! out="$("$ENV/bin/python" -m pip install -q --disable-pip-version-check "$@" 2>&1)"; then
-    echo "$out" | grep -v 'is ignored: it is neither' >&2
-    return 1
-  fi
-}
+# pipq: pip install into "$ENV", quiet, its output shown only on failure.
+source "$ROOT/.ci/pipq.sh"
 
 if [ ! -f "$STAMP" ]; then
   log "creating $ENV"
