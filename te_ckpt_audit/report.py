@@ -1,5 +1,5 @@
 """The data model every output renders from: frozen records, and `AuditReport.to_dict()` as the
-versioned JSON schema ``te-ckpt-audit/1``."""
+versioned JSON schema ``te-ckpt-audit/2``."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import enum
 from collections.abc import Iterable
 from typing import Any
 
-SCHEMA = "te-ckpt-audit/1"
+SCHEMA = "te-ckpt-audit/2"
 
 
 class Outcome(enum.StrEnum):
@@ -274,7 +274,7 @@ class AuditReport:
         return tuple(w for r in self.results for w in r.warnings)
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON document (schema ``te-ckpt-audit/1``): plain, ordered, deterministic."""
+        """The JSON document (schema ``te-ckpt-audit/2``): plain, ordered, deterministic."""
         return {"schema": SCHEMA, **_plain(self)}
 
 

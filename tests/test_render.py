@@ -169,7 +169,7 @@ def test_json_validates_against_the_schema(report: AuditReport) -> None:
     [
         lambda d: d.update(extra=1),
         lambda d: d.pop("target"),
-        lambda d: d.update(schema="te-ckpt-audit/2"),
+        lambda d: d.update(schema="te-ckpt-audit/1"),  # the shape before module, frame, error, hotspots
         lambda d: d["results"][0]["totals"].update(activation_bytes=-1),
         lambda d: d["results"][0]["marks"][0].update(outcome="KEPT"),
         lambda d: d["equations"][0].update(source={"file": "x.py"}),

@@ -1,4 +1,4 @@
-"""JSON: `report.to_dict()` with its hotspots (schema ``te-ckpt-audit/1``, described by
+"""JSON: `report.to_dict()` with its hotspots (schema ``te-ckpt-audit/2``, described by
 `JSON_SCHEMA`): strict, deterministic."""
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from ._common import (
 
 
 def render_json(report: AuditReport, top: int = 10, by: HotspotKey | None = None) -> str:
-    """The report as JSON (schema ``te-ckpt-audit/1``), with its hotspots; the same report gives
+    """The report as JSON (schema ``te-ckpt-audit/2``), with its hotspots; the same report gives
     the same bytes."""
     key = hotspot_key(report, by)
     spots = [dataclasses.asdict(h) for h in hotspots(report, top, key)]
