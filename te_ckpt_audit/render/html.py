@@ -18,7 +18,7 @@ import math
 from collections.abc import Sequence
 
 from .._recommend import Recommendation
-from ._common import format_bytes, format_flops, format_percent
+from ._common import HOTSPOT_TITLES, HotspotKey, format_bytes, format_flops, format_percent, hotspots
 from .plot import PlotPoint, recommendation_points, report_points
 from .recommend import maxtext_config, python_snippet
 from ..report import AuditReport, Category, Outcome, PolicyResult, ResidualKind
@@ -206,27 +206,19 @@ def producer_bars_svg(results: Sequence[PolicyResult], width: int = 900) -> str:
 # --- tables ------------------------------------------------------------------------------------
 
 
-def modules_table(results: Sequence[PolicyResult], top: int = TOP_MODULES) -> str:
-    """Activation and host residual bytes by module path, per policy: the largest first."""
-    ok = [r for r in results if r.error is None]
-    kept: dict[str, list[int]] = {}
-    count: dict[str, int] = {}
-    for i, result in enumerate(ok):
-        for res in result.residuals:
-            if res.kind not in (ResidualKind.ACTIVATION, ResidualKind.HOST):
-                continue
-            key = res.module or "(no module)"
-            kept.setdefault(key, [0] * len(ok))[i] += res.bytes
-            count[key] = count.get(key, 0) + 1
-    if not kept:
+def modules_table(report: AuditReport, top: int = TOP_MODULES) -> str:
+    """Activation and host residual bytes by module path (else source line), per policy: the
+    largest first; the same hotspots as every other output."""
+    spots = hotspots(report, top, HotspotKey.MODULE)
+    if not spots:
         return "<p>No policy keeps an activation.</p>"
-    ranked = sorted(kept, key=lambda k: (-max(kept[k]), k))[:top]
-    head = "".join(f"<th>{_e(r.policy)}</th>" for r in ok)
+    head = "".join(f"<th>{_e(r.policy)}</th>" for r in report.results)
     rows = []
-    for k in ranked:
-        cells = "".join(f'<td class="num">{_e(format_bytes(b)) if b else ""}</td>' for b in kept[k])
-        rows.append(f"<tr><td><code>{_e(k)}</code></td>{cells}</tr>")
-    return (f'<div class="scroll"><table><thead><tr><th>module path</th>{head}</tr></thead><tbody>'
+    for spot in spots:
+        cells = "".join(f'<td class="num">{_e(format_bytes(b)) if b else ""}</td>' for b in spot.bytes_by_policy)
+        rows.append(f"<tr><td><code>{_e(spot.where)}</code></td>{cells}</tr>")
+    title = HOTSPOT_TITLES[HotspotKey.MODULE]
+    return (f'<div class="scroll"><table><thead><tr><th>{_e(title)}</th>{head}</tr></thead><tbody>'
             + "".join(rows) + "</tbody></table></div>")
 
 
@@ -281,7 +273,7 @@ def _sections(
 ) -> list[str]:
     out = ["<h2>Frontier: activation bytes against recompute</h2>", frontier_svg(points, budget),
            "<h2>Activation bytes by producer</h2>", producer_bars_svg(report.results),
-           "<h2>Largest residuals by module path</h2>", modules_table(report.results)]
+           "<h2>Largest residuals by module path</h2>", modules_table(report)]
     if focus is not None:
         out += [f"<h2>Largest residuals of <code>{_e(focus.policy)}</code></h2>", top_residuals_table(focus)]
     out += ["<h2>Per-equation marks</h2>", marks_table(report)]
