@@ -81,9 +81,13 @@ class Traced:
     jaxpr: Any  # ClosedJaxpr, tagged
     avals: tuple[jax.ShapeDtypeStruct, ...]  # the array inputs, flattened
     arg_names: tuple[str, ...]
-    has_remat: bool
     rows: Rows
     target: str
+
+    @property
+    def has_remat(self) -> bool:
+        """A checkpoint anywhere in the function, custom_vjp forward rules included."""
+        return self.rows.has_remat
 
 
 def _is_array_leaf(x: Any) -> bool:
@@ -148,7 +152,7 @@ def trace(fn: Callable[..., Any], args: tuple[Any, ...], target: str = "") -> Tr
     rows = Rows()
     interned, rows.scopes = intern_bodies(closed.jaxpr)
     tagged = tag_jaxpr(closed.replace(jaxpr=interned), rows)
-    return Traced(tagged, avals, names, rows.has_remat, rows, target)
+    return Traced(tagged, avals, names, rows, target)
 
 
 def _abstract(leaf: Any, name: str) -> jax.ShapeDtypeStruct:
