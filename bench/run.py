@@ -11,7 +11,12 @@
     ShapeDtypeStructs only) at 48 and 96 unrolled layers and 96 scanned, each in a fresh process:
     time and peak RSS of the audit against the floor, one `jax.make_jaxpr` of the VJP of the same
     function. Goals: <= 2x time, <= 1.5x RSS, and 48 -> 96 layers <= 2.2x time.
-(c) where the time goes: load+trace / analysis / render, in one process, for (a)'s GPT.
+(c) the marginal cost of one more policy after the first, in one process: each further policy's
+    analysis against one linearization of the same function (JAX's saved_residuals), on unrolled
+    and scanned stacks. Goal: ratio <= 0.25.
+(d) start-up: `te-ckpt-audit --version` against `python -c "import jax"`. Goal: ratio <= 1.2.
+(e) is bench/zoo.py (the zoo's models need the zoo's environment).
+Then where the time goes: load+trace / analysis / render, in one process, for (a)'s GPT.
 
 Timings on a shared 2-core machine are noisy; the medians and same-run baselines are the point.
 """
@@ -25,7 +30,10 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
 
 ROOT = Path(__file__).resolve().parent.parent
 POLICIES = [
@@ -139,7 +147,57 @@ def bench_b(quick: bool) -> None:
         print(f"    48 -> 96 unrolled layers: audit time x{scale:4.2f} ({'meets' if scale <= 2.2 else 'MISSES'} 2.2)")
 
 
-def bench_c() -> None:
+def bench_c(repeats: int) -> None:
+    """The marginal cost of one more policy, in one process: each policy's analysis once a first
+    policy has run, against one linearization (JAX's saved_residuals) of the same function."""
+    sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(ROOT / "tests"))
+    from _reference import bind_static  # the tests': the function of its array inputs alone
+    from te_ckpt_audit._api import audit_traced
+    from te_ckpt_audit._jax_compat import saved_residuals
+    from te_ckpt_audit._loading import load_inputs, load_target
+    from te_ckpt_audit._trace import trace
+
+    print(f"(c) one more policy after the first vs one linearization (JAX's saved_residuals); one process, "
+          f"median of {repeats}")
+    cases = [
+        ("sample_models/flax_model.py:loss", ["layers=24", "scan=False"]),
+        ("sample_models/gpt.py:loss", GPT3 + ["layers=48", "scan=False"]),
+        ("sample_models/gpt.py:loss", ["layers=24"]),
+        ("sample_models/flax_model.py:loss", []),
+    ]
+    for target, defines in cases:
+        loaded = load_target(target)
+        args = load_inputs(loaded, overrides=defines).args
+        f, dyn = bind_static(loaded.fn, args)
+        once = [_seconds(saved_residuals, f, *dyn) for _ in range(repeats + 1)][1:]
+        traced = trace(loaded.fn, args, target)
+        audit_traced(traced, [POLICIES[0]])  # the first policy
+        more = [_seconds(audit_traced, traced, [p]) for p in POLICIES[1:] for _ in range(repeats)]
+        ratio = statistics.median(more) / statistics.median(once)
+        label = " ".join(d for d in defines if not d.startswith(tuple(g.split("=")[0] for g in GPT3))) or "-"
+        shapes = " GPT-3" if defines[: len(GPT3)] == GPT3 else ""
+        print(f"    {target:34s} {label + shapes:22s} one policy more {statistics.median(more):6.3f} s  "
+              f"one linearization {statistics.median(once):6.3f} s  ratio {ratio:5.2f}  "
+              f"({'meets' if ratio <= 0.25 else 'MISSES'} the 0.25 goal)")
+
+
+def bench_d(repeats: int) -> None:
+    print(f"(d) start-up: `te-ckpt-audit --version` vs `python -c 'import jax'`; whole processes, median of {repeats}")
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    ours = statistics.median(
+        _seconds(subprocess.run, ["te-ckpt-audit", "--version"], env=env, check=True, capture_output=True)
+        for _ in range(repeats)
+    )
+    base = statistics.median(
+        _seconds(subprocess.run, [sys.executable, "-c", "import jax"], env=env, check=True)
+        for _ in range(repeats)
+    )
+    print(f"    --version {ours:5.2f} s  import jax {base:5.2f} s  ratio {ours / base:4.2f}  "
+          f"({'meets' if ours / base <= 1.2 else 'MISSES'} the 1.2 goal)")
+
+
+def profile() -> None:
     sys.path.insert(0, str(ROOT))
     from te_ckpt_audit._api import audit_traced
     from te_ckpt_audit._loading import load_inputs, load_target
@@ -158,9 +216,15 @@ def bench_c() -> None:
     render_table(report, TableView(equations=True))
     t3 = time.perf_counter()
     total = t3 - t0
-    print("(c) where the time goes (gpt, 24 layers, 5 policies, one process, jax already imported)")
+    print("where the time goes (gpt, 24 layers, 5 policies, one process, jax already imported)")
     for name, s in [("load + trace", t1 - t0), ("analysis", t2 - t1), ("render", t3 - t2)]:
         print(f"    {name:13s} {s:6.2f} s  {100 * s / total:5.1f}%")
+
+
+def _seconds(work: Callable[..., Any], *args: Any) -> float:
+    t0 = time.perf_counter()
+    work(*args)
+    return time.perf_counter() - t0
 
 
 def main() -> None:
@@ -172,7 +236,9 @@ def main() -> None:
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} cores")
     bench_a(repeats)
     bench_b(args.quick)
-    bench_c()
+    bench_c(repeats)
+    bench_d(repeats)
+    profile()
 
 
 if __name__ == "__main__":

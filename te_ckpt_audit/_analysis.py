@@ -46,7 +46,7 @@ def policy_function(traced: Traced, spec: PolicySpec, scope: Scope) -> Callable[
     """The traced function with `spec` applied, as a function of the flat array inputs."""
     closed = traced.jaxpr
     if spec.kind is SpecKind.AS_IS:
-        return jc.jaxpr_as_fun(closed)
+        return jc.jaxpr_as_fun(closed.replace(jaxpr=_swap_policies(closed.jaxpr, _KEEP)))
     if spec.kind is SpecKind.NONE:  # plain autodiff: the function's own checkpoints are inlined
         return jc.jaxpr_as_fun(closed.replace(jaxpr=_swap_policies(closed.jaxpr, None)))
     policy = _guarded(spec)
@@ -86,32 +86,116 @@ def ask_policy(policy: Callable[..., Any], spec_text: str, prim: Any, avals: Any
     return answer
 
 
-def _swap_policies(jaxpr: Any, policy: Callable[..., Any] | None, memo: dict[int, Any] | None = None) -> Any:
-    """Every checkpoint gets `policy`; with None, checkpoints are inlined (plain autodiff)."""
-    memo = {} if memo is None else memo
-    eqns: list[Any] = []
-    alias: dict[Any, Any] = {}  # an inlined checkpoint's output -> the value it passed through
+_KEEP: Any = object()  # as a policy: every checkpoint keeps its own
 
-    def look(v: Any) -> Any:
-        return v if isinstance(v, jc.Literal) else alias.get(v, v)
 
-    for eqn in jaxpr.eqns:
-        params = dict(eqn.params)
-        if alias:
-            eqn = eqn.replace(invars=[look(v) for v in eqn.invars])
-        if eqn.primitive is jc.custom_vjp_call_p:
-            params["fwd_jaxpr_thunk"] = jc.wrap_jaxpr_thunk(
-                params["fwd_jaxpr_thunk"], lambda fwd: _swap_policies(fwd, policy)
-            )
-        else:
-            params = map_sub_jaxprs(params, lambda _, sub: _swap_policies(sub, policy, memo), memo)
-        if eqn.primitive is jc.remat_p:
-            if policy is None:
-                eqns.extend(_inline(eqn, params["jaxpr"], alias))
-                continue
-            params["policy"] = policy
-        eqns.append(eqn.replace(params=params))
-    return jaxpr.replace(eqns=eqns, outvars=[look(v) for v in jaxpr.outvars]) if alias else jaxpr.replace(eqns=eqns)
+def _swap_policies(jaxpr: Any, policy: Callable[..., Any] | None) -> Any:
+    """Every checkpoint gets `policy` (_KEEP: keeps its own); with None, checkpoints are inlined
+    (plain autodiff)."""
+    return _Swap(policy, _repeated_sites(jaxpr)).run(jaxpr, direct=True)
+
+
+_SiteKey = tuple[int, Any, bool, tuple[Any, ...]]
+
+
+def _site_key(eqn: Any) -> _SiteKey:
+    return (id(eqn.params["jaxpr"]), eqn.params["prevent_cse"], eqn.params["differentiated"],
+            tuple(v.aval for v in eqn.invars))
+
+
+def _repeated_sites(jaxpr: Any) -> set[_SiteKey]:
+    """Checkpoint calls that occur more than once (an unrolled stack's layers) where JAX linearizes
+    each equation by itself: in the top-level function and in the jit calls it makes."""
+    seen: set[_SiteKey] = set()
+    repeated: set[_SiteKey] = set()
+
+    def walk(j: Any) -> None:
+        for eqn in j.eqns:
+            if eqn.primitive is jc.remat_p:
+                key = _site_key(eqn)
+                (repeated if key in seen else seen).add(key)
+            elif eqn.primitive is jc.jit_p:
+                walk(open_jaxpr(eqn.params["jaxpr"]))
+
+    walk(jaxpr)
+    return repeated
+
+
+class _Swap:
+    """`_swap_policies`' rewrite. Bodies shared by several equations stay shared (JAX caches per
+    body object), and so does a body the rewrite leaves as it was, across policies too.
+
+    A checkpoint called more than once, where JAX linearizes equation by equation, becomes a call
+    of one `jit` holding it: JAX linearizes a jit body once per body object and input pattern, so
+    an unrolled stack costs one layer per policy instead of every layer. The residuals are the
+    same values (jit forwards residuals that are its inputs or outputs); a body that returns an
+    input or one value twice is left unwrapped, where jit's forwarding does not match remat's.
+    """
+
+    def __init__(self, policy: Callable[..., Any] | None, repeated: set[_SiteKey]) -> None:
+        self.policy = policy
+        self.repeated = repeated
+        self.memos: dict[bool, dict[int, tuple[Any, Any]]] = {True: {}, False: {}}  # by context
+        self.sites: dict[tuple[Any, ...], Any] = {}
+
+    def _direct(self, _: int, jaxpr: Any) -> Any:
+        return self.run(jaxpr, direct=True)
+
+    def _within(self, _: int, jaxpr: Any) -> Any:
+        return self.run(jaxpr, direct=False)
+
+    def run(self, jaxpr: Any, direct: bool) -> Any:
+        eqns: list[Any] = []
+        alias: dict[Any, Any] = {}  # an inlined checkpoint's output -> the value it passed through
+        changed = False
+
+        def look(v: Any) -> Any:
+            return v if isinstance(v, jc.Literal) else alias.get(v, v)
+
+        for old in jaxpr.eqns:
+            eqn = old.replace(invars=[look(v) for v in old.invars]) if alias else old
+            params = dict(eqn.params)
+            if eqn.primitive is jc.custom_vjp_call_p:
+                params["fwd_jaxpr_thunk"] = jc.wrap_jaxpr_thunk(
+                    params["fwd_jaxpr_thunk"], lambda fwd: _Swap(self.policy, set()).run(fwd, direct=False)
+                )
+            else:
+                inner = direct and eqn.primitive is jc.jit_p  # a jit body is linearized like its caller
+                params = map_sub_jaxprs(params, self._direct if inner else self._within, self.memos[inner])
+            if eqn.primitive is jc.remat_p:
+                if self.policy is not None and self.policy is not _KEEP:
+                    params["policy"] = self.policy
+                eqn = eqn.replace(params=params)
+                site = self._site(eqn, inline=self.policy is None) if direct else None
+                if site is not None:
+                    eqn = site.replace(invars=eqn.invars, outvars=eqn.outvars)
+                elif self.policy is None:
+                    eqns.extend(_inline(eqn, params["jaxpr"], alias))
+                    changed = True
+                    continue
+            elif any(params[k] is not eqn.params[k] for k in params):
+                eqn = eqn.replace(params=params)
+            changed = changed or eqn is not old
+            eqns.append(eqn)
+        if not changed:
+            return jaxpr
+        return jaxpr.replace(eqns=eqns, outvars=[look(v) for v in jaxpr.outvars])
+
+    def _site(self, eqn: Any, inline: bool = False) -> Any | None:
+        """The jit equation that calls this checkpoint (`inline`: its body, plain autodiff), for a
+        checkpoint repeated where JAX linearizes equation by equation."""
+        key = _site_key(eqn)
+        if key not in self.repeated:
+            return None
+        site = (*key, id(eqn.params["policy"]), inline)  # as-is, equal layers may differ in policy
+        if site not in self.sites:
+            body = eqn.params["jaxpr"]
+            outs = [v for v in body.outvars if not isinstance(v, jc.Literal)]
+            plain = len(outs) == len(body.outvars) == len(set(outs)) and not set(outs) & set(body.invars)
+            fun = jc.run_body(body) if inline else jc.bind_alone(eqn)
+            avals = [v.aval for v in eqn.invars]
+            self.sites[site] = jc.jit_call(fun, avals) if plain and not eqn.effects else None
+        return self.sites[site]
 
 
 def _inline(eqn: Any, body: Any, alias: dict[Any, Any]) -> list[Any]:

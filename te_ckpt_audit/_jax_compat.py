@@ -47,6 +47,7 @@ if not (SUPPORTED[0] <= JAX_VERSION < SUPPORTED[1]):
 
 # One branch per jax release that moved or changed something used here (0.10.2 is the base).
 # tests/test_jax_compat.py checks each private name on the installed jax, by name.
+from jax._src import core as _core  # noqa: E402
 from jax._src import linear_util as _lu  # noqa: E402
 from jax._src import source_info_util as _siu  # noqa: E402
 from jax._src.ad_checkpoint import saved_residuals as _saved_residuals  # noqa: E402
@@ -95,6 +96,7 @@ Primitive = jex.Primitive
 jaxpr_as_fun = jex.jaxpr_as_fun
 
 remat_p = _prims.remat_p
+jit_p = _prims.jit_p
 name_p = _prims.name_p
 reduce_precision_p = _prims.reduce_precision_p
 device_put_p = _prims.device_put_p
@@ -231,3 +233,28 @@ def saved_residuals(fn: Callable[..., Any], *args: Any) -> list[tuple[Any, str]]
 
 
 DropVar = jex.DropVar
+
+
+def jit_call(fun: Callable[..., Any], avals: Sequence[Any]) -> Any | None:
+    """A `jit` equation calling `fun` on inputs of types `avals` (its variables fresh), or None
+    where those types cannot be rebuilt exactly."""
+    specs = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=getattr(a, "weak_type", False)) for a in avals]
+    closed = jax.make_jaxpr(jax.jit(fun))(*specs)
+    if len(closed.jaxpr.eqns) != 1 or [v.aval for v in closed.jaxpr.eqns[0].invars] != list(avals):
+        return None
+    return closed.jaxpr.eqns[0]
+
+
+def run_body(jaxpr: Any) -> Callable[..., Any]:
+    """An open jaxpr without constvars as a function (a checkpoint's body)."""
+    return lambda *xs: _core.eval_jaxpr(jaxpr, (), *xs)
+
+
+def bind_alone(eqn: Any) -> Callable[..., Any]:
+    """A function that binds `eqn`'s primitive with its params and its name stack."""
+
+    def alone(*xs: Any) -> Any:
+        with _siu.user_context(eqn.source_info.traceback, name_stack=eqn.source_info.name_stack):
+            return eqn.primitive.bind(*xs, **eqn.params)
+
+    return alone

@@ -53,8 +53,12 @@ def map_sub_jaxprs(
         if memo is not None and id(sub) in memo:
             out = memo[id(sub)][1]
         else:
-            out = fn(j, open_jaxpr(sub))
-            out = sub.replace(jaxpr=out) if isinstance(sub, jc.ClosedJaxpr) else out
+            opened = open_jaxpr(sub)
+            out = fn(j, opened)
+            if out is opened:  # unchanged: the same object, so that JAX's caches still know it
+                out = sub
+            elif isinstance(sub, jc.ClosedJaxpr):
+                out = sub.replace(jaxpr=out)
             if memo is not None:
                 memo[id(sub)] = (sub, out)  # the original is kept alive so its id stays unique
         if idx is None:
