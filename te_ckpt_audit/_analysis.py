@@ -409,6 +409,13 @@ class _Resolver:
 
     def __init__(self) -> None:
         self._producers: dict[int, dict[Any, tuple[Any, int]]] = {}
+        self._subs: dict[int, tuple[Any, list[Any]]] = {}  # id(eqn) -> (eqn, its sub-jaxprs)
+
+    def _sub_jaxprs(self, eqn: Any) -> list[Any]:
+        key = id(eqn)
+        if key not in self._subs:
+            self._subs[key] = (eqn, [sub for _, _, sub in sub_jaxprs(eqn.params)])
+        return self._subs[key][1]
 
     def _producer_map(self, jaxpr: Any) -> dict[Any, tuple[Any, int]]:
         key = id(jaxpr)
@@ -434,9 +441,9 @@ class _Resolver:
             return self._resolve(jaxpr, eqn.invars[i], name, mult, depth + 1, top)
         if prim is jc.scan_p:
             return self._through_scan(jaxpr, eqn, i, name, mult, depth, top)
-        subs = list(sub_jaxprs(eqn.params))
+        subs = self._sub_jaxprs(eqn)
         if len(subs) == 1 and prim is not jc.custom_jvp_call_p:
-            body = open_jaxpr(subs[0][2])
+            body = open_jaxpr(subs[0])
             if len(body.outvars) == len(eqn.outvars):
                 inner = self._resolve(body, body.outvars[i], name, mult, depth + 1)
                 if inner.eqn is None and body.outvars[i] in body.invars and len(body.invars) == len(eqn.invars):

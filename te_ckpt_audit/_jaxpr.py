@@ -14,8 +14,12 @@ from .policies import SCALED_MATMUL_NAME, is_te_gemm
 _GEMM_NAMES = {"dot_general", "conv_general_dilated", SCALED_MATMUL_NAME, "ragged_dot", "ragged_dot_general"}
 
 
+_JAXPR_TYPES = (jc.Jaxpr, jc.ClosedJaxpr)
+_LEAF_TYPES = frozenset({bool, int, float, str, type(None)})  # what most params hold: skipped fast
+
+
 def _is_jaxpr(x: Any) -> bool:
-    return isinstance(x, jc.Jaxpr | jc.ClosedJaxpr)
+    return type(x) not in _LEAF_TYPES and isinstance(x, _JAXPR_TYPES)
 
 
 def sub_jaxprs(params: dict[str, Any]) -> Iterator[tuple[str, int | None, Any]]:
