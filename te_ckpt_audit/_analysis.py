@@ -344,49 +344,69 @@ def residual_outputs(jaxpr: Any) -> list[tuple[Any, ResidualKind, int]]:
     return out
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Made:
+    """What a residual's producing equation says of it: the same for every layer sharing a body."""
+
+    equation: str | None  # the row's id
+    row: Row | None
+    category: Category | None  # TE GEMM or dot; else decided by the name
+    primitive: str | None
+    origin: Origin
+    standin: bool
+
+
+def _made(traced: Traced, eqn: Any | None) -> _Made:
+    if eqn is None:
+        return _Made(None, None, None, None, Origin(None, None), False)
+    eid = jc.eqn_tag(eqn)
+    row = traced.rows.by_id.get(eid) if eid else None
+    category = Category.TE_GEMM if is_te_gemm(eqn.primitive) else Category.DOT if is_gemm(eqn.primitive) else None
+    return _Made(eid if row is not None else None, row, category, eqn.primitive.name, _origin(traced, row, eqn),
+                 is_te_standin(eqn.primitive))
+
+
 def _residuals(traced: Traced, jaxpr: Any) -> list[Residual]:
     """The residual set exactly as `jax.ad_checkpoint.saved_residuals` forms it, with provenance."""
     resolver = _Resolver()
+    made: dict[int, tuple[Any, _Made]] = {}  # id(eqn) -> (eqn, what it says): layers share equations
+    types: dict[Any, tuple[tuple[int, ...], str, int]] = {}
     out = []
     for var, kind, _ in residual_outputs(jaxpr):
         producer = resolver.resolve(jaxpr, var) if kind not in (ResidualKind.CONSTANT, ResidualKind.LITERAL) else None
         eqn = producer.eqn if producer else None
-        eid = jc.eqn_tag(eqn) if eqn is not None else None
-        row = traced.rows.by_id.get(eid) if eid else None
+        if id(eqn) not in made:
+            made[id(eqn)] = (eqn, _made(traced, eqn))
+        m = made[id(eqn)][1]
         name = producer.name if producer else None
-        if name is None and row is not None:
-            name = row.equation.name
-        te = eqn is not None and is_te_gemm(eqn.primitive)
-        if te:
-            category = Category.TE_GEMM
-        elif eqn is not None and is_gemm(eqn.primitive):
-            category = Category.DOT
-        elif name is not None:
-            category = Category.NAMED
-        else:
-            category = Category.OTHER
+        if name is None and m.row is not None:
+            name = m.row.equation.name
+        category = m.category or (Category.NAMED if name is not None else Category.OTHER)
         argument = None
         if kind is ResidualKind.ARGUMENT:
             argument = traced.arg_names[jaxpr.invars.index(var)]
         elif producer is not None and producer.argument is not None:
             argument = traced.arg_names[producer.argument]
-        origin = _origin(traced, row, eqn)
+        aval = var.aval
+        if aval not in types:
+            types[aval] = (aval_shape(aval), aval_dtype(aval), aval_bytes(aval))
+        shape, dtype, nbytes = types[aval]
         out.append(
             Residual(
-                shape=aval_shape(var.aval),
-                dtype=aval_dtype(var.aval),
-                bytes=0 if kind is ResidualKind.LITERAL else aval_bytes(var.aval),
+                shape=shape,
+                dtype=dtype,
+                bytes=0 if kind is ResidualKind.LITERAL else nbytes,
                 kind=kind,
                 category=category,
-                primitive=eqn.primitive.name if eqn is not None else None,
+                primitive=m.primitive,
                 name=name,
-                equation=eid if row is not None else None,
-                source=origin.source,
-                frame=origin.frame,
-                module=row.equation.module if row else None,
+                equation=m.equation,
+                source=m.origin.source,
+                frame=m.origin.frame,
+                module=m.row.equation.module if m.row else None,
                 multiplicity=producer.multiplicity if producer else 1,
                 argument=argument,
-                standin=eqn is not None and is_te_standin(eqn.primitive),
+                standin=m.standin,
             )
         )
     return out
