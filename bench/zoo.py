@@ -43,8 +43,9 @@ if {audit!r}:
 else:
     from _reference import bind_static
     f, dyn = bind_static(module.loss, args)
+    from jax.ad_checkpoint import print_saved_residuals
     with contextlib.redirect_stdout(io.StringIO()):
-        jax.ad_checkpoint.print_saved_residuals(f, *dyn)
+        print_saved_residuals(f, *dyn)
 print(json.dumps({{"seconds": time.perf_counter() - t0}}))
 """
 
@@ -63,7 +64,7 @@ def _warm(model: str, repeats: int) -> tuple[float, float]:
     import importlib
     import io
 
-    import jax
+    from jax.ad_checkpoint import print_saved_residuals
 
     import te_ckpt_audit
     from _reference import bind_static
@@ -74,7 +75,7 @@ def _warm(model: str, repeats: int) -> tuple[float, float]:
 
     def once() -> None:
         with contextlib.redirect_stdout(io.StringIO()):
-            jax.ad_checkpoint.print_saved_residuals(f, *dyn)
+            print_saved_residuals(f, *dyn)
 
     def audit() -> None:
         te_ckpt_audit.audit(module.loss, *args, policies=list(POLICIES))

@@ -4,6 +4,7 @@ user's own code, and the innermost frame overall (often a library's line)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import sys
 import traceback
@@ -91,9 +92,12 @@ class SourceFinder:
     def __init__(self) -> None:
         self._library = _library_files()
         self._cache: dict[int, tuple[Any, Origin]] = {}
+        self._files: dict[str, bool] = {}  # file name -> a library's; a trace has few files
 
     def _is_library(self, filename: str) -> bool:
-        return is_library_file(filename, self._library)
+        if filename not in self._files:
+            self._files[filename] = is_library_file(filename, self._library)
+        return self._files[filename]
 
     def __call__(self, eqn: Any) -> Origin:
         tb = eqn.source_info.traceback
@@ -119,8 +123,14 @@ def _location(frame: Any) -> SourceLocation | None:
 
 
 def _display_path(filename: str) -> str:
+    return _relative(filename, os.getcwd())
+
+
+@functools.lru_cache(maxsize=4096)
+def _relative(filename: str, cwd: str) -> str:
+    """`filename` relative to `cwd` when it lies below it, else as it is."""
     try:
-        rel = os.path.relpath(filename)
+        rel = os.path.relpath(filename, cwd)
     except ValueError:
         return filename
     return filename if rel.startswith("..") else rel
