@@ -238,8 +238,11 @@ DropVar = jex.DropVar
 def jit_call(fun: Callable[..., Any], avals: Sequence[Any]) -> Any | None:
     """A `jit` equation calling `fun` on inputs of types `avals` (its variables fresh), or None
     where those types cannot be rebuilt exactly."""
-    specs = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=getattr(a, "weak_type", False)) for a in avals]
-    closed = jax.make_jaxpr(jax.jit(fun))(*specs)
+    try:
+        specs = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=getattr(a, "weak_type", False)) for a in avals]
+        closed = jax.make_jaxpr(jax.jit(fun))(*specs)
+    except Exception:  # noqa: BLE001 - a type make_jaxpr cannot take: the caller keeps the equation
+        return None
     if len(closed.jaxpr.eqns) != 1 or [v.aval for v in closed.jaxpr.eqns[0].invars] != list(avals):
         return None
     return closed.jaxpr.eqns[0]
