@@ -46,12 +46,12 @@ def policy_function(traced: Traced, spec: PolicySpec, scope: Scope) -> Callable[
     """The traced function with `spec` applied, as a function of the flat array inputs."""
     closed = traced.jaxpr
     if spec.kind is SpecKind.AS_IS:
-        return jc.jaxpr_as_fun(closed.replace(jaxpr=_swap_policies(closed.jaxpr, _KEEP)))
+        return jc.jaxpr_as_fun(closed.replace(jaxpr=_swap_policies(closed.jaxpr, _KEEP, traced.memo)))
     if spec.kind is SpecKind.NONE:  # plain autodiff: the function's own checkpoints are inlined
-        return jc.jaxpr_as_fun(closed.replace(jaxpr=_swap_policies(closed.jaxpr, None)))
+        return jc.jaxpr_as_fun(closed.replace(jaxpr=_swap_policies(closed.jaxpr, None, traced.memo)))
     policy = _guarded(spec)
     if scope is Scope.INNER:
-        return jc.jaxpr_as_fun(closed.replace(jaxpr=_swap_policies(closed.jaxpr, policy)))
+        return jc.jaxpr_as_fun(closed.replace(jaxpr=_swap_policies(closed.jaxpr, policy, traced.memo)))
     return jax.checkpoint(jc.jaxpr_as_fun(closed), policy=policy)
 
 
@@ -89,10 +89,11 @@ def ask_policy(policy: Callable[..., Any], spec_text: str, prim: Any, avals: Any
 _KEEP: Any = object()  # as a policy: every checkpoint keeps its own
 
 
-def _swap_policies(jaxpr: Any, policy: Callable[..., Any] | None) -> Any:
+def _swap_policies(jaxpr: Any, policy: Callable[..., Any] | None, shared: dict[Any, Any] | None = None) -> Any:
     """Every checkpoint gets `policy` (_KEEP: keeps its own); with None, checkpoints are inlined
-    (plain autodiff)."""
-    return _Swap(policy, _repeated_sites(jaxpr)).run(jaxpr, direct=True)
+    (plain autodiff). `shared` (one per trace) keeps what every policy can reuse: the segments."""
+    segments = None if shared is None else shared.setdefault("segments", {})
+    return _Swap(policy, _repeated_sites(jaxpr), segments).run(jaxpr, direct=True)
 
 
 _SiteKey = tuple[int, Any, bool, tuple[Any, ...]]
@@ -132,9 +133,12 @@ class _Swap:
     input or one value twice is left unwrapped, where jit's forwarding does not match remat's.
     """
 
-    def __init__(self, policy: Callable[..., Any] | None, repeated: set[_SiteKey]) -> None:
+    def __init__(
+        self, policy: Callable[..., Any] | None, repeated: set[_SiteKey], segments: dict[Any, Any] | None = None
+    ) -> None:
         self.policy = policy
         self.repeated = repeated
+        self.segments = segments
         self.memos: dict[bool, dict[int, tuple[Any, Any]]] = {True: {}, False: {}}  # by context
         self.sites: dict[tuple[Any, ...], Any] = {}
 
@@ -179,7 +183,10 @@ class _Swap:
             eqns.append(eqn)
         if not changed:
             return jaxpr
-        return jaxpr.replace(eqns=eqns, outvars=[look(v) for v in jaxpr.outvars])
+        outvars = [look(v) for v in jaxpr.outvars]
+        if direct and self.segments is not None:
+            eqns = _segmented(jaxpr, eqns, outvars, {id(e) for e in jaxpr.eqns}, self.segments)
+        return jaxpr.replace(eqns=eqns, outvars=outvars)
 
     def _site(self, eqn: Any, inline: bool = False) -> Any | None:
         """The jit equation that calls this checkpoint (`inline`: its body, plain autodiff), for a
@@ -196,6 +203,63 @@ class _Swap:
             avals = [v.aval for v in eqn.invars]
             self.sites[site] = jc.jit_call(fun, avals) if plain and not eqn.effects else None
         return self.sites[site]
+
+
+_MIN_SEGMENT = 4  # equations; a shorter run costs less to linearize than to call
+
+
+def _segmented(jaxpr: Any, eqns: list[Any], outvars: list[Any], original: set[int], cache: dict[Any, Any]) -> list[Any]:
+    """`eqns` with each run of equations no policy touches (no checkpoint inside, no effects) made a
+    call of one jit, the same jit object for every policy of this trace.
+
+    JAX linearizes a jit body once per body object and input pattern: what lies around the
+    checkpoints (embeddings, the loss, a Keras layer's work outside its rematerialised activation)
+    is then linearized by the first policy only; the next ones reuse it. The residuals are the same
+    values: a segment's outputs are values it computes (never an input, each once), and jit
+    forwards residuals that are its inputs or outputs."""
+    last_use: dict[Any, int] = {}
+    for i, eqn in enumerate(eqns):
+        for v in eqn.invars:
+            if not isinstance(v, jc.Literal):
+                last_use[v] = i
+    for v in outvars:
+        if not isinstance(v, jc.Literal):
+            last_use[v] = len(eqns)
+    out: list[Any] = []
+    run: list[Any] = []
+
+    def flush(end: int) -> None:
+        if len(run) >= _MIN_SEGMENT:
+            call = _segment(jaxpr, run, end, last_use, cache)
+            if call is not None:
+                out.append(call)
+                run.clear()
+                return
+        out.extend(run)
+        run.clear()
+
+    for i, eqn in enumerate(eqns):
+        if id(eqn) in original and not eqn.effects:
+            run.append(eqn)
+            continue
+        flush(i - 1)
+        out.append(eqn)
+    flush(len(eqns) - 1)
+    return out
+
+
+def _segment(jaxpr: Any, run: list[Any], end: int, last_use: dict[Any, int], cache: dict[Any, Any]) -> Any | None:
+    defined = [v for e in run for v in e.outvars if not isinstance(v, jc.DropVar)]
+    own = set(defined)
+    inputs = list(dict.fromkeys(v for e in run for v in e.invars if not isinstance(v, jc.Literal) and v not in own))
+    outputs = [v for v in defined if last_use.get(v, -1) > end]
+    if not outputs:
+        return None
+    key = (id(run[0]), id(run[-1]), len(run), tuple(map(id, outputs)))
+    if key not in cache:
+        call = jc.jit_call(jc.run_body(jc.part_of(jaxpr, run, inputs, outputs)), [v.aval for v in inputs])
+        cache[key] = (run[0], run[-1], outputs, call.replace(invars=inputs, outvars=outputs) if call else None)
+    return cache[key][3]
 
 
 def _inline(eqn: Any, body: Any, alias: dict[Any, Any]) -> list[Any]:

@@ -248,6 +248,12 @@ def jit_call(fun: Callable[..., Any], avals: Sequence[Any]) -> Any | None:
     return closed.jaxpr.eqns[0]
 
 
+def part_of(jaxpr: Any, eqns: Sequence[Any], invars: Sequence[Any], outvars: Sequence[Any]) -> Any:
+    """A jaxpr of some of `jaxpr`'s equations (in order), taking `invars` and returning `outvars`."""
+    debug = jaxpr.debug_info._replace(arg_names=("",) * len(invars), result_paths=("",) * len(outvars))
+    return jaxpr.replace(constvars=[], invars=list(invars), outvars=list(outvars), eqns=list(eqns), debug_info=debug)
+
+
 def run_body(jaxpr: Any) -> Callable[..., Any]:
     """An open jaxpr without constvars as a function (a checkpoint's body)."""
     return lambda *xs: _core.eval_jaxpr(jaxpr, (), *xs)

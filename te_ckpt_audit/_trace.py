@@ -83,6 +83,7 @@ class Traced:
     arg_names: tuple[str, ...]
     rows: Rows
     target: str
+    memo: dict[Any, Any] = dataclasses.field(default_factory=dict, compare=False, repr=False)  # analyses share
 
     @property
     def has_remat(self) -> bool:

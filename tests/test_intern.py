@@ -5,15 +5,10 @@ from __future__ import annotations
 
 from collections import Counter
 
-import jax
-import jax.numpy as jnp
-
 import pytest
 
 from te_ckpt_audit import ResidualKind, audit_target
 from te_ckpt_audit import _jax_compat as jc
-from te_ckpt_audit._analysis import _KEEP, _swap_policies
-from te_ckpt_audit._jaxpr import map_sub_jaxprs
 from te_ckpt_audit._loading import load_inputs, load_target
 from te_ckpt_audit._trace import trace
 
@@ -54,28 +49,3 @@ def test_unrolled_residuals_equal_jax(policy: str) -> None:
     ours = Counter((r.shape, r.dtype) for r in result.residuals if r.kind is not ResidualKind.LITERAL)
     assert ours == truth
 
-
-@pytest.mark.parametrize("policy", ["as-is", "none", "nothing_saveable"])
-def test_repeated_layers_become_calls_of_one_jit(policy: str) -> None:
-    """Each layer is a call of one shared jit (JAX linearizes that once per policy); a single
-    checkpoint call stays as it was."""
-    spec = resolve_policy(policy)
-    jaxpr = _traced().jaxpr.jaxpr
-    swapped = _swap_policies(jaxpr, _KEEP if policy == "as-is" else spec.policy)
-    calls = [e for e in swapped.eqns if e.primitive is jc.jit_p and any(
-        i.primitive is jc.remat_p or i.primitive.name == "dot_general" for i in e.params["jaxpr"].eqns)]
-    assert len(calls) == 4 and len({id(e.params["jaxpr"]) for e in calls}) == 1
-    assert not any(e.primitive is jc.remat_p for e in swapped.eqns)
-
-    single = trace(lambda x: jax.checkpoint(jnp.sin)(x) * 2.0, (jax.ShapeDtypeStruct((3,), jnp.float32),))
-    kept = _swap_policies(single.jaxpr.jaxpr, spec.policy) if policy != "as-is" else single.jaxpr.jaxpr
-    assert [e.primitive.name for e in kept.eqns if e.primitive in (jc.remat_p, jc.jit_p)] == (
-        [] if policy == "none" else ["remat2"]
-    )
-
-
-def test_a_rewrite_that_changes_nothing_keeps_the_objects() -> None:
-    """JAX caches per jaxpr object: a body no policy swap touches stays the same object."""
-    eqn = next(e for e in _traced().jaxpr.jaxpr.eqns if e.primitive is jc.jit_p)
-    params = map_sub_jaxprs(eqn.params, lambda _, sub: sub)
-    assert params["jaxpr"] is eqn.params["jaxpr"]
