@@ -15,7 +15,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from ._analysis import policy_function
+from ._apply import policy_function
 from ._trace import Traced
 from .errors import first_line
 from .report import CompiledMemory, Scope

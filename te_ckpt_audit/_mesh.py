@@ -28,7 +28,8 @@ import numpy as np
 from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec
 
 from . import _jax_compat as jc
-from ._analysis import policy_function, residual_outputs
+from ._analysis import residual_outputs
+from ._apply import policy_function
 from ._jaxpr import aval_bytes
 from ._trace import Traced, _is_array_leaf
 from .errors import AuditError, TargetError, UsageError

@@ -14,7 +14,7 @@ import pytest
 
 from te_ckpt_audit import _jax_compat as jc
 from te_ckpt_audit import audit
-from te_ckpt_audit._analysis import _KEEP, _swap_policies
+from te_ckpt_audit._apply import KEEP, swap_policies
 from te_ckpt_audit._jaxpr import map_sub_jaxprs
 from te_ckpt_audit._loading import load_inputs, load_target
 from te_ckpt_audit._trace import trace
@@ -33,7 +33,7 @@ def _unrolled() -> Any:
 
 
 def _policy(spec: str) -> Any:
-    return _KEEP if spec == "as-is" else resolve_policy(spec).policy
+    return KEEP if spec == "as-is" else resolve_policy(spec).policy
 
 
 def _jits(jaxpr: Any) -> list[Any]:
@@ -43,7 +43,7 @@ def _jits(jaxpr: Any) -> list[Any]:
 @pytest.mark.parametrize("policy", ["as-is", "none", "nothing_saveable"])
 def test_repeated_layers_become_calls_of_one_jit(policy: str) -> None:
     """Each layer is a call of one shared jit; a checkpoint called once stays as it was."""
-    swapped = _swap_policies(_unrolled().jaxpr.jaxpr, _policy(policy))
+    swapped = swap_policies(_unrolled().jaxpr.jaxpr, _policy(policy))
     layers = [
         e for e in _jits(swapped)
         if any(i.primitive is jc.remat_p or i.primitive is jc.dot_general_p for i in e.params["jaxpr"].eqns)
@@ -52,7 +52,7 @@ def test_repeated_layers_become_calls_of_one_jit(policy: str) -> None:
     assert not any(e.primitive is jc.remat_p for e in swapped.eqns)
 
     single = trace(lambda x: jax.checkpoint(jnp.sin)(x) * 2.0, (SDS((3,), jnp.float32),))
-    kept = _swap_policies(single.jaxpr.jaxpr, _policy(policy))
+    kept = swap_policies(single.jaxpr.jaxpr, _policy(policy))
     assert [e.primitive.name for e in kept.eqns if e.primitive in (jc.remat_p, jc.jit_p)] == (
         [] if policy == "none" else ["remat2"]
     )
@@ -86,8 +86,8 @@ ARGS = (SDS((8, 8), jnp.float32), SDS((4, 8), jnp.float32))
 
 def test_work_around_the_checkpoints_is_one_jit_per_run_shared_by_every_policy() -> None:
     traced = trace(_wrapped(NOTHING), ARGS)
-    first = _swap_policies(traced.jaxpr.jaxpr, NOTHING, traced.memo)
-    second = _swap_policies(traced.jaxpr.jaxpr, jax.checkpoint_policies.everything_saveable, traced.memo)
+    first = swap_policies(traced.jaxpr.jaxpr, NOTHING, traced.memo)
+    second = swap_policies(traced.jaxpr.jaxpr, jax.checkpoint_policies.everything_saveable, traced.memo)
     segments = [e for e in _jits(first) if not any(i.primitive is jc.remat_p for i in e.params["jaxpr"].eqns)]
     assert len(segments) == 3  # before, between and after the two checkpoints
     assert [id(e) for e in segments] == [id(e) for e in _jits(second)]
@@ -108,7 +108,7 @@ def test_an_equation_with_effects_stays_outside_the_segments() -> None:
         return jnp.sum(jax.checkpoint(lambda y: jnp.cos(y @ w))(h) ** 2)
 
     traced = trace(f, ARGS)
-    swapped = _swap_policies(traced.jaxpr.jaxpr, NOTHING, traced.memo)
+    swapped = swap_policies(traced.jaxpr.jaxpr, NOTHING, traced.memo)
     assert any(e.effects for e in swapped.eqns)
     assert not any(e.effects for j in _jits(swapped) for e in j.params["jaxpr"].eqns)
 

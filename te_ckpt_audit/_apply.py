@@ -1,0 +1,281 @@
+"""Apply a policy to a trace: the traced function as JAX should differentiate it under the policy.
+
+A policy goes where the function's own checkpoints are (their policy swapped; `none` inlines
+them), or around the whole function. What every policy of one trace shares is built so that JAX's
+per-object caches see it once: equal checkpoints repeated across layers become calls of one jit,
+and the equations no policy touches become calls of jits shared by every policy. Residuals are
+unchanged: see `_Swap` and `_segmented`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+from . import _jax_compat as jc
+from ._jaxpr import map_sub_jaxprs, open_jaxpr
+from ._trace import Traced
+from .errors import PolicySpecError
+from .report import Scope
+from .specs import PolicySpec, SpecKind
+
+
+def resolve_scope(traced: Traced, spec: PolicySpec, scope: Scope) -> Scope:
+    if spec.kind is SpecKind.AS_IS:
+        return Scope.INNER
+    if scope is Scope.AUTO:
+        return Scope.INNER if traced.has_remat else Scope.OUTER
+    return scope
+
+
+def policy_function(traced: Traced, spec: PolicySpec, scope: Scope) -> Callable[..., Any]:
+    """The traced function with `spec` applied, as a function of the flat array inputs."""
+    closed = traced.jaxpr
+    if spec.kind is SpecKind.AS_IS:
+        return jc.jaxpr_as_fun(closed.replace(jaxpr=swap_policies(closed.jaxpr, KEEP, traced.memo)))
+    if spec.kind is SpecKind.NONE:  # plain autodiff: the function's own checkpoints are inlined
+        return jc.jaxpr_as_fun(closed.replace(jaxpr=swap_policies(closed.jaxpr, None, traced.memo)))
+    policy = _guarded(spec)
+    if scope is Scope.INNER:
+        return jc.jaxpr_as_fun(closed.replace(jaxpr=swap_policies(closed.jaxpr, policy, traced.memo)))
+    return jax.checkpoint(jc.jaxpr_as_fun(closed), policy=policy)
+
+
+def _guarded(spec: PolicySpec) -> Callable[..., Any]:
+    """The spec's policy, with its errors and bad answers turned into a PolicySpecError naming it."""
+    policy = spec.policy
+    assert policy is not None
+
+    def guarded(prim: Any, *avals: Any, **params: Any) -> Any:
+        return ask_policy(policy, spec.text, prim, avals, params)
+
+    return guarded
+
+
+def ask_policy(policy: Callable[..., Any], spec_text: str, prim: Any, avals: Any, params: dict[str, Any]) -> Any:
+    """`policy(prim, *avals, **params)`, checked: what it raises or wrongly returns is the policy's
+    fault, said in one PolicySpecError."""
+    name = getattr(prim, "name", prim)
+    try:
+        answer = policy(prim, *avals, **params)
+    except Exception as exc:
+        raise PolicySpecError(
+            f"policy {spec_text!r} raised {type(exc).__name__} on {name}: {exc}",
+            "a policy is called as policy(prim, *avals, **params) and must return a bool",
+        ) from exc
+    if not isinstance(answer, bool | jc.SaveableType | jc.RecomputeType | jc.Offloadable):
+        raise PolicySpecError(
+            f"policy {spec_text!r} returned {answer!r} for {name}",
+            "return True/False, Saveable, Recompute or Offloadable(src, dst) "
+            "(did you return Offloadable instead of Offloadable(...)?)",
+        )
+    return answer
+
+
+KEEP: Any = object()  # as a policy: every checkpoint keeps its own
+
+
+def swap_policies(jaxpr: Any, policy: Callable[..., Any] | None, shared: dict[Any, Any] | None = None) -> Any:
+    """Every checkpoint gets `policy` (KEEP: keeps its own); with None, checkpoints are inlined
+    (plain autodiff). `shared` (one per trace) keeps what every policy can reuse: the segments."""
+    segments = None if shared is None else shared.setdefault("segments", {})
+    return _Swap(policy, _repeated_sites(jaxpr), segments).run(jaxpr, direct=True)
+
+
+_SiteKey = tuple[int, Any, bool, tuple[Any, ...]]
+
+
+def _site_key(eqn: Any) -> _SiteKey:
+    return (id(eqn.params["jaxpr"]), eqn.params["prevent_cse"], eqn.params["differentiated"],
+            tuple(v.aval for v in eqn.invars))
+
+
+def _repeated_sites(jaxpr: Any) -> set[_SiteKey]:
+    """Checkpoint calls that occur more than once (an unrolled stack's layers) where JAX linearizes
+    each equation by itself: in the top-level function and in the jit calls it makes."""
+    seen: set[_SiteKey] = set()
+    repeated: set[_SiteKey] = set()
+
+    def walk(j: Any) -> None:
+        for eqn in j.eqns:
+            if eqn.primitive is jc.remat_p:
+                key = _site_key(eqn)
+                (repeated if key in seen else seen).add(key)
+            elif eqn.primitive is jc.jit_p:
+                walk(open_jaxpr(eqn.params["jaxpr"]))
+
+    walk(jaxpr)
+    return repeated
+
+
+class _Swap:
+    """`swap_policies`' rewrite. Bodies shared by several equations stay shared (JAX caches per
+    body object), and so does a body the rewrite leaves as it was, across policies too.
+
+    A checkpoint called more than once, where JAX linearizes equation by equation, becomes a call
+    of one `jit` holding it: JAX linearizes a jit body once per body object and input pattern, so
+    an unrolled stack costs one layer per policy instead of every layer. The residuals are the
+    same values (jit forwards residuals that are its inputs or outputs); a body that returns an
+    input or one value twice is left unwrapped, where jit's forwarding does not match remat's.
+    """
+
+    def __init__(
+        self, policy: Callable[..., Any] | None, repeated: set[_SiteKey], segments: dict[Any, Any] | None = None
+    ) -> None:
+        self.policy = policy
+        self.repeated = repeated
+        self.segments = segments
+        self.memos: dict[bool, dict[int, tuple[Any, Any]]] = {True: {}, False: {}}  # by context
+        self.sites: dict[tuple[Any, ...], Any] = {}
+
+    def _direct(self, _: int, jaxpr: Any) -> Any:
+        return self.run(jaxpr, direct=True)
+
+    def _within(self, _: int, jaxpr: Any) -> Any:
+        return self.run(jaxpr, direct=False)
+
+    def run(self, jaxpr: Any, direct: bool) -> Any:
+        eqns: list[Any] = []
+        alias: dict[Any, Any] = {}  # an inlined checkpoint's output -> the value it passed through
+        changed = False
+
+        def look(v: Any) -> Any:
+            return v if isinstance(v, jc.Literal) else alias.get(v, v)
+
+        for old in jaxpr.eqns:
+            eqn = old.replace(invars=[look(v) for v in old.invars]) if alias else old
+            params = dict(eqn.params)
+            if eqn.primitive is jc.custom_vjp_call_p:
+                params["fwd_jaxpr_thunk"] = jc.wrap_jaxpr_thunk(
+                    params["fwd_jaxpr_thunk"], lambda fwd: _Swap(self.policy, set()).run(fwd, direct=False)
+                )
+            else:
+                inner = direct and eqn.primitive is jc.jit_p  # a jit body is linearized like its caller
+                params = map_sub_jaxprs(params, self._direct if inner else self._within, self.memos[inner])
+            if eqn.primitive is jc.remat_p:
+                if self.policy is not None and self.policy is not KEEP:
+                    params["policy"] = self.policy
+                eqn = eqn.replace(params=params)
+                site = self._site(eqn, inline=self.policy is None) if direct else None
+                if site is not None:
+                    eqn = site.replace(invars=eqn.invars, outvars=eqn.outvars)
+                elif self.policy is None:
+                    eqns.extend(_inline(eqn, params["jaxpr"], alias))
+                    changed = True
+                    continue
+            elif any(params[k] is not eqn.params[k] for k in params):
+                eqn = eqn.replace(params=params)
+            changed = changed or eqn is not old
+            eqns.append(eqn)
+        if not changed:
+            return jaxpr
+        outvars = [look(v) for v in jaxpr.outvars]
+        if direct and self.segments is not None:
+            eqns = _segmented(jaxpr, eqns, outvars, {id(e) for e in jaxpr.eqns}, self.segments)
+        return jaxpr.replace(eqns=eqns, outvars=outvars)
+
+    def _site(self, eqn: Any, inline: bool = False) -> Any | None:
+        """The jit equation that calls this checkpoint (`inline`: its body, plain autodiff), for a
+        checkpoint repeated where JAX linearizes equation by equation."""
+        key = _site_key(eqn)
+        if key not in self.repeated:
+            return None
+        site = (*key, id(eqn.params["policy"]), inline)  # as-is, equal layers may differ in policy
+        if site not in self.sites:
+            body = eqn.params["jaxpr"]
+            outs = [v for v in body.outvars if not isinstance(v, jc.Literal)]
+            plain = len(outs) == len(body.outvars) == len(set(outs)) and not set(outs) & set(body.invars)
+            fun = jc.run_body(body) if inline else jc.bind_alone(eqn)
+            avals = [v.aval for v in eqn.invars]
+            self.sites[site] = jc.jit_call(fun, avals) if plain and not eqn.effects else None
+        return self.sites[site]
+
+
+_MIN_SEGMENT = 4  # equations; a shorter run costs less to linearize than to call
+
+
+def _segmented(jaxpr: Any, eqns: list[Any], outvars: list[Any], original: set[int], cache: dict[Any, Any]) -> list[Any]:
+    """`eqns` with each run of equations no policy touches (no checkpoint inside, no effects) made a
+    call of one jit, the same jit object for every policy of this trace.
+
+    JAX linearizes a jit body once per body object and input pattern: what lies around the
+    checkpoints (embeddings, the loss, a Keras layer's work outside its rematerialised activation)
+    is then linearized by the first policy only; the next ones reuse it. The residuals are the same
+    values: a segment's outputs are values it computes (never an input, each once), and jit
+    forwards residuals that are its inputs or outputs."""
+    last_use: dict[Any, int] = {}
+    for i, eqn in enumerate(eqns):
+        for v in eqn.invars:
+            if not isinstance(v, jc.Literal):
+                last_use[v] = i
+    for v in outvars:
+        if not isinstance(v, jc.Literal):
+            last_use[v] = len(eqns)
+    out: list[Any] = []
+    run: list[Any] = []
+
+    def flush(end: int) -> None:
+        if len(run) >= _MIN_SEGMENT:
+            call = _segment(jaxpr, run, end, last_use, cache)
+            if call is not None:
+                out.append(call)
+                run.clear()
+                return
+        out.extend(run)
+        run.clear()
+
+    for i, eqn in enumerate(eqns):
+        if id(eqn) in original and not eqn.effects:
+            run.append(eqn)
+            continue
+        flush(i - 1)
+        out.append(eqn)
+    flush(len(eqns) - 1)
+    return out
+
+
+def _segment(jaxpr: Any, run: list[Any], end: int, last_use: dict[Any, int], cache: dict[Any, Any]) -> Any | None:
+    defined = [v for e in run for v in e.outvars if not isinstance(v, jc.DropVar)]
+    own = set(defined)
+    inputs = list(dict.fromkeys(v for e in run for v in e.invars if not isinstance(v, jc.Literal) and v not in own))
+    outputs = [v for v in defined if last_use.get(v, -1) > end]
+    if not outputs:
+        return None
+    key = (id(run[0]), id(run[-1]), len(run), tuple(map(id, outputs)))
+    if key not in cache:
+        call = jc.jit_call(jc.run_body(jc.part_of(jaxpr, run, inputs, outputs)), [v.aval for v in inputs])
+        cache[key] = (run[0], run[-1], outputs, call.replace(invars=inputs, outvars=outputs) if call else None)
+    return cache[key][3]
+
+
+def _inline(eqn: Any, body: Any, alias: dict[Any, Any]) -> list[Any]:
+    """The body's equations in place of the checkpoint equation, with fresh variables (the same
+    body is shared by every call of a layer, and each copy needs its own).
+
+    An output that is an input passed through, a literal, or a value returned twice becomes an
+    alias of that value (recorded in `alias`), as in the function without the checkpoint: no copy
+    is made, so no extra residual appears."""
+    env: dict[Any, Any] = dict(zip(body.invars, eqn.invars, strict=True))
+    results: dict[Any, Any] = {}  # the body's results take the checkpoint's own output variables
+    for body_v, outer_v in zip(body.outvars, eqn.outvars, strict=True):
+        if not isinstance(body_v, jc.Literal) and body_v not in env and not isinstance(outer_v, jc.DropVar):
+            results.setdefault(body_v, outer_v)
+
+    def bind(v: Any) -> Any:
+        if v in results and v not in env:
+            env[v] = results[v]
+        else:
+            env[v] = jc.DropVar(v.aval) if isinstance(v, jc.DropVar) else jc.Var(v.aval)
+        return env[v]
+
+    out = []
+    for inner in body.eqns:
+        invars = [v if isinstance(v, jc.Literal) else env[v] for v in inner.invars]
+        out.append(inner.replace(invars=invars, outvars=[bind(v) for v in inner.outvars]))
+    for body_v, outer_v in zip(body.outvars, eqn.outvars, strict=True):
+        src = body_v if isinstance(body_v, jc.Literal) else env[body_v]
+        if src is not outer_v and not isinstance(outer_v, jc.DropVar):
+            alias[outer_v] = src
+    return out
