@@ -16,6 +16,7 @@ import jax
 
 from . import _jax_compat as jc
 from ._apply import ask_policy, policy_function, resolve_scope
+from ._heap import without_gc
 from ._jaxpr import aval_bytes, aval_dtype, aval_shape, is_gemm, open_jaxpr, sub_jaxprs
 from ._source import Origin, user_location
 from ._trace import Row, Traced, id_key
@@ -65,6 +66,7 @@ class _Producer:
     argument: int | None  # index of a top-level input, when the value is an input
 
 
+@without_gc
 def analyse(traced: Traced, spec: PolicySpec, scope: Scope = Scope.AUTO) -> PolicyResult:
     """Residuals, marks and recompute cost of one policy on one trace."""
     scope = resolve_scope(traced, spec, scope)

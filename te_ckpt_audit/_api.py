@@ -11,6 +11,7 @@ import jax
 
 from ._analysis import analyse, failed
 from ._compile import compiled_memory
+from ._heap import without_gc
 from ._loading import load_inputs, load_target, user_code
 from ._mesh import (
     build_abstract_mesh,
@@ -61,6 +62,7 @@ def _quiet(_: str) -> None:
     pass
 
 
+@without_gc
 def audit_traced(
     traced: Traced,
     policies: Sequence[str | PolicySpec | Callable[..., Any]] = DEFAULT_POLICIES,

@@ -31,6 +31,7 @@ import jax
 
 from ._analysis import analyse
 from ._api import traced_target
+from ._heap import without_gc
 from ._mesh import build_mesh, parse_mesh, per_device, spec_of
 from ._trace import Traced
 from .errors import TargetError, UsageError
@@ -286,6 +287,7 @@ def _ordered(names: Iterable[str], order: Sequence[str]) -> tuple[str, ...]:
     return tuple(n for n in order if n in chosen)
 
 
+@without_gc
 def recommend(
     traced: Traced,
     budget_bytes: float,

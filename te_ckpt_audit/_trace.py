@@ -16,6 +16,7 @@ import jax
 import numpy as np
 
 from . import _jax_compat as jc
+from ._heap import without_gc
 from ._jaxpr import (
     aval_dtype,
     aval_shape,
@@ -99,6 +100,7 @@ def _describe(x: Any) -> str:
     return f"{np.dtype(x.dtype).name}{list(x.shape)}"
 
 
+@without_gc
 def trace(fn: Callable[..., Any], args: tuple[Any, ...], target: str = "") -> Traced:
     """Trace `fn(*args)` to a tagged jaxpr. Array leaves of `args` (arrays or ShapeDtypeStructs)
     become inputs; any other leaf (ints, strings, config objects) is passed through unchanged.

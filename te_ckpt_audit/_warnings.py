@@ -38,9 +38,13 @@ def add_warnings(
     baseline: dict[Scope, PolicyResult] = {}
 
     def nothing_saveable(s: Scope) -> PolicyResult:
+        # kept with the trace: the next audit of it (one policy at a time, as a search does) reuses it
+        memo = traced.memo.setdefault("nothing_saveable", {})
         if s not in baseline:
             found = given.get(("nothing_saveable", s))
-            baseline[s] = found or analyse(traced, resolve_policy("nothing_saveable"), s)
+            if found is None and s not in memo:
+                memo[s] = analyse(traced, resolve_policy("nothing_saveable"), s)
+            baseline[s] = found or memo[s]
         return baseline[s]
 
     out = []
