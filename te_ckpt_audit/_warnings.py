@@ -35,17 +35,15 @@ def add_warnings(
 ) -> list[PolicyResult]:
     """Each result with its warnings attached."""
     given = {(p.text, r.scope): r for p, r in zip(specs, results, strict=True)}
-    baseline: dict[Scope, PolicyResult] = {}
+    # kept with the trace: the next audit of it (one policy at a time, as a search does) reuses it
+    memo: dict[Scope, PolicyResult] = traced.memo.setdefault("nothing_saveable", {})
 
     def nothing_saveable(s: Scope) -> PolicyResult:
-        # kept with the trace: the next audit of it (one policy at a time, as a search does) reuses it
-        memo = traced.memo.setdefault("nothing_saveable", {})
-        if s not in baseline:
-            found = given.get(("nothing_saveable", s))
-            if found is None and s not in memo:
-                memo[s] = analyse(traced, resolve_policy("nothing_saveable"), s)
-            baseline[s] = found or memo[s]
-        return baseline[s]
+        if ("nothing_saveable", s) in given:
+            return given["nothing_saveable", s]
+        if s not in memo:
+            memo[s] = analyse(traced, resolve_policy("nothing_saveable"), s)
+        return memo[s]
 
     out = []
     for spec, result in zip(specs, results, strict=True):
