@@ -44,7 +44,7 @@ t0 = time.perf_counter()
 sys.path.insert(0, {root!r})
 from te_ckpt_audit import audit_target
 from te_ckpt_audit.render import render_json
-report = audit_target({target!r}, {policies!r}, mesh={mesh!r}, shardings={shardings!r}, overrides={defines!r})
+report = audit_target({target!r}, {policies!r}, mesh={mesh!r}, shardings={shardings!r}, defines={defines!r})
 render_json(report)
 none = report.result("none").totals
 print(json.dumps({{"seconds": time.perf_counter() - t0,

@@ -37,7 +37,6 @@ from typing import Any
 
 import jax
 
-
 ROOT = Path(__file__).resolve().parent.parent
 POLICIES = [
     "nothing_saveable",
@@ -58,8 +57,9 @@ sys.path.insert(0, {root!r})
 _BASELINE = _PRELUDE + """
 import importlib
 from te_ckpt_audit._loading import load_inputs, load_target
+from te_ckpt_audit.config import parse_defines
 target = load_target({target!r})
-args = load_inputs(target, overrides={defines!r}).args
+args = load_inputs(target, defines=parse_defines({defines!r})).args
 leaves, tree = jax.tree_util.tree_flatten(args)
 dyn = [i for i, x in enumerate(leaves) if isinstance(x, jax.ShapeDtypeStruct)]
 def f(*xs):
@@ -79,7 +79,7 @@ _FLOOR = (
 _AUDIT = _PRELUDE + """
 from te_ckpt_audit import audit_target
 from te_ckpt_audit.render import render_json
-report = audit_target({target!r}, {policies!r}, overrides={defines!r})
+report = audit_target({target!r}, {policies!r}, defines={defines!r})
 render_json(report)
 print(json.dumps({{"seconds": time.perf_counter() - t0,
                   "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
@@ -156,10 +156,12 @@ def bench_c(repeats: int) -> None:
     sys.path.insert(0, str(ROOT))
     sys.path.insert(0, str(ROOT / "tests"))
     from _reference import bind_static  # the tests': the function of its array inputs alone
-    from te_ckpt_audit._api import audit_traced
+
+    from te_ckpt_audit import Session
     from te_ckpt_audit._jax_compat import saved_residuals
     from te_ckpt_audit._loading import load_inputs, load_target
     from te_ckpt_audit._trace import trace
+    from te_ckpt_audit.config import parse_defines
 
     print(f"(c) one more policy after the first vs one linearization (JAX's saved_residuals); one process, "
           f"median of {repeats}")
@@ -171,7 +173,7 @@ def bench_c(repeats: int) -> None:
     ]
     for target, defines in cases:
         loaded = load_target(target)
-        args = load_inputs(loaded, overrides=defines).args
+        args = load_inputs(loaded, defines=parse_defines(defines)).args
         f, dyn = bind_static(loaded.fn, args)
         once = [_seconds(saved_residuals, f, *dyn) for _ in range(repeats + 1)][1:]
         # JAX's linearization of the traced function alone (no user code, each on a fresh trace:
@@ -179,8 +181,11 @@ def bench_c(repeats: int) -> None:
         fresh = [trace(loaded.fn, args, target) for _ in range(repeats)]
         alone = statistics.median([_seconds(_linearize, t.jaxpr, t.avals) for t in fresh])
         traced = fresh[0]
-        audit_traced(traced, [POLICIES[0]])  # the first policy
-        more = [_seconds(audit_traced, traced, [p]) for p in POLICIES[1:] for _ in range(repeats)]
+        more = []
+        for _ in range(repeats):  # a session per round: each policy is analysed once in a session
+            session = Session(traced)
+            session.report([POLICIES[0], "nothing_saveable"])  # the first policy, and the warnings' baseline
+            more += [_seconds(session.report, [p]) for p in POLICIES[1:]]
         # the floor of a policy: JAX's linearization of the function with that policy applied
         # (a swapped body is a new object each time, so JAX's caches for it are cold, as for ours)
         jax_alone = statistics.median(
@@ -213,18 +218,18 @@ def bench_d(repeats: int) -> None:
 
 def profile() -> None:
     sys.path.insert(0, str(ROOT))
-    from te_ckpt_audit._api import audit_traced
+    from te_ckpt_audit import Session
     from te_ckpt_audit._loading import load_inputs, load_target
     from te_ckpt_audit._trace import trace
-    from te_ckpt_audit.render import render_json
-    from te_ckpt_audit.render import TableView, render_table
+    from te_ckpt_audit.config import parse_defines
+    from te_ckpt_audit.render import TableView, render_json, render_table
 
     target = "sample_models/gpt.py:loss"
     t0 = time.perf_counter()
     loaded = load_target(target)
-    traced = trace(loaded.fn, load_inputs(loaded, overrides=["layers=24"]).args, target)
+    traced = trace(loaded.fn, load_inputs(loaded, defines=parse_defines(["layers=24"])).args, target)
     t1 = time.perf_counter()
-    report = audit_traced(traced, POLICIES)
+    report = Session(traced).report(POLICIES)
     t2 = time.perf_counter()
     render_json(report)
     render_table(report, TableView(equations=True))
@@ -247,7 +252,7 @@ def _linearize_policy(traced: Any, policy: str) -> None:
     """JAX's linearization of `traced` with `policy` applied as the audit applies it, alone."""
     from te_ckpt_audit._apply import policy_function, resolve_scope
     from te_ckpt_audit._jax_compat import linearize_for_vjp
-    from te_ckpt_audit.report import Scope
+    from te_ckpt_audit.records import Scope
     from te_ckpt_audit.specs import resolve_policy
 
     spec = resolve_policy(policy)

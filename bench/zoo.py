@@ -64,10 +64,10 @@ def _warm(model: str, repeats: int) -> tuple[float, float]:
     import importlib
     import io
 
+    from _reference import bind_static
     from jax.ad_checkpoint import print_saved_residuals
 
     import te_ckpt_audit
-    from _reference import bind_static
 
     module = importlib.import_module(f"zoo.models.{model}")
     args = module.loss_inputs()

@@ -1,6 +1,7 @@
-"""The console script's entry point. te-ckpt-audit refuses a jax outside its supported range while
-importing (`te_ckpt_audit._jax_compat`); here, before any command exists, that refusal becomes the
-command line's one-line error and exit 2 (bad input), not an ImportError traceback."""
+"""The console script's entry point: the launcher, which owns the process. te-ckpt-audit refuses
+a jax outside its supported range while importing (`te_ckpt_audit._jax_compat`); here, before any
+command exists, that refusal becomes the command line's one-line error and exit 2 (bad input),
+not an ImportError traceback."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ def main() -> None:
         print(_version())
         return
     try:
-        from .app import main as run
+        from .app import run
     except ImportError as err:
         message = getattr(err, "message", None)
         if getattr(err, "supported", None) is None or message is None:
@@ -36,4 +37,4 @@ def main() -> None:
         hint = getattr(err, "hint", "")
         print(f"te-ckpt-audit: error: {message}" + (f" (hint: {hint})" if hint else ""), file=sys.stderr)
         sys.exit(_USAGE)
-    run()
+    sys.exit(run(sys.argv[1:]))

@@ -11,14 +11,12 @@ import typer
 from typer.core import TyperGroup
 from typer.exceptions import TyperException
 
+from te_ckpt_audit import ExitCode
+
 from .audit_cmd import audit
 from .check_cmd import check
-from te_ckpt_audit.errors import ExitCode
 from .policies_cmd import policies
 from .recommend_cmd import recommend
-from te_ckpt_audit import AuditError, emulation, parse_mesh
-from te_ckpt_audit._mesh import ensure_devices
-
 from .terminal import PROG, fail
 
 DEFAULT_COMMAND = "audit"
@@ -69,40 +67,6 @@ app.command("policies", short_help="List every policy spec --policy understands.
 app.command("recommend", short_help="Find the policy that fits --budget with the least recompute.")(recommend)
 
 
-def _emulate_gpu(argv: list[str]) -> tuple[str | None, list[str]]:
-    """Take `--emulate-gpu SPEC` out of argv: it is handled before parsing, by re-running."""
-    for i, arg in enumerate(argv):
-        if arg == "--emulate-gpu" and i + 1 < len(argv):
-            return argv[i + 1], argv[:i] + argv[i + 2 :]
-        if arg.startswith("--emulate-gpu="):
-            return arg.split("=", 1)[1], argv[:i] + argv[i + 1 :]
-    return None, argv
-
-
-def _option(argv: list[str], name: str) -> str | None:
-    for i, arg in enumerate(argv):
-        if arg == name and i + 1 < len(argv):
-            return argv[i + 1]
-        if arg.startswith(f"{name}="):
-            return arg.split("=", 1)[1]
-    return None
-
-
-def main() -> None:
-    """The console script: exits with the command's code. With --emulate-gpu, the command runs
-    again in a process whose CUDA driver is the emulated one (te_ckpt_audit.emulation)."""
-    spec, rest = _emulate_gpu(sys.argv[1:])
-    if spec is not None and not emulation.current():
-        try:
-            emulation.exec_emulated(emulation.parse_gpu(spec), [sys.executable, "-m", "te_ckpt_audit_cli", *rest])
-        except AuditError as err:
-            sys.exit(fail(err.message, err.hint, err.exit_code))
-    sys.argv[1:] = rest
-    mesh = _option(rest, "--mesh")
-    # JAX reads its device count once, when it starts: before any command runs (an abstract mesh has none)
-    if mesh is not None and _option(rest, "--shardings") != "abstract":
-        try:
-            ensure_devices(parse_mesh(mesh).devices, [sys.executable, "-m", "te_ckpt_audit_cli", *rest])
-        except AuditError as err:
-            sys.exit(fail(err.message, err.hint, err.exit_code))
-    app(prog_name=PROG)
+def run(args: Sequence[str]) -> int:
+    """Run the command line on `args`; its exit code."""
+    return int(typer.main.get_command(app).main(list(args), PROG, standalone_mode=False))

@@ -2,20 +2,31 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
+from pathlib import Path
 from typing import assert_never
 
 from rich.console import Console
 
-from te_ckpt_audit import AuditReport, Scope, ShardingSource, TargetConfig, check_target, parse_mesh
-from te_ckpt_audit.gate import CheckResult, load_baseline, parse_budget, save_baseline
-from te_ckpt_audit.render import HotspotKey, render_json, render_markdown
-from te_ckpt_audit.render import render_audit_html
-from te_ckpt_audit.render import render_audit_check_markdown, render_check_github
+from te_ckpt_audit import DEFAULT_POLICIES, AuditReport, CheckResult, Scope, ShardingSource, audit_target
+from te_ckpt_audit.baselines import audit_key, load_baseline
+from te_ckpt_audit.gating import check, check_budget_policies
+from te_ckpt_audit.render import (
+    TableView,
+    render_audit_check_markdown,
+    render_audit_html,
+    render_check_github,
+    render_json,
+    render_markdown,
+    render_table,
+)
+from te_ckpt_audit.sizes import percent_limit
 
 from . import options as opt
-from .options import OutputFormat
-from te_ckpt_audit.render import TableView, render_table
+from . import process
+from .files import save_baseline
+from .options import GateOptions, MeshOptions, OutputFormat, OutputOptions, TargetOptions
 from .terminal import (
     at_the_edge,
     emit,
@@ -47,13 +58,13 @@ def renderer(fmt: OutputFormat, view: TableView) -> Callable[[AuditReport, Check
             assert_never(fmt)
 
 
-def table_view(top: int, by: HotspotKey | None, equations: bool, to_file: bool) -> TableView:
+def table_view(out: OutputOptions) -> TableView:
     """Tables fit the terminal and use colour when stdout is one (Rich honours NO_COLOR and COLUMNS);
     a file gets 80 plain columns."""
-    if to_file:
-        return TableView(top, by, equations)
-    out = Console()
-    return TableView(top, by, equations, out.width, out.is_terminal and not out.no_color)
+    if out.output is not None:
+        return TableView(out.top, out.by, out.equations)
+    console = Console()
+    return TableView(out.top, out.by, out.equations, console.width, console.is_terminal and not console.no_color)
 
 
 @at_the_edge
@@ -79,7 +90,7 @@ def audit(
     shardings: opt.Shardings = ShardingSource.COMPILED,
     debug: opt.Debug = False,
     version: opt.Version = False,
-    emulate_gpu: opt.EmulateGpu = None,  # consumed by app.main before parsing; listed for --help
+    emulate_gpu: opt.EmulateGpu = None,
 ) -> int:
     """Show what each checkpoint policy saves, recomputes and offloads for TARGET, side by side.
 
@@ -87,30 +98,31 @@ def audit(
     it. `te-ckpt-audit TARGET` is short for `te-ckpt-audit audit TARGET`. Exit codes: 0 ok, 1 a
     check failed, 2 usage or bad input, 3 the target failed to load or trace, 4 internal error.
     """
-    # Bad budgets and baselines fail before the user's code runs.
-    budgets = [parse_budget(b) for b in budget or []]
-    reference = load_baseline(baseline) if baseline is not None else None
-    gating = bool(budgets) or max_recompute is not None or reference is not None
+    what = TargetOptions.parse(target, inputs, define, scope)
+    where = MeshOptions.parse(mesh, shardings)
+    gate = GateOptions.parse(budget, max_recompute, baseline, tolerance, require_baseline, save_baseline_to)
+    out = OutputOptions(format, None if output is None else Path(output), top, by, equations)
+    policies = tuple(policy or ())
+    # Bad limits and baselines fail before the user's code runs.
+    percent_limit(gate.tolerance, "--tolerance")
+    check_budget_policies(gate.budgets, policies or DEFAULT_POLICIES)
+    reference = load_baseline(gate.baseline) if gate.baseline is not None else None
+    key = audit_key(what.target, what.inputs, what.defines, what.scope, where.mesh)
+    if emulate_gpu is not None:
+        process.emulate_gpu(emulate_gpu)
+    if where.devices:
+        process.provide_cpu_devices(where.devices)
     # The user's code may print, but stdout carries only the report. The spinner nests inside the
     # redirect: it swaps sys.stdout too while it runs, and must restore the redirect, not stdout.
     with stdout_kept_for_the_report(), progress_on_stderr() as progress:
-        config = TargetConfig(
-            target,
-            inputs,
-            tuple(define or ()),
-            tuple(policy or ()),
-            scope,
-            tuple(budgets),
-            max_recompute,
-            None if mesh is None else parse_mesh(mesh),
-            shardings,
-            compile,
+        report = audit_target(
+            what.target, policies or DEFAULT_POLICIES, inputs=what.inputs, defines=what.defines,
+            scope=what.scope, progress=progress, compile=compile, mesh=where.mesh, shardings=where.shardings,
         )
-        report, gate = check_target(
-            config, baseline=reference, tolerance=tolerance, require_baseline=require_baseline, progress=progress
-        )
-    emit(renderer(format, table_view(top, by, equations, output is not None))(report, gate if gating else None), output)
-    if save_baseline_to is not None:
-        assert gate.key is not None
-        save_baseline(save_baseline_to, [(gate.key, report)])
-    return report_policy_errors([report], report_gate([gate], baseline))
+    figures = None if reference is None else reference.figures(key)
+    result = check(report, gate.budgets, gate.max_recompute, figures, gate.tolerance, gate.require_baseline)
+    result = dataclasses.replace(result, key=key)
+    emit(renderer(out.format, table_view(out))(report, result if gate.gating else None), out.output)
+    if gate.save_baseline is not None:
+        save_baseline(gate.save_baseline, [(key, report)])
+    return report_policy_errors([report], report_gate([result], gate.baseline))

@@ -8,16 +8,16 @@ from typing import Annotated, assert_never
 
 import typer
 
-from te_ckpt_audit import ShardingSource, check_target
-from te_ckpt_audit._mesh import ensure_devices
+from te_ckpt_audit import ShardingSource, UsageError, check_target
+from te_ckpt_audit.baselines import load_baseline
 from te_ckpt_audit.config import load_config
-from te_ckpt_audit.errors import UsageError
-from te_ckpt_audit.gate import load_baseline, save_baseline
-from te_ckpt_audit.render import Run, render_check_github, render_check_json, render_check_markdown
+from te_ckpt_audit.records import Run
+from te_ckpt_audit.render import render_check_github, render_check_json, render_check_markdown, render_check_table
 
 from . import options as opt
+from . import process
+from .files import save_baseline
 from .options import OutputFormat
-from te_ckpt_audit.render import render_check_table
 from .terminal import (
     PROG,
     at_the_edge,
@@ -65,42 +65,41 @@ def check(
     save_baseline_flag: SaveFlag = False,
     require_baseline: opt.RequireBaseline = False,
     debug: opt.Debug = False,
-    emulate_gpu: opt.EmulateGpu = None,  # consumed by app.main before parsing; listed for --help
+    emulate_gpu: opt.EmulateGpu = None,
 ) -> int:
     """Audit every target declared in [tool.te-ckpt-audit] of pyproject.toml against its budgets
     and the baseline; exit 1 if any check fails. --format markdown suits $GITHUB_STEP_SUMMARY,
     --format github prints annotations."""
     render = check_renderer(format)  # --format html fails here, before any target runs
+    written = output
     cfg = load_config(config)
+    baseline = cfg.baseline
     reference = None
-    if save_baseline_flag and cfg.baseline is None:
+    if save_baseline_flag and baseline is None:
         raise UsageError(f"{config} names no baseline file", 'add baseline = "ckpt-baseline.json"')
-    if cfg.baseline is not None and not save_baseline_flag:
-        if not cfg.baseline.exists():
+    if baseline is not None and not save_baseline_flag:
+        if not baseline.exists():
             raise UsageError(
                 f"baseline {cfg.baseline} (named in {config}) does not exist",
                 f"create it with `{PROG} check --save-baseline`, and commit it",
             )
-        reference = load_baseline(cfg.baseline)
-    runs: list[Run] = []
+        reference = load_baseline(baseline)
+    if emulate_gpu is not None:
+        process.emulate_gpu(emulate_gpu)
     meshes = [t.mesh.devices for t in cfg.targets if t.mesh is not None and t.shardings is ShardingSource.COMPILED]
     if meshes:  # JAX reads its device count once: enough for the largest mesh, before the first
-        ensure_devices(max(meshes), [sys.executable, "-m", "te_ckpt_audit_cli", *sys.argv[1:]])
+        process.provide_cpu_devices(max(meshes))
+    runs: list[Run] = []
     with stdout_kept_for_the_report(), progress_on_stderr() as progress:
         for t in cfg.targets:
             runs.append(
-                check_target(
-                    t,
-                    baseline=reference,
-                    tolerance=cfg.tolerance,
-                    require_baseline=require_baseline,
-                    progress=progress,
-                )
+                check_target(t, baseline=reference, tolerance=cfg.tolerance, require_baseline=require_baseline,
+                             progress=progress)
             )
-    emit(render(runs), output)
+    emit(render(runs), written)
     if save_baseline_flag:
-        assert cfg.baseline is not None
-        save_baseline(cfg.baseline, [(result.key, report) for report, result in runs if result.key is not None])
+        assert baseline is not None
+        save_baseline(baseline, [(result.key, report) for report, result in runs if result.key is not None])
         print(f"{PROG}: baseline written to {cfg.baseline}", file=sys.stderr)
     code = report_gate([result for _, result in runs], cfg.baseline)
     return report_policy_errors([report for report, _ in runs], code)

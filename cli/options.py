@@ -1,8 +1,9 @@
-"""What the user can type: the str-enums of every choice, the exit codes, and the options shared by
-commands, each defined once."""
+"""What the user can type: the str-enums of every choice, the options shared by commands (each
+defined once), and the option groups each command parses its options into, once, at the edge."""
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import math
 from pathlib import Path
@@ -11,9 +12,13 @@ from typing import Annotated
 import jax
 import typer
 
-from te_ckpt_audit import DEFAULT_POLICIES, Scope, ShardingSource, UsageError, __version__
-from te_ckpt_audit.gate import check_writable
-from te_ckpt_audit.render import HotspotKey
+from te_ckpt_audit import DEFAULT_POLICIES, MeshSpec, Scope, ShardingSource, UsageError, __version__, parse_mesh
+from te_ckpt_audit.config import Defines as DefineMap
+from te_ckpt_audit.config import parse_defines
+from te_ckpt_audit.records import Budget, HotspotKey
+from te_ckpt_audit.sizes import parse_budget
+
+from .files import check_writable
 
 
 class OutputFormat(enum.StrEnum):
@@ -40,6 +45,82 @@ def _percent(value: float | None) -> float | None:
     if value is not None and not math.isfinite(value):
         raise typer.BadParameter(f"{value} is not a finite number of percent")
     return value
+
+
+# --- option groups ----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TargetOptions:
+    """What to audit: the target, its inputs callable, -D defines, the scope policies apply at."""
+
+    target: str
+    inputs: str | None
+    defines: DefineMap
+    scope: Scope
+
+    @classmethod
+    def parse(cls, target: str, inputs: str | None, define: list[str] | None, scope: Scope) -> TargetOptions:
+        return cls(target, inputs, parse_defines(define or []), scope)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class MeshOptions:
+    """Where the inputs live: a mesh of virtual CPU devices or an abstract one, or none."""
+
+    mesh: MeshSpec | None
+    shardings: ShardingSource
+
+    @classmethod
+    def parse(cls, mesh: str | None, shardings: ShardingSource) -> MeshOptions:
+        return cls(None if mesh is None else parse_mesh(mesh), shardings)
+
+    @property
+    def devices(self) -> int:
+        """The virtual CPU devices this needs (an abstract mesh needs none)."""
+        if self.mesh is None or self.shardings is ShardingSource.ABSTRACT:
+            return 0
+        return self.mesh.devices
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GateOptions:
+    """The CI gate: budgets, a recompute ceiling, a baseline to compare with or to save."""
+
+    budgets: tuple[Budget, ...]
+    max_recompute: float | None
+    baseline: Path | None
+    tolerance: float
+    require_baseline: bool
+    save_baseline: Path | None
+
+    @classmethod
+    def parse(
+        cls, budget: list[str] | None, max_recompute: float | None, baseline: str | None, tolerance: float,
+        require_baseline: bool, save_baseline: str | None,
+    ) -> GateOptions:
+        given = None if baseline is None else Path(baseline)  # read now, before the model's code runs
+        return cls(tuple(parse_budget(b) for b in budget or []), max_recompute, given, tolerance,
+                   require_baseline, None if save_baseline is None else Path(save_baseline))
+
+    @property
+    def gating(self) -> bool:
+        """Whether any limit is set (a report then also says pass or fail)."""
+        return bool(self.budgets) or self.max_recompute is not None or self.baseline is not None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class OutputOptions:
+    """How the report is written, and where (standard output, or a file)."""
+
+    format: OutputFormat
+    output: Path | None
+    top: int = 10
+    by: HotspotKey | None = None
+    equations: bool = False
+
+
+# --- the options, each defined once --------------------------------------------------------------------
 
 
 Target = Annotated[
@@ -144,7 +225,6 @@ Baseline = Annotated[
     str | None,
     typer.Option(
         "--baseline",
-        callback=lambda text: None if text is None else Path(text),
         metavar="FILE",
         help="Compare activation bytes with a baseline saved by --save-baseline; growth beyond "
         "--tolerance fails (exit 1), shrinkage is reported, a policy not in it is noted.",

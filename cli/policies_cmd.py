@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from te_ckpt_audit.specs import available_policies
-
 from te_ckpt_audit.errors import ExitCode
+from te_ckpt_audit.specs import available_policies
 
 ALIGN_UP_TO = 40  # longer spec forms keep one space before their description
 

@@ -9,15 +9,13 @@ from typing import Annotated, assert_never
 
 import typer
 
-from te_ckpt_audit import Scope
-from te_ckpt_audit._recommend import DEFAULT_MAX_EVALS, Recommendation, check_budget, recommend_target
-from te_ckpt_audit.gate import parse_size
-from te_ckpt_audit.render import format_bytes
-from te_ckpt_audit.render import render_recommend_html
-from te_ckpt_audit.render import render_recommend_json, render_recommend_text
+from te_ckpt_audit import DEFAULT_MAX_EVALS, ExitCode, Recommendation, Scope, ShardingSource, recommend_target
+from te_ckpt_audit.render import format_bytes, render_recommend_html, render_recommend_json, render_recommend_text
+from te_ckpt_audit.sizes import count_at_least_one, parse_size, positive_bytes
 
 from . import options as opt
-from te_ckpt_audit.errors import ExitCode
+from . import process
+from .options import MeshOptions, TargetOptions
 from .terminal import PROG, at_the_edge, emit, progress_on_stderr, stdout_kept_for_the_report
 
 
@@ -80,6 +78,7 @@ def recommend(
     format: RecommendFormatOption = RecommendFormat.TABLE,  # noqa: A002 (the option's name)
     output: opt.Output = None,
     debug: opt.Debug = False,
+    emulate_gpu: opt.EmulateGpu = None,
 ) -> int:
     """Find the checkpoint policy whose activation bytes fit --budget with the least recompute.
 
@@ -89,25 +88,32 @@ def recommend(
     settings and the Pareto frontier. Exit codes: 0 something fits, 1 nothing fits (the closest is
     shown), 2 usage or bad input, 3 the target failed to load or trace, 4 internal error.
     """
-    size = check_budget(parse_size(budget))  # a bad budget fails before the user's code runs
+    size = positive_bytes(parse_size(budget))  # a bad budget fails before the user's code runs
+    count_at_least_one(max_evals, "max evaluations", "e.g. --max-evals 64")
+    what = TargetOptions.parse(target, inputs, define, scope)
+    where = MeshOptions.parse(mesh, ShardingSource.COMPILED)
+    written = output
+    if emulate_gpu is not None:
+        process.emulate_gpu(emulate_gpu)
+    if where.devices:
+        process.provide_cpu_devices(where.devices)
     with stdout_kept_for_the_report(), progress_on_stderr() as progress:
         rec = recommend_target(
-            target,
+            what.target,
             size,
-            inputs=inputs,
-            overrides=define or [],
+            inputs=what.inputs,
+            defines=what.defines,
             allow_offload=allow_offload,
             max_evals=max_evals,
-            scope=scope,
+            scope=what.scope,
             presets=() if no_presets else None,
             progress=progress,
-            mesh=mesh,
+            mesh=where.mesh,
         )
-    emit(renderer(format)(rec), output)
+    emit(renderer(format)(rec), written)
     if rec.recommended is None:
         closest = rec.closest
         near = f"; closest: {closest.policy} at {format_bytes(closest.activation_bytes)}" if closest else ""
         print(f"{PROG}: nothing fits {format_bytes(size)}{near}", file=sys.stderr)
         return ExitCode.CHECK_FAILED
     return ExitCode.OK
-

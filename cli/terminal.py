@@ -15,12 +15,10 @@ from typing import Any
 
 from rich.console import Console
 
-from te_ckpt_audit import AuditError, AuditReport
-from te_ckpt_audit.gate import CheckResult, write_output
-from te_ckpt_audit.render import policy_errors
-from te_ckpt_audit.render import violation_message
+from te_ckpt_audit import AuditError, AuditReport, CheckResult, ExitCode
+from te_ckpt_audit.render import policy_errors, violation_message
 
-from te_ckpt_audit.errors import ExitCode
+from .files import write_output
 
 PROG = "te-ckpt-audit"
 
@@ -96,7 +94,8 @@ def emit(text: str, output: str | Path | None) -> None:
 def stdout_kept_for_the_report() -> Iterator[None]:
     """While the user's code runs, whatever it writes to standard output goes to stderr: Python's
     sys.stdout, and file descriptor 1 itself (os.write, subprocesses, sys.__stdout__), so that stdout
-    carries only the report."""
+    carries only the report. Afterwards the working folder is the one it was before: the model's
+    code may change it, and the paths the user gave (-o, --save-baseline) are relative to theirs."""
     for stream in (sys.stdout, sys.__stdout__):
         with contextlib.suppress(Exception):
             stream.flush()  # type: ignore[union-attr]
@@ -105,10 +104,13 @@ def stdout_kept_for_the_report() -> Iterator[None]:
         os.dup2(2, 1)
     except OSError:  # no fd 1 or 2 to work with: Python's own streams are still redirected
         saved = -1
+    folder = os.getcwd()
     try:
         with contextlib.redirect_stdout(sys.stderr):
             yield
     finally:
+        with contextlib.suppress(OSError):
+            os.chdir(folder)  # the model's code may have changed it: paths the user gave stay theirs
         with contextlib.suppress(Exception):
             sys.__stdout__.flush()  # type: ignore[union-attr]  # what the user left buffered goes to stderr too
         if saved >= 0:

@@ -8,8 +8,8 @@ inside ``loss_inputs``: the documented Flax recipe for auditing without allocati
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 from collections.abc import Callable
+from typing import Any
 
 import flax.linen as nn
 import jax

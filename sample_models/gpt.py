@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp

@@ -10,8 +10,8 @@ context are plain batched einsums. Layers are unrolled; there is no internal rem
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp

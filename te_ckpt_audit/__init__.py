@@ -1,24 +1,28 @@
-"""te-ckpt-audit: see what each JAX checkpoint policy saves, recomputes and offloads."""
+"""te-ckpt-audit: see what each JAX checkpoint policy saves, recomputes and offloads.
+
+The public API is listed here, once; the modules `policies`, `specs`, `records`, `sizes`,
+`gating`, `baselines`, `config`, `render` and `testing` are public too. Everything else (names
+starting with `_`) is private.
+"""
 
 from __future__ import annotations
 
 from ._api import DEFAULT_POLICIES, audit, audit_target, check_target
-from ._mesh import parse_mesh
-from ._recommend import Candidate, CandidateKind, Recommendation, recommend, recommend_target
-from .errors import AuditError, ExitCode, PolicySpecError, TargetError, UsageError
-from .config import TargetConfig
-from .gate import Budget, CheckResult, Violation, parse_budget
-from .policies import (
-    checkpoint_dots_and_te_gemms,
-    dots_and_te_gemms_with_no_batch_dims,
-    te_gemms_saveable,
-)
-from .specs import PolicySpec, resolve_policy
-from .report import (
+from ._mesh import MAX_DEVICES
+from ._recommend import DEFAULT_MAX_EVALS, recommend, recommend_target
+from ._session import Session
+from .config import TargetConfig, parse_mesh
+from .errors import AuditError, DevicesUnavailable, ExitCode, PolicyError, PolicySpecError, TargetError, UsageError
+from .policies import checkpoint_dots_and_te_gemms, dots_and_te_gemms_with_no_batch_dims, te_gemms_saveable
+from .records import (
     SCHEMA,
     AuditReport,
     AuditWarning,
+    Budget,
+    Candidate,
+    CandidateKind,
     Category,
+    CheckResult,
     CompiledMemory,
     Equation,
     EquationMark,
@@ -26,6 +30,7 @@ from .report import (
     MeshSpec,
     Outcome,
     PolicyResult,
+    Recommendation,
     Residual,
     ResidualKind,
     Scope,
@@ -34,55 +39,64 @@ from .report import (
     TeKind,
     Totals,
     Verdict,
+    Violation,
     WarningCode,
 )
+from .sizes import parse_budget, parse_size
+from .specs import PolicySpec, resolve_policy
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Budget",
-    "TargetConfig",
-    "parse_budget",
-    "CheckResult",
-    "PolicySpec",
-    "Violation",
-    "resolve_policy",
+    "DEFAULT_MAX_EVALS",
     "DEFAULT_POLICIES",
+    "MAX_DEVICES",
     "SCHEMA",
     "AuditError",
     "AuditReport",
     "AuditWarning",
-    "Category",
+    "Budget",
     "Candidate",
     "CandidateKind",
+    "Category",
+    "CheckResult",
     "CompiledMemory",
+    "DevicesUnavailable",
     "Equation",
-    "ExitCode",
     "EquationMark",
+    "ExitCode",
     "MeshAxis",
     "MeshSpec",
     "Outcome",
+    "PolicyError",
     "PolicyResult",
+    "PolicySpec",
     "PolicySpecError",
     "Recommendation",
     "Residual",
     "ResidualKind",
     "Scope",
+    "Session",
     "ShardingSource",
     "SourceLocation",
-    "TeKind",
+    "TargetConfig",
     "TargetError",
+    "TeKind",
     "Totals",
     "UsageError",
     "Verdict",
+    "Violation",
     "WarningCode",
     "audit",
     "audit_target",
     "check_target",
     "checkpoint_dots_and_te_gemms",
     "dots_and_te_gemms_with_no_batch_dims",
+    "parse_budget",
     "parse_mesh",
+    "parse_size",
     "recommend",
     "recommend_target",
+    "resolve_policy",
     "te_gemms_saveable",
 ]

@@ -15,14 +15,14 @@ from typing import Any
 import jax
 
 from . import _jax_compat as jc
-from ._apply import ask_policy, policy_function, resolve_scope
+from ._apply import ask_policy, policy_function, resolve_scope, row_policy
 from ._heap import without_gc
 from ._jaxpr import aval_bytes, aval_dtype, aval_shape, is_gemm, open_jaxpr, sub_jaxprs
 from ._source import Origin, user_location
 from ._trace import Row, Traced, id_key
 from .errors import AuditError, TargetError, first_line
 from .policies import is_te_gemm, is_te_standin
-from .report import (
+from .records import (
     Category,
     EquationMark,
     Outcome,
@@ -33,7 +33,7 @@ from .report import (
     Totals,
     Verdict,
 )
-from .specs import PolicySpec, SpecKind
+from .specs import PolicySpec
 
 
 def verdict_of(policy: Callable[..., Any] | None, eqn: Any, spec_text: str) -> Verdict:
@@ -47,17 +47,6 @@ def verdict_of(policy: Callable[..., Any] | None, eqn: Any, spec_text: str) -> V
     return Verdict.OFFLOAD
 
 
-def row_policy(row: Row, spec: PolicySpec, scope: Scope) -> Callable[..., Any] | None:
-    """The policy JAX applies to this row's equation under `spec`."""
-    if spec.kind is SpecKind.NONE:
-        return None
-    if spec.kind is SpecKind.AS_IS or (scope is Scope.OUTER and row.in_remat):
-        return row.remat_policy
-    if scope is Scope.INNER and not row.in_remat:
-        return None
-    return spec.policy
-
-
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Producer:
     eqn: Any | None
@@ -66,9 +55,18 @@ class _Producer:
     argument: int | None  # index of a top-level input, when the value is an input
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Analysis:
+    """One policy's linearization, and what was read from it. `forward` is the forward pass that
+    returns exactly the residuals (a ClosedJaxpr): the placement step compiles it for a mesh."""
+
+    result: PolicyResult
+    forward: Any
+
+
 @without_gc
-def analyse(traced: Traced, spec: PolicySpec, scope: Scope = Scope.AUTO) -> PolicyResult:
-    """Residuals, marks and recompute cost of one policy on one trace."""
+def analyse_policy(traced: Traced, spec: PolicySpec, scope: Scope = Scope.AUTO) -> Analysis:
+    """Residuals, marks and recompute cost of one policy on one trace: one linearization by JAX."""
     scope = resolve_scope(traced, spec, scope)
     fun = policy_function(traced, spec, scope)
     captured: dict[str, Any] = {}
@@ -78,7 +76,7 @@ def analyse(traced: Traced, spec: PolicySpec, scope: Scope = Scope.AUTO) -> Poli
         return residuals
 
     try:
-        forward = jax.make_jaxpr(residuals_of)(*traced.avals).jaxpr
+        forward = jax.make_jaxpr(residuals_of)(*traced.avals)
     except AuditError:
         raise
     except Exception as exc:
@@ -88,7 +86,7 @@ def analyse(traced: Traced, spec: PolicySpec, scope: Scope = Scope.AUTO) -> Poli
             "fix the model's differentiation rules (rerun with --debug for the traceback)",
         ) from exc
     rows = traced.rows.by_id  # complete now: custom_vjp forward rules were traced just above
-    residuals = _residuals(traced, forward)
+    residuals = _residuals(traced, forward.jaxpr)
     recomputed, recompute_flops = _recomputed(traced, captured["tangent"])
 
     saved: dict[str, Outcome] = {}
@@ -104,17 +102,22 @@ def analyse(traced: Traced, spec: PolicySpec, scope: Scope = Scope.AUTO) -> Poli
         verdict = verdict_of(row_policy(row, spec, scope), row.eqn, spec.text)
         outcome = saved.get(eid) or (Outcome.RECOMPUTED if eid in recomputed else Outcome.NOT_NEEDED)
         marks.append(EquationMark(eid, verdict, outcome))
-    forward_flops = sum(e.flops * e.multiplicity for e in traced.rows.equations())
-    return PolicyResult(
+    result = PolicyResult(
         policy=spec.text,
         scope=scope,
         residuals=tuple(residuals),
         totals=_totals(residuals),
         marks=tuple(marks),
         recompute_flops=recompute_flops,
-        forward_flops=forward_flops,
+        forward_flops=traced.forward_flops,
         warnings=(),
     )
+    return Analysis(result, forward)
+
+
+def analyse(traced: Traced, spec: PolicySpec, scope: Scope = Scope.AUTO) -> PolicyResult:
+    """`analyse_policy`'s result alone."""
+    return analyse_policy(traced, spec, scope).result
 
 
 def failed(traced: Traced, spec: PolicySpec, scope: Scope, error: TargetError) -> PolicyResult:
@@ -126,7 +129,7 @@ def failed(traced: Traced, spec: PolicySpec, scope: Scope, error: TargetError) -
         totals=_totals(()),
         marks=(),
         recompute_flops=0,
-        forward_flops=sum(e.flops * e.multiplicity for e in traced.rows.equations()),
+        forward_flops=traced.forward_flops,
         warnings=(),
         error=error.message,
     )

@@ -12,39 +12,53 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import jax
-
 from . import _jax_compat as jc
 from ._jaxpr import map_sub_jaxprs, open_jaxpr
-from ._trace import Traced
-from .errors import PolicySpecError
-from .report import Scope
-from .specs import PolicySpec, SpecKind
+from ._trace import Row, Traced
+from .errors import PolicyError
+from .records import Scope
+from .specs import AsIs, NoCheckpoint, PolicySpec
+
+# --- the scope rules: where a policy goes ---------------------------------------------------------
 
 
 def resolve_scope(traced: Traced, spec: PolicySpec, scope: Scope) -> Scope:
-    if spec.kind is SpecKind.AS_IS:
+    """OUTER (one checkpoint around the whole function) or INNER (the function's own checkpoints):
+    `as-is` is always INNER; AUTO is INNER where the function has checkpoints."""
+    if isinstance(spec, AsIs):
         return Scope.INNER
     if scope is Scope.AUTO:
         return Scope.INNER if traced.has_remat else Scope.OUTER
     return scope
 
 
+def row_policy(row: Row, spec: PolicySpec, scope: Scope) -> Callable[..., Any] | None:
+    """The policy JAX applies to this row's equation under `spec` at the resolved `scope`."""
+    if isinstance(spec, NoCheckpoint):
+        return None
+    if isinstance(spec, AsIs) or (scope is Scope.OUTER and row.in_remat):
+        return row.remat_policy
+    if scope is Scope.INNER and not row.in_remat:
+        return None
+    return spec.policy
+
+
 def policy_function(traced: Traced, spec: PolicySpec, scope: Scope) -> Callable[..., Any]:
-    """The traced function with `spec` applied, as a function of the flat array inputs."""
+    """The traced function with `spec` applied at the resolved `scope`, as a function of the flat
+    array inputs."""
     closed = traced.jaxpr
-    if spec.kind is SpecKind.AS_IS:
-        return jc.jaxpr_as_fun(closed.replace(jaxpr=swap_policies(closed.jaxpr, KEEP, traced.memo)))
-    if spec.kind is SpecKind.NONE:  # plain autodiff: the function's own checkpoints are inlined
-        return jc.jaxpr_as_fun(closed.replace(jaxpr=swap_policies(closed.jaxpr, None, traced.memo)))
+    if isinstance(spec, AsIs):
+        return jc.jaxpr_as_fun(closed.replace(jaxpr=swap_policies(closed.jaxpr, KEEP, traced.segments)))
+    if isinstance(spec, NoCheckpoint):  # plain autodiff: the function's own checkpoints are inlined
+        return jc.jaxpr_as_fun(closed.replace(jaxpr=swap_policies(closed.jaxpr, None, traced.segments)))
     policy = _guarded(spec)
     if scope is Scope.INNER:
-        return jc.jaxpr_as_fun(closed.replace(jaxpr=swap_policies(closed.jaxpr, policy, traced.memo)))
-    return jax.checkpoint(jc.jaxpr_as_fun(closed), policy=policy)
+        return jc.jaxpr_as_fun(closed.replace(jaxpr=swap_policies(closed.jaxpr, policy, traced.segments)))
+    return jc.checkpoint(jc.jaxpr_as_fun(closed), policy=policy)
 
 
 def _guarded(spec: PolicySpec) -> Callable[..., Any]:
-    """The spec's policy, with its errors and bad answers turned into a PolicySpecError naming it."""
+    """The spec's policy, with its errors and bad answers turned into a PolicyError naming it."""
     policy = spec.policy
     assert policy is not None
 
@@ -56,17 +70,17 @@ def _guarded(spec: PolicySpec) -> Callable[..., Any]:
 
 def ask_policy(policy: Callable[..., Any], spec_text: str, prim: Any, avals: Any, params: dict[str, Any]) -> Any:
     """`policy(prim, *avals, **params)`, checked: what it raises or wrongly returns is the policy's
-    fault, said in one PolicySpecError."""
+    fault (the user's code, like the model), said in one PolicyError."""
     name = getattr(prim, "name", prim)
     try:
         answer = policy(prim, *avals, **params)
     except Exception as exc:
-        raise PolicySpecError(
+        raise PolicyError(
             f"policy {spec_text!r} raised {type(exc).__name__} on {name}: {exc}",
             "a policy is called as policy(prim, *avals, **params) and must return a bool",
         ) from exc
     if not isinstance(answer, bool | jc.SaveableType | jc.RecomputeType | jc.Offloadable):
-        raise PolicySpecError(
+        raise PolicyError(
             f"policy {spec_text!r} returned {answer!r} for {name}",
             "return True/False, Saveable, Recompute or Offloadable(src, dst) "
             "(did you return Offloadable instead of Offloadable(...)?)",
@@ -74,13 +88,17 @@ def ask_policy(policy: Callable[..., Any], spec_text: str, prim: Any, avals: Any
     return answer
 
 
+# --- applying it: the rewrite -----------------------------------------------------------------------
+
+
 KEEP: Any = object()  # as a policy: every checkpoint keeps its own
 
 
-def swap_policies(jaxpr: Any, policy: Callable[..., Any] | None, shared: dict[Any, Any] | None = None) -> Any:
+def swap_policies(
+    jaxpr: Any, policy: Callable[..., Any] | None, segments: dict[tuple[int, ...], Any] | None = None
+) -> Any:
     """Every checkpoint gets `policy` (KEEP: keeps its own); with None, checkpoints are inlined
-    (plain autodiff). `shared` (one per trace) keeps what every policy can reuse: the segments."""
-    segments = None if shared is None else shared.setdefault("segments", {})
+    (plain autodiff). `segments` (one per trace) keeps the jit calls every policy reuses."""
     return _Swap(policy, _repeated_sites(jaxpr), segments).run(jaxpr, direct=True)
 
 

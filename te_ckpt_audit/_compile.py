@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from ._apply import policy_function
 from ._trace import Traced
 from .errors import first_line
-from .report import CompiledMemory, Scope
+from .records import CompiledMemory, Scope
 from .specs import PolicySpec
 
 

@@ -86,6 +86,10 @@ def scan_counts(params: dict[str, Any]) -> tuple[int, int]:
     return params["num_consts"], params["num_carry"]
 
 
+# Captured when te-ckpt-audit is imported, before any user code runs: what the audit applies stays
+# JAX's own checkpoint even where a model replaces `jax.checkpoint` (`replaced_jax_functions`).
+checkpoint = jax.checkpoint
+
 # Public names re-exported so the rest of the package imports JAX's jaxpr types from one place.
 Jaxpr = jex.Jaxpr
 ClosedJaxpr: Any = jex.ClosedJaxpr  # type: ignore[attr-defined, unused-ignore]  # 0.11.0: = Jaxpr

@@ -17,12 +17,13 @@ import inspect
 import os
 import sys
 import traceback
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 from ._source import raised_in_user_code, user_location
+from .config import Defines, split_target
 from .errors import AuditError, TargetError, UsageError, first_line
 
 INPUTS_SUFFIX = "_inputs"
@@ -42,18 +43,6 @@ class Inputs:
     args: tuple[Any, ...]
     source: str  # "file.py:callable" that made them
     overrides: tuple[tuple[str, Any], ...]
-
-
-def split_spec(text: str, what: str) -> tuple[str, str]:
-    where, sep, attr = text.strip().rpartition(":")
-    if not text.strip():
-        raise UsageError(f"empty {what}", "give FILE.py:NAME or package.module:NAME")
-    if not sep or not where or not attr:
-        raise UsageError(
-            f"{what} {text!r} is not of the form FILE.py:NAME or package.module:NAME",
-            "e.g. sample_models/gpt.py:loss",
-        )
-    return where, attr
 
 
 @contextlib.contextmanager
@@ -93,7 +82,8 @@ def _import_file(path: Path) -> ModuleType:
         sys.path.insert(0, str(folder))
     name = ".".join(parts)
     existing = sys.modules.get(name)
-    if existing is not None and Path(getattr(existing, "__file__", "") or "").resolve() == path:
+    # vars(), not getattr: a module's own __getattr__ (PEP 562) is code of the user's process
+    if existing is not None and Path(_file_of(existing)).resolve() == path:
         return existing
     if len(parts) > 1:
         return importlib.import_module(name)
@@ -107,6 +97,14 @@ def _import_file(path: Path) -> ModuleType:
         sys.modules.pop(name, None)
         raise
     return module
+
+
+def _file_of(module: ModuleType) -> str:
+    try:
+        found = vars(module).get("__file__")
+    except TypeError:
+        return ""
+    return found if isinstance(found, str) else ""
 
 
 def import_module(where: str) -> ModuleType:
@@ -161,12 +159,25 @@ def _attribute(module: ModuleType, where: str, attr: str) -> Any:
         raise UsageError(f"{where} has no attribute {attr!r}", hint) from None
 
 
+def anchored(spec: str | None, what: str = "--inputs") -> str | None:
+    """`FILE.py:NAME` with FILE checked and made absolute now, before the target's module runs (its
+    code may change the working folder); `module:NAME` as it is."""
+    if spec is None:
+        return None
+    where, attr = split_target(spec, what)
+    if not (where.endswith(".py") or os.sep in where or "/" in where):
+        return spec
+    if not Path(where).is_file():
+        raise UsageError(f"no such file: {where}", "check the path; it is relative to the current folder")
+    return f"{os.path.abspath(where)}:{attr}"
+
+
 def load_target(text: str) -> Target:
     """Import the module and fetch the function to audit.
 
     >>> t = load_target("sample_models/mlp.py:loss")  # doctest: +SKIP
     """
-    where, attr = split_spec(text, "target")
+    where, attr = split_target(text, "target")
     module = import_module(where)
     fn = _attribute(module, where, attr)
     if not callable(fn):
@@ -179,7 +190,7 @@ def load_target(text: str) -> Target:
 def find_inputs_callable(target: Target, inputs: str | None) -> tuple[Callable[..., Any], str]:
     """`--inputs FILE:CALLABLE`, else `<attr>_inputs` beside the target, else `example_inputs`."""
     if inputs:
-        where, attr = split_spec(inputs, "--inputs")
+        where, attr = split_target(inputs, "--inputs")
         fn = import_attribute(where, attr)
         if not callable(fn):
             raise UsageError(f"--inputs {inputs} is not callable", "name a function returning the arguments")
@@ -200,23 +211,8 @@ def find_inputs_callable(target: Target, inputs: str | None) -> tuple[Callable[.
     )
 
 
-def split_defines(pairs: Sequence[str]) -> dict[str, str]:
-    """`-D key=value` strings as {key: raw value}; a malformed pair or a key given twice is a
-    UsageError (the last value silently winning would audit another model than the one asked for)."""
-    out: dict[str, str] = {}
-    for pair in pairs:
-        key, eq, raw = pair.partition("=")
-        key = key.strip()
-        if not eq or not key:
-            raise UsageError(f"-D {pair!r} is not key=value", "e.g. -D seq=8192")
-        if key in out:
-            raise UsageError(f"-D {key} is given twice ({out[key]} and {raw.strip()})", "give each key once")
-        out[key] = raw.strip()
-    return out
-
-
-def parse_overrides(fn: Callable[..., Any], pairs: list[str]) -> dict[str, Any]:
-    """Turn `-D key=value` strings into keyword arguments of the inputs callable, typed by its defaults."""
+def parse_overrides(fn: Callable[..., Any], defines: Defines) -> dict[str, Any]:
+    """`-D key=value` defines as keyword arguments of the inputs callable, typed by its defaults."""
     try:
         params = inspect.signature(fn).parameters
     except (TypeError, ValueError):
@@ -224,7 +220,7 @@ def parse_overrides(fn: Callable[..., Any], pairs: list[str]) -> dict[str, Any]:
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     known = {n for n, p in params.items() if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
     out: dict[str, Any] = {}
-    for key, raw in split_defines(pairs).items():
+    for key, raw in defines.items():
         if key not in known and not takes_any:
             raise UsageError(
                 f"-D {key}: the inputs callable has no parameter {key!r}",
@@ -240,11 +236,11 @@ def _convert(key: str, raw: str, default: Any) -> Any:
         return raw
     try:
         value = ast.literal_eval(raw)
-    except (ValueError, SyntaxError):
+    except (ValueError, SyntaxError, MemoryError, RecursionError):  # the last two: deeply nested text
         if default is inspect.Parameter.empty or default is None:
             return raw
         kind = {int: "an int", float: "a number", bool: "a bool"}.get(type(default), type(default).__name__)
-        raise UsageError(f"-D {key}={raw}: not {kind}", f"the default is {default!r}") from None
+        raise UsageError(f"-D {key}={raw[:80]}: not {kind}", f"the default is {default!r}") from None
     if isinstance(default, bool) and not isinstance(value, bool):
         raise UsageError(f"-D {key}={raw}: not a bool", "use True or False")
     if isinstance(default, int) and not isinstance(default, bool) and not isinstance(value, int):
@@ -254,14 +250,17 @@ def _convert(key: str, raw: str, default: Any) -> Any:
     return float(value) if isinstance(default, float) else value
 
 
-def load_inputs(
-    target: Target, inputs: str | None = None, overrides: Mapping[str, str] | Sequence[str] = (), mesh: Any = None
-) -> Inputs:
-    """Call the inputs callable (with `-D` overrides, and `mesh=` when it declares that parameter and
+def load_inputs(target: Target, inputs: str | None = None, defines: Defines | None = None, mesh: Any = None) -> Inputs:
+    """Call the inputs callable (with `-D` defines, and `mesh=` when it declares that parameter and
     a mesh is given) and return the positional arguments."""
     fn, source = find_inputs_callable(target, inputs)
-    pairs = [f"{k}={v}" for k, v in overrides.items()] if isinstance(overrides, Mapping) else list(overrides)
-    kwargs = parse_overrides(fn, pairs)
+    defines = defines or {}
+    if mesh is not None and "mesh" in defines:
+        raise UsageError(
+            "-D mesh: with a mesh, the inputs callable's `mesh` keyword is the mesh itself",
+            "drop -D mesh; give the mesh's shape with --mesh AXIS=SIZE,...",
+        )
+    kwargs = parse_overrides(fn, defines)
     try:
         takes_mesh = mesh is not None and "mesh" in inspect.signature(fn).parameters
     except (TypeError, ValueError):

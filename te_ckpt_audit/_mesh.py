@@ -18,9 +18,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-import os
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -28,118 +27,36 @@ import numpy as np
 from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec
 
 from . import _jax_compat as jc
-from ._analysis import residual_outputs
-from ._apply import policy_function
+from ._analysis import Analysis, residual_outputs
 from ._jaxpr import aval_bytes
-from ._trace import Traced, _is_array_leaf
-from .errors import AuditError, TargetError, UsageError
-from .report import MeshAxis, MeshSpec, PolicyResult, ResidualKind, ShardingSource
-from .specs import PolicySpec
+from ._trace import Traced, is_array_leaf
+from .errors import AuditError, DevicesUnavailable, TargetError, UsageError
+from .records import MeshAxis, MeshSpec, PolicyResult, ResidualKind, ShardingSource
 
-# More virtual devices cost seconds and memory at start-up (4096: ~11 s, ~0.6 GB); no mesh a
-# partitioner sees in practice is larger.
-MAX_DEVICES = 4096
-DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
-_AXIS_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_FLAG = re.compile(rf"{DEVICE_COUNT_FLAG}=(\S*)")
+# More virtual devices cost seconds and memory at start-up, and XLA's CPU client runs a mesh of
+# more than 2048 devices as a multi-process computation, which it does not implement.
+MAX_DEVICES = 2048
 
 
-class DevicesUnavailable(UsageError):  # noqa: N818 (a UsageError, named for what happened)
-    """JAX's CPU backend started with fewer devices than the mesh needs. The CLI answers by running
-    itself again with the flag set (`needed`); a library caller sets XLA_FLAGS before using JAX."""
-
-    def __init__(self, needed: int, found: int) -> None:
-        super().__init__(
-            f"the mesh needs {needed} devices, but JAX's CPU backend already started with {found}",
-            f"set XLA_FLAGS={DEVICE_COUNT_FLAG}={needed} before JAX starts (before its first computation)",
-        )
-        self.needed = needed
-
-
-def parse_mesh(text: str) -> MeshSpec:
-    """`AXIS=SIZE[,AXIS=SIZE...]`: axis names are identifiers, each once; sizes are ints >= 1.
-
-    >>> str(parse_mesh("data=8, model=4"))
-    'data=8,model=4'
-    """
-    axes = []
-    for part in text.split(","):
-        name, eq, size = (s.strip() for s in part.partition("="))
-        if not eq or not name or not re.fullmatch(r"\+?\d+", size):
-            raise UsageError(
-                f"--mesh {text!r}: {part.strip()!r} is not AXIS=SIZE", "e.g. --mesh data=8,model=4"
-            )
-        axes.append((name, int(size)))
-    return mesh_spec(axes, "--mesh")
-
-
-def mesh_spec(axes: Sequence[tuple[str, Any]] | Mapping[str, Any], what: str = "mesh") -> MeshSpec:
-    """A validated MeshSpec from (name, size) pairs or a table (`mesh = {data = 8, model = 4}`)."""
-    pairs = list(axes.items()) if isinstance(axes, Mapping) else list(axes)
-    if not pairs:
-        raise UsageError(f"{what} names no axes", "e.g. data=8,model=4")
-    seen: set[str] = set()
-    for name, size in pairs:
-        if not isinstance(name, str) or not _AXIS_NAME.fullmatch(name):
-            raise UsageError(f"{what}: axis name {name!r} is not an identifier", "e.g. data, model, fsdp")
-        if name in seen:
-            raise UsageError(f"{what}: axis {name!r} is given twice", "give each axis once")
-        seen.add(name)
-        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-            raise UsageError(f"{what}: axis {name!r} has size {size!r}; a size is an int >= 1", f"e.g. {name}=8")
-    return MeshSpec(tuple(MeshAxis(n, s) for n, s in pairs))
-
-
-def with_device_count(flags: str, n: int) -> str:
-    """XLA_FLAGS `flags` asking for at least `n` host devices (a larger count already there stays).
-
-    >>> with_device_count("--xla_dump_to=/tmp", 8)
-    '--xla_dump_to=/tmp --xla_force_host_platform_device_count=8'
-    """
-    found = _FLAG.search(flags)
-    if found is None:
-        return f"{flags} {DEVICE_COUNT_FLAG}={n}".strip()
-    if found.group(1).isdigit() and int(found.group(1)) >= n:
-        return flags
-    return _FLAG.sub(f"{DEVICE_COUNT_FLAG}={n}", flags)
-
-
-def provide_devices(n: int) -> list[Any]:
-    """`n` CPU devices. The flag is set for a backend JAX has not started yet; one started with
-    fewer devices raises DevicesUnavailable (the CLI then runs itself again)."""
+def cpu_devices(n: int) -> list[Any]:
+    """`n` of JAX's CPU devices. How many there are is fixed when JAX starts its backend (the
+    command line sets XLA's flag for it first); too few is `DevicesUnavailable`."""
     if n > MAX_DEVICES:
         raise UsageError(
             f"a mesh of {n} devices is more than the {MAX_DEVICES} virtual CPU devices te-ckpt-audit provides",
             "audit a smaller mesh with the same per-device shapes (fewer data-parallel replicas), or an "
             "explicit-sharding model with --shardings abstract (no devices needed)",
         )
-    os.environ["XLA_FLAGS"] = with_device_count(os.environ.get("XLA_FLAGS", ""), n)
     devices = jax.devices("cpu")
     if len(devices) < n:
         raise DevicesUnavailable(n, len(devices))
     return list(devices[:n])
 
 
-REEXEC_MARKER = "TE_CKPT_AUDIT_MESH_DEVICES"  # set in a process the CLI ran again for its devices
-
-
-def ensure_devices(n: int, argv: Sequence[str]) -> None:
-    """For the command line: make JAX start with `n` CPU devices. When its backend already started
-    with fewer, replace this process by `argv` with the flag set (once: the re-run must have them)."""
-    try:
-        provide_devices(n)
-    except DevicesUnavailable:
-        if os.environ.get(REEXEC_MARKER):
-            raise
-        env = dict(os.environ, XLA_FLAGS=with_device_count(os.environ.get("XLA_FLAGS", ""), n))
-        env[REEXEC_MARKER] = str(n)
-        os.execve(argv[0], list(argv), env)
-
-
 def build_mesh(spec: MeshSpec) -> Mesh:
     """A `jax.sharding.Mesh` over virtual CPU devices. Its axes are Auto (the partitioner
     propagates shardings), so `with_sharding_constraint` and logical axis rules work as on GPUs."""
-    devices = np.array(provide_devices(spec.devices)).reshape([a.size for a in spec.axes])
+    devices = np.array(cpu_devices(spec.devices)).reshape([a.size for a in spec.axes])
     return Mesh(devices, tuple(a.name for a in spec.axes))
 
 
@@ -175,7 +92,7 @@ def place_args(args: tuple[Any, ...], mesh: Mesh | AbstractMesh) -> tuple[Any, .
     Checked before tracing, so a wrong spec is named by input and dimension."""
 
     def place(path: Any, leaf: Any) -> Any:
-        if not _is_array_leaf(leaf):
+        if not is_array_leaf(leaf):
             return leaf
         name = "args" + jax.tree_util.keystr(path)
         try:  # a ShapeDtypeStruct resolves a bare PartitionSpec against the mesh only when asked
@@ -197,7 +114,7 @@ def place_args(args: tuple[Any, ...], mesh: Mesh | AbstractMesh) -> tuple[Any, .
         weak = bool(getattr(leaf, "weak_type", False))
         return jax.ShapeDtypeStruct(shape, leaf.dtype, weak_type=weak, sharding=NamedSharding(mesh, spec))
 
-    return tuple(jax.tree_util.tree_map_with_path(place, args, is_leaf=_is_array_leaf))
+    return tuple(jax.tree_util.tree_map_with_path(place, args, is_leaf=is_array_leaf))
 
 
 def _check_spec(name: str, shape: tuple[int, ...], spec: Any, mesh: Mesh | AbstractMesh, sharding: Any) -> None:
@@ -235,27 +152,25 @@ def _check_spec(name: str, shape: tuple[int, ...], spec: Any, mesh: Mesh | Abstr
             )
 
 
-def per_device(traced: Traced, spec: PolicySpec, result: PolicyResult, mesh: Mesh | AbstractMesh) -> PolicyResult:
-    """`result` with each residual's sharding and bytes per device, and the per-device total: the
-    forward pass returning the residuals, compiled for `mesh` with the inputs' shardings (on an
-    abstract mesh: traced, each residual's sharding read from its aval)."""
-    fun = policy_function(traced, spec, result.scope)
-    with mesh_context(mesh):
-        closed = jax.make_jaxpr(lambda *args: jc.linearize_for_vjp(fun, args)[0])(*traced.avals)
+def per_device(traced: Traced, analysis: Analysis, mesh: Mesh | AbstractMesh) -> PolicyResult:
+    """The analysis's result with each residual's sharding and bytes per device, and the per-device
+    total: its forward pass (which returns exactly the residuals) compiled for `mesh` with the
+    inputs' shardings (on an abstract mesh: each residual's sharding read from its aval)."""
+    result, closed = analysis.result, analysis.forward
     outputs = residual_outputs(closed.jaxpr)
     if len(outputs) != len(result.residuals):
-        raise AuditError(f"{spec.text}: {len(outputs)} residuals on the mesh, {len(result.residuals)} in the audit")
+        raise AuditError(f"{result.policy}: {len(outputs)} residuals on the mesh, {len(result.residuals)} in the audit")
     if isinstance(mesh, AbstractMesh):
         if any(e.is_te_gemm for e in traced.rows.equations()):
             raise TargetError(
-                f"{spec.text} on an abstract mesh: Transformer Engine's GEMMs give their outputs no sharding "
+                f"{result.policy} on an abstract mesh: Transformer Engine's GEMMs give their outputs no sharding "
                 "of their own, so every residual after one would read as replicated",
                 "use --shardings compiled; real TE partitions only on GPUs (see the README), its CPU stand-in "
                 "on virtual CPU devices",
             )
         out_shardings = [getattr(getattr(v, "aval", None), "sharding", None) for v in closed.jaxpr.outvars]
     else:
-        out_shardings = _compiled_shardings(closed, traced, spec, mesh)
+        out_shardings = _compiled_shardings(closed, traced, result.policy, mesh)
     residuals = []
     for r, (var, kind, i) in zip(result.residuals, outputs, strict=True):
         if kind is ResidualKind.LITERAL:
@@ -274,7 +189,7 @@ def per_device(traced: Traced, spec: PolicySpec, result: PolicyResult, mesh: Mes
     return dataclasses.replace(result, residuals=tuple(residuals), totals=totals)
 
 
-def _compiled_shardings(closed: Any, traced: Traced, spec: PolicySpec, mesh: Mesh) -> list[Any]:
+def _compiled_shardings(closed: Any, traced: Traced, policy: str, mesh: Mesh) -> list[Any]:
     shardings = tuple(a.sharding for a in traced.avals)
     try:
         with mesh_context(mesh):
@@ -283,7 +198,7 @@ def _compiled_shardings(closed: Any, traced: Traced, spec: PolicySpec, mesh: Mes
         raise
     except Exception as exc:  # a primitive without a CPU lowering (a real TE GEMM), say
         raise TargetError(
-            f"partitioning {spec.text} on mesh {spec_of(mesh)}: XLA could not compile its forward pass for "
+            f"partitioning {policy} on mesh {spec_of(mesh)}: XLA could not compile its forward pass for "
             f"virtual CPU devices: {_cause(exc)}",
             "every primitive needs a CPU lowering to be partitioned here; an explicit-sharding model can "
             "use --shardings abstract",

@@ -21,137 +21,25 @@ JAX's own linearization; estimates only choose what to analyse next.
 from __future__ import annotations
 
 import dataclasses
-import enum
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-import jax
-
-from ._analysis import analyse
-from ._api import traced_target
 from ._heap import without_gc
-from ._mesh import build_mesh, parse_mesh, per_device, spec_of
-from ._trace import Traced
+from ._session import Session
+from .config import Defines, parse_mesh
 from .errors import TargetError, UsageError
-from .report import AuditReport, MeshSpec, PolicyResult, Scope, ShardingSource, TeKind
-from .specs import resolve_policy
+from .records import PRESETS, Candidate, CandidateKind, MeshSpec, PolicyResult, Recommendation, Scope
+from .sizes import count_at_least_one, positive_bytes
+from .specs import PolicySpec, names_spec, resolve_policy, spellable
 
-SCHEMA = "te-ckpt-audit-recommend/1"
-
-# Named presets: JAX's and the TE-aware ones. `everything_saveable` and `nothing_saveable` are the
-# two ends of the frontier.
-PRESETS = (
-    "nothing_saveable",
-    "checkpoint_dots_with_no_batch_dims",
-    "checkpoint_dots",
-    "te_gemms_saveable",
-    "dots_and_te_gemms_with_no_batch_dims",
-    "checkpoint_dots_and_te_gemms",
-    "everything_saveable",
-)
 OFFLOAD_PRESETS = ("offload_dot_with_no_batch_dims",)
 # Presets a subset of names is combined with (`save_only_these_names:...+BASE`): TE-aware where the
 # model has TE GEMMs, JAX's own where it has none (the same policies there, with JAX's names).
 TE_BASES = ("te_gemms_saveable", "dots_and_te_gemms_with_no_batch_dims", "checkpoint_dots_and_te_gemms")
 JAX_BASES = ("checkpoint_dots_with_no_batch_dims", "checkpoint_dots")
 DEFAULT_MAX_EVALS = 64
-_UNSPEAKABLE = re.compile(r"[,;+=:\s]")  # a name with these cannot be written in a spec
-
-
-class CandidateKind(enum.StrEnum):
-    PRESET = "preset"  # a named policy
-    NAMES = "names"  # save_only_these_names over a subset
-    COMBINED = "combined"  # a subset and a preset: SPEC+PRESET (save_from_both_policies)
-    OFFLOAD = "offload"  # save_and_offload_only_these_names
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Candidate:
-    """One evaluated policy, with JAX's figures for it. `base` is the preset a name subset is
-    combined with (for a preset, itself); `saved`/`offloaded` are the checkpoint names it keeps on
-    device / on host."""
-
-    policy: str  # the spec, as --policy takes it
-    kind: CandidateKind
-    base: str | None
-    saved: tuple[str, ...]
-    offloaded: tuple[str, ...]
-    activation_bytes: int  # what the budget holds: bytes on one device with a mesh, else in all
-    host_bytes: int
-    recompute_flops: int
-    forward_flops: int
-    fits: bool
-    error: str | None = None  # why JAX could not differentiate under it
-    global_activation_bytes: int | None = None  # with a mesh: the activation bytes of whole arrays
-
-    @property
-    def recompute_percent(self) -> float:
-        return 100.0 * self.recompute_flops / self.forward_flops if self.forward_flops else 0.0
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Recommendation:
-    """What `recommend` found. `recommended` is None when nothing fits; `closest` is then the
-    candidate with the fewest activation bytes. `frontier` is the Pareto frontier of (activation
-    bytes, recompute FLOPs) over `evaluated`, fewest bytes first. `report` holds the full analysis
-    of every frontier point and of the winner (for the HTML report)."""
-
-    target: str
-    budget_bytes: int
-    mesh: MeshSpec | None  # the budget is per device on it
-    names: tuple[str, ...]  # the checkpoint names searched over
-    skipped_names: tuple[str, ...]  # names a spec cannot spell (they hold , ; + = : or spaces)
-    allow_offload: bool
-    max_evals: int
-    recommended: Candidate | None
-    closest: Candidate | None
-    frontier: tuple[Candidate, ...]
-    evaluated: tuple[Candidate, ...]
-    report: AuditReport
-
-    @property
-    def fits(self) -> bool:
-        return self.recommended is not None
-
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON document (schema ``te-ckpt-audit-recommend/1``): plain, ordered, deterministic."""
-        return {
-            "schema": SCHEMA,
-            "target": self.target,
-            "budget_bytes": self.budget_bytes,
-            "mesh": None if self.mesh is None else {a.name: a.size for a in self.mesh.axes},
-            "names": list(self.names),
-            "skipped_names": list(self.skipped_names),
-            "allow_offload": self.allow_offload,
-            "max_evals": self.max_evals,
-            "evaluations": len(self.evaluated),
-            "forward_flops": self.report.forward_flops,
-            "fits": self.fits,
-            "recommended": None if self.recommended is None else candidate_dict(self.recommended),
-            "closest": None if self.closest is None else candidate_dict(self.closest),
-            "frontier": [candidate_dict(c) for c in self.frontier],
-            "evaluated": [candidate_dict(c) for c in self.evaluated],
-        }
-
-
-def candidate_dict(c: Candidate) -> dict[str, Any]:
-    return {
-        "policy": c.policy,
-        "kind": c.kind.value,
-        "base": c.base,
-        "saved": list(c.saved),
-        "offloaded": list(c.offloaded),
-        "activation_bytes": c.activation_bytes,
-        "host_bytes": c.host_bytes,
-        "recompute_flops": c.recompute_flops,
-        "forward_flops": c.forward_flops,
-        "recompute_percent": round(c.recompute_percent, 4),
-        "fits": c.fits,
-        "error": c.error,
-        "global_activation_bytes": c.global_activation_bytes,
-    }
 
 
 def spec_text(base: str | None, saved: Iterable[str] = (), offloaded: Iterable[str] = ()) -> str:
@@ -160,66 +48,50 @@ def spec_text(base: str | None, saved: Iterable[str] = (), offloaded: Iterable[s
     >>> spec_text("checkpoint_dots", ["ffn1", "context"])
     'save_only_these_names:ffn1,context+checkpoint_dots'
     """
-    saved, offloaded = list(saved), list(offloaded)
-    if offloaded:
-        if base is not None:
-            raise ValueError("an offload policy cannot be combined with a preset")
-        return f"save_and_offload_only_these_names:save={','.join(saved)};offload={','.join(offloaded)}"
-    names = f"save_only_these_names:{','.join(saved)}" if saved else None
-    if names and base:
-        return f"{names}+{base}"
-    return names or base or "nothing_saveable"
+    return _spec(base, tuple(saved), tuple(offloaded)).text
+
+
+def _spec(base: str | None, saved: tuple[str, ...], offloaded: tuple[str, ...]) -> PolicySpec:
+    if not saved and not offloaded:
+        return resolve_policy(base or "nothing_saveable")  # a preset, by its name
+    return names_spec(saved, offloaded, base)
 
 
 def _natural(name: str) -> tuple[Any, ...]:
     return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
 
 
-def check_budget(budget_bytes: float) -> int:
-    """A budget is a finite number of bytes above zero."""
-    if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int | float):
-        raise UsageError(f"budget must be a number of bytes, not {budget_bytes!r}", "e.g. --budget 6GiB")
-    if not math.isfinite(budget_bytes) or budget_bytes <= 0:
-        raise UsageError(f"budget must be a finite size above zero, not {budget_bytes!r}", "e.g. --budget 6GiB")
-    return int(budget_bytes)
-
-
 class _Evaluator:
-    """Analyses candidates, each once, up to `max_evals` analyses; keeps every result."""
+    """Analyses candidates through the session, each once, up to `max_evals` analyses."""
 
     def __init__(
-        self, traced: Traced, scope: Scope, budget: int, max_evals: int,
-        progress: Callable[[str], None], mesh: jax.sharding.Mesh | None,
+        self, session: Session, budget: int, max_evals: float, progress: Callable[[str], None]
     ) -> None:
-        self.traced, self.scope, self.budget, self.max_evals = traced, scope, budget, max_evals
-        self.progress, self.mesh = progress, mesh
+        self.session, self.budget, self.max_evals, self.progress = session, budget, max_evals, progress
         self.done: dict[str, Candidate] = {}
         self.results: dict[str, PolicyResult] = {}
 
     @property
-    def left(self) -> int:
+    def left(self) -> float:
         return self.max_evals - len(self.done)
 
     def get(self, kind: CandidateKind, base: str | None, saved: Sequence[str] = (),
             offloaded: Sequence[str] = ()) -> Candidate | None:
         """The candidate, analysed now if new; None when no analyses are left."""
-        text = spec_text(base, saved, offloaded)
-        if text in self.done:
-            return self.done[text]
+        spec = _spec(base, tuple(saved), tuple(offloaded))
+        if spec.text in self.done:
+            return self.done[spec.text]
         if self.left <= 0:
             return None
         if not saved and not offloaded:
             kind = CandidateKind.PRESET
-        spec = resolve_policy(text)  # the spec a user types: what we report is what --policy runs
-        self.progress(f"analysing {text}")
         try:
-            result = analyse(self.traced, spec, self.scope)
-            if self.mesh is not None:
-                result = per_device(self.traced, spec, result, self.mesh)
+            result = self.session.result(spec, self.progress)
             error = None
         except TargetError as exc:
             result, error = None, exc.message
-        forward = sum(e.flops * e.multiplicity for e in self.traced.rows.equations())
+        forward = self.session.traced.forward_flops
+        text = spec.text
         if result is None:
             cand = Candidate(text, kind, base, tuple(saved), tuple(offloaded), 0, 0, 0, forward, False, error)
         else:
@@ -229,7 +101,7 @@ class _Evaluator:
             cand = Candidate(
                 text, kind, base, tuple(saved), tuple(offloaded), device, t.host_bytes,
                 result.recompute_flops, result.forward_flops, device <= self.budget, None,
-                None if self.mesh is None else t.activation_bytes,
+                None if self.session.mesh is None else t.activation_bytes,
             )
         self.done[text] = cand
         return cand
@@ -289,49 +161,43 @@ def _ordered(names: Iterable[str], order: Sequence[str]) -> tuple[str, ...]:
 
 @without_gc
 def recommend(
-    traced: Traced,
+    session: Session,
     budget_bytes: float,
     *,
     allow_offload: bool = False,
     max_evals: int = DEFAULT_MAX_EVALS,
-    scope: Scope | str = Scope.AUTO,
     presets: Sequence[str] | None = None,
     progress: Callable[[str], None] = lambda _: None,
-    mesh: jax.sharding.Mesh | None = None,
     exhaustive: bool = False,
 ) -> Recommendation:
     """The policy with the least recompute FLOPs whose activation bytes fit `budget_bytes`, and
-    the Pareto frontier of everything analysed (at most `max_evals` analyses, each exact). With
-    `mesh` (the inputs traced placed on it: `place_args`), the budget holds per-device bytes.
-    With `exhaustive`, every candidate of the space is analysed instead (2^names per base: for
-    checking the search on small models).
+    the Pareto frontier of everything analysed (at most `max_evals` analyses, each exact). On a
+    session placed on a mesh, the budget holds per-device bytes. With `exhaustive`, every candidate
+    of the space is analysed instead (2^names per base: for checking the search on small models).
 
     >>> import jax, jax.numpy as jnp
     >>> from jax.ad_checkpoint import checkpoint_name
-    >>> from te_ckpt_audit._trace import trace
     >>> f = lambda x: jnp.sum(jnp.sin(checkpoint_name(jnp.sin(x), "a")))
-    >>> t = trace(f, (jax.ShapeDtypeStruct((256,), jnp.float32),))
-    >>> r = recommend(t, 1024)
+    >>> r = recommend(Session.of_function(f, jax.ShapeDtypeStruct((256,), jnp.float32)), 1024)
     >>> r.recommended.policy, r.recommended.activation_bytes
     ('save_only_these_names:a', 1024)
     """
-    budget = check_budget(budget_bytes)
-    if isinstance(max_evals, bool) or not isinstance(max_evals, int) or max_evals < 1:
-        raise UsageError(f"max evaluations must be at least 1, not {max_evals!r}", "e.g. --max-evals 64")
-    scope = Scope(scope)
+    budget = positive_bytes(budget_bytes)
+    count_at_least_one(max_evals, "max evaluations", "e.g. --max-evals 64")
     preset_list = list(PRESETS if presets is None else presets)
     if allow_offload and presets is None:
         preset_list += OFFLOAD_PRESETS
     for p in preset_list:
         resolve_policy(p)  # a bad preset fails here, before any analysis
-    ev = _Evaluator(traced, scope, budget, math.inf if exhaustive else max_evals, progress, mesh)  # type: ignore[arg-type]
+    traced = session.traced
+    ev = _Evaluator(session, budget, math.inf if exhaustive else max_evals, progress)
     # JAX traces custom_vjp forward rules on the first differentiation: the names and equations in
     # them are known once one policy is analysed (without presets, the empty subset of names)
     for p in preset_list or [spec_text(None)]:
         ev.get(CandidateKind.PRESET, p)
     found = sorted(traced.rows.names, key=_natural)
-    names = tuple(n for n in found if not _UNSPEAKABLE.search(n))
-    skipped = tuple(n for n in found if _UNSPEAKABLE.search(n))
+    names = tuple(n for n in found if spellable(n))
+    skipped = tuple(n for n in found if not spellable(n))
     if not names and not preset_list:
         raise UsageError(
             f"{traced.target or 'the function'} has no checkpoint names and no presets are left to search",
@@ -356,23 +222,14 @@ def recommend(
     for extra in (winner, closest):
         if extra is not None and extra not in shown:
             shown.append(extra)
-    report = AuditReport(
-        target=traced.target,
-        arguments=tuple(f"{n}: {a.dtype}{list(a.shape)}" for n, a in zip(traced.arg_names, traced.avals, strict=True)),
-        jax_version=jax.__version__,
-        te=_te(traced),
-        equations=traced.rows.equations(),
-        results=tuple(ev.results[c.policy] for c in shown if c.policy in ev.results),
-        mesh=None if mesh is None else spec_of(mesh),
-        sharding_source=None if mesh is None else ShardingSource.COMPILED,
-    )
+    report = session.report_of([ev.results[c.policy] for c in shown if c.policy in ev.results])
     if not evaluated or all(c.error is not None for c in evaluated):
         first = next((c.error for c in evaluated if c.error), None)
         raise TargetError(first or "no candidate could be analysed", "rerun with --debug for the traceback")
     return Recommendation(
         target=traced.target,
         budget_bytes=budget,
-        mesh=None if mesh is None else spec_of(mesh),
+        mesh=report.mesh,
         names=names,
         skipped_names=skipped,
         allow_offload=allow_offload,
@@ -383,10 +240,6 @@ def recommend(
         evaluated=evaluated,
         report=report,
     )
-
-
-def _te(traced: Traced) -> TeKind:
-    return TeKind.of(traced.rows.equations())
 
 
 def _subsets(names: Sequence[str]) -> Iterable[tuple[str, ...]]:
@@ -548,24 +401,24 @@ def recommend_target(
     budget_bytes: float,
     *,
     inputs: str | None = None,
-    overrides: Mapping[str, str] | Sequence[str] = (),
+    defines: Defines | None = None,
     allow_offload: bool = False,
     max_evals: int = DEFAULT_MAX_EVALS,
-    scope: Scope | str = Scope.AUTO,
+    scope: Scope = Scope.AUTO,
     presets: Sequence[str] | None = None,
     progress: Callable[[str], None] = lambda _: None,
     mesh: MeshSpec | str | None = None,
 ) -> Recommendation:
     """Load `file.py:fn` and its example inputs, trace once, and `recommend`. With `mesh` (a
-    MeshSpec or "data=8,model=4") the budget is per device. Bad arguments fail before the target's
-    code runs."""
-    check_budget(budget_bytes)
-    if isinstance(max_evals, bool) or not isinstance(max_evals, int) or max_evals < 1:
-        raise UsageError(f"max evaluations must be at least 1, not {max_evals!r}", "e.g. --max-evals 64")
-    spec = parse_mesh(mesh) if isinstance(mesh, str) else mesh
-    on = None if spec is None else build_mesh(spec)
-    with traced_target(target, inputs, overrides, on, progress) as traced:
-        return recommend(
-            traced, budget_bytes, allow_offload=allow_offload, max_evals=max_evals, scope=scope,
-            presets=presets, progress=progress, mesh=on,
-        )
+    MeshSpec or "data=8,model=4") the budget is per device. Bad arguments fail before the
+    target's code runs."""
+    mesh = parse_mesh(mesh) if isinstance(mesh, str) else mesh
+    positive_bytes(budget_bytes)
+    count_at_least_one(max_evals, "max evaluations", "e.g. --max-evals 64")
+    session = Session.of_target(
+        target, inputs=inputs, defines=defines, scope=Scope(scope), mesh=mesh, progress=progress
+    )
+    return recommend(
+        session, budget_bytes, allow_offload=allow_offload, max_evals=max_evals, presets=presets,
+        progress=progress,
+    )

@@ -6,13 +6,15 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import re
 import sys
 import traceback
+import types
 from pathlib import Path
 from typing import Any
 
 from . import _jax_compat as jc
-from .report import SourceLocation
+from .records import SourceLocation
 
 _HERE = str(Path(__file__).parent)
 
@@ -72,13 +74,28 @@ def raised_in_user_code(exc: BaseException) -> bool:
     return bool(frames) and not is_library_file(frames[-1].filename)
 
 
+def module_globals(module: object) -> dict[str, Any]:
+    """A module's own namespace, read without running any of its code: `getattr` on a module can
+    call its PEP 562 `__getattr__` (transformers 5 imports torch that way), and `sys.modules` may
+    hold objects that are not modules at all."""
+    if not issubclass(type(module), types.ModuleType):
+        return {}
+    try:
+        namespace = object.__getattribute__(module, "__dict__")
+    except Exception:  # noqa: BLE001 - not ours to fail on
+        return {}
+    return namespace if type(namespace) is dict else {}
+
+
 def _library_files() -> frozenset[str]:
     """Files of modules that ask to be treated as library code (`__te_ckpt_audit_library__ = True`)."""
-    return frozenset(
-        getattr(m, "__file__", None) or ""
-        for m in list(sys.modules.values())
-        if getattr(m, "__te_ckpt_audit_library__", False)
-    )
+    files = set()
+    for module in list(sys.modules.values()):
+        namespace = module_globals(module)
+        file = namespace.get("__file__")
+        if namespace.get("__te_ckpt_audit_library__") is True and type(file) is str:
+            files.add(file)
+    return frozenset(files)
 
 
 class SourceFinder:
@@ -123,14 +140,31 @@ def _location(frame: Any) -> SourceLocation | None:
 
 
 def _display_path(filename: str) -> str:
-    return _relative(filename, os.getcwd())
+    return display_path(filename, os.getcwd())
 
 
 @functools.lru_cache(maxsize=4096)
-def _relative(filename: str, cwd: str) -> str:
-    """`filename` relative to `cwd` when it lies below it, else as it is."""
+def display_path(filename: str, cwd: str) -> str:
+    """`filename` as a report shows it: relative to `cwd` when it lies below it; an installed
+    package's file from its package folder on (`flax/linen/module.py`, not the absolute path into
+    site-packages); a standard-library file from its `lib/pythonX.Y` folder on; else as it is.
+
+    >>> display_path("/venv/lib/python3.12/site-packages/flax/linen/module.py", "/home/me")
+    'flax/linen/module.py'
+    """
     try:
         rel = os.path.relpath(filename, cwd)
     except ValueError:
-        return filename
-    return filename if rel.startswith("..") else rel
+        rel = ".."
+    if not rel.startswith(".."):
+        return rel
+    for marker in _INSTALLED:
+        at = filename.rfind(marker)
+        if at >= 0:
+            return filename[at + len(marker) :]
+    found = _STDLIB.search(filename)
+    return filename[found.end() :] if found else filename
+
+
+_INSTALLED = (f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.sep}")
+_STDLIB = re.compile(rf"{re.escape(os.sep)}lib{re.escape(os.sep)}python\d+\.\d+t?{re.escape(os.sep)}")

@@ -17,6 +17,7 @@ import numpy as np
 
 from . import _jax_compat as jc
 from ._heap import without_gc
+from ._intern import intern_bodies
 from ._jaxpr import (
     aval_dtype,
     aval_shape,
@@ -26,11 +27,10 @@ from ._jaxpr import (
     open_jaxpr,
     sub_jaxprs,
 )
+from ._source import Origin, SourceFinder, module_path, user_location
 from .errors import TargetError, UsageError, first_line
 from .policies import is_te_gemm, is_te_standin
-from ._intern import intern_bodies
-from ._source import Origin, SourceFinder, module_path, user_location
-from .report import Equation
+from .records import Equation
 
 
 @dataclasses.dataclass(slots=True)
@@ -77,22 +77,33 @@ def id_key(eid: str) -> tuple[tuple[int, str], ...]:
 
 @dataclasses.dataclass(frozen=True)
 class Traced:
-    """One trace of the user's function; every policy is analysed from it."""
+    """One trace of the user's function; every policy is analysed from it. `segments` holds the
+    jit calls of the work no policy touches (`_apply`), built once and shared by every policy."""
 
     jaxpr: Any  # ClosedJaxpr, tagged
     avals: tuple[jax.ShapeDtypeStruct, ...]  # the array inputs, flattened
     arg_names: tuple[str, ...]
     rows: Rows
     target: str
-    memo: dict[Any, Any] = dataclasses.field(default_factory=dict, compare=False, repr=False)  # analyses share
+    segments: dict[tuple[int, ...], Any] = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     @property
     def has_remat(self) -> bool:
         """A checkpoint anywhere in the function, custom_vjp forward rules included."""
         return self.rows.has_remat
 
+    @property
+    def forward_flops(self) -> int:
+        """FLOPs of one forward pass: every equation, times how often it runs."""
+        return sum(e.flops * e.multiplicity for e in self.rows.equations())
 
-def _is_array_leaf(x: Any) -> bool:
+    @property
+    def arguments(self) -> tuple[str, ...]:
+        """"path: dtype[shape]" of each array input, as a report lists them."""
+        return tuple(f"{n}: {a.dtype}{list(a.shape)}" for n, a in zip(self.arg_names, self.avals, strict=True))
+
+
+def is_array_leaf(x: Any) -> bool:
     return isinstance(x, jax.ShapeDtypeStruct | jax.Array | np.ndarray | np.generic)
 
 
@@ -111,7 +122,7 @@ def trace(fn: Callable[..., Any], args: tuple[Any, ...], target: str = "") -> Tr
     ['sin', 'reduce_sum']
     """
     leaves_with_path, treedef = jax.tree_util.tree_flatten_with_path(args)
-    dynamic = [i for i, (_, leaf) in enumerate(leaves_with_path) if _is_array_leaf(leaf)]
+    dynamic = [i for i, (_, leaf) in enumerate(leaves_with_path) if is_array_leaf(leaf)]
     leaves = [leaf for _, leaf in leaves_with_path]
     for _, leaf in leaves_with_path:
         if isinstance(leaf, jax.core.Tracer):

@@ -1,20 +1,23 @@
-"""Warnings for policies that silently do nothing, or not what their name promises."""
+"""Warnings for policies that silently do nothing, or not what their name promises: a step of the
+session, from one policy's result and the trace (and, for one warning, `nothing_saveable`'s)."""
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from ._analysis import analyse, row_policy, verdict_of
+from ._analysis import verdict_of
+from ._apply import row_policy
 from ._trace import Traced
-from .report import AuditWarning, WarningCode, Outcome, PolicyResult, Scope, Verdict
-from .specs import PolicySpec, SpecKind, resolve_policy
+from .records import AuditWarning, Outcome, PolicyResult, Scope, Verdict, WarningCode
+from .specs import AsIs, NoCheckpoint, PolicySpec
+
+NOTHING_SAVEABLE = "nothing_saveable"
 
 
 @functools.cache
@@ -30,42 +33,34 @@ def _signature(result: PolicyResult) -> list[tuple[Any, ...]]:
     )
 
 
-def add_warnings(
-    traced: Traced, specs: Sequence[PolicySpec], results: Sequence[PolicyResult], scope: Scope
-) -> list[PolicyResult]:
-    """Each result with its warnings attached."""
-    given = {(p.text, r.scope): r for p, r in zip(specs, results, strict=True)}
-    # kept with the trace: the next audit of it (one policy at a time, as a search does) reuses it
-    memo: dict[Scope, PolicyResult] = traced.memo.setdefault("nothing_saveable", {})
+def is_policy(spec: PolicySpec) -> bool:
+    """A policy of its own (not plain autodiff, not the model's own policies)."""
+    return not isinstance(spec, NoCheckpoint | AsIs)
 
-    def nothing_saveable(s: Scope) -> PolicyResult:
-        if ("nothing_saveable", s) in given:
-            return given["nothing_saveable", s]
-        if s not in memo:
-            memo[s] = analyse(traced, resolve_policy("nothing_saveable"), s)
-        return memo[s]
 
-    out = []
-    for spec, result in zip(specs, results, strict=True):
-        if result.error is not None:  # an empty row: nothing to compare or warn about
-            out.append(result)
-            continue
-        warnings = [*_spec_warnings(traced, spec, result)]
-        # Only a policy that saves nothing itself can match nothing_saveable, unless the latter
-        # was audited anyway: the extra analysis is spent only on likely cases.
-        saves = any(m.verdict in (Verdict.SAVE, Verdict.OFFLOAD) for m in result.marks)
-        audited = ("nothing_saveable", result.scope) in given
-        if spec.kind is SpecKind.POLICY and spec.text != "nothing_saveable" and (audited or not saves):
-            if _signature(nothing_saveable(result.scope)) == _signature(result):
-                warnings.append(AuditWarning(WarningCode.SAME_AS_NOTHING_SAVEABLE, spec.text))
-        out.append(dataclasses.replace(result, warnings=tuple(warnings)))
-    return out
+def warnings_for(
+    traced: Traced,
+    spec: PolicySpec,
+    result: PolicyResult,
+    nothing_saveable: Callable[[], PolicyResult | None],
+    audited_nothing: bool,
+) -> tuple[AuditWarning, ...]:
+    """The warnings of one policy's result. `nothing_saveable()` gives that policy's result on the
+    same trace and scope (None if JAX cannot differentiate under it); it is asked only for a
+    policy that saves nothing itself, unless `audited_nothing` says it is in the report anyway."""
+    warnings = _spec_warnings(traced, spec, result)
+    saves = any(m.verdict in (Verdict.SAVE, Verdict.OFFLOAD) for m in result.marks)
+    if is_policy(spec) and spec.text != NOTHING_SAVEABLE and (audited_nothing or not saves):
+        base = nothing_saveable()
+        if base is not None and base.error is None and _signature(base) == _signature(result):
+            warnings.append(AuditWarning(WarningCode.SAME_AS_NOTHING_SAVEABLE, spec.text))
+    return tuple(warnings)
 
 
 def _spec_warnings(traced: Traced, spec: PolicySpec, result: PolicyResult) -> list[AuditWarning]:
     warnings = []
     te_rows = [r for r in traced.rows.by_id.values() if r.equation.is_te_gemm]
-    if te_rows and spec.kind is not SpecKind.NONE:
+    if te_rows and not isinstance(spec, NoCheckpoint):
         recomputed = [r for r in te_rows if result.mark(r.equation.id).outcome is Outcome.RECOMPUTED]
         policies = {id(p): p for r in te_rows if (p := row_policy(r, spec, result.scope)) is not None}
         saves_dots = any(verdict_of(p, _probe_dot(), spec.text) is Verdict.SAVE for p in policies.values())
@@ -74,7 +69,7 @@ def _spec_warnings(traced: Traced, spec: PolicySpec, result: PolicyResult) -> li
             flops = sum(e.flops * e.multiplicity for e in totals)
             ids = tuple(e.id for e in totals)
             warnings.append(AuditWarning(WarningCode.TE_GEMMS_RECOMPUTED, spec.text, equations=ids, flops=flops))
-    if result.scope is Scope.INNER and spec.kind is SpecKind.POLICY and not traced.has_remat:
+    if result.scope is Scope.INNER and is_policy(spec) and not traced.has_remat:
         warnings.append(AuditWarning(WarningCode.INNER_SCOPE_WITHOUT_CHECKPOINTS, spec.text))
     used = set(traced.rows.names)
     for name in (*spec.names, *spec.offload_names):
@@ -91,9 +86,8 @@ def _spec_warnings(traced: Traced, spec: PolicySpec, result: PolicyResult) -> li
             )
     if spec.saves_everything_regardless:
         warnings.append(AuditWarning(WarningCode.SAVES_EVERYTHING, spec.text))
-    wants_offload = bool(spec.offload_names) or spec.text.startswith("offload_")
-    if wants_offload and result.totals.host_bytes == 0:
+    if spec.offloads and result.totals.host_bytes == 0:
         warnings.append(AuditWarning(WarningCode.OFFLOAD_MISSING, spec.text))
-    if spec.kind is SpecKind.POLICY and jax.config.values.get("jax_remat3"):
+    if is_policy(spec) and jax.config.values.get("jax_remat3"):
         warnings.append(AuditWarning(WarningCode.REMAT3, spec.text))
     return warnings

@@ -1,4 +1,5 @@
-"""`[tool.te-ckpt-audit]` in pyproject.toml: the targets `te-ckpt-audit check` audits.
+"""What to audit, parsed once where it comes in: a target and its inputs, `-D` defines, a mesh, and
+`[tool.te-ckpt-audit]` in pyproject.toml (the targets `te-ckpt-audit check` audits).
 
     [tool.te-ckpt-audit]
     baseline = "ckpt-baseline.json"   # optional: fail on growth beyond `tolerance` percent
@@ -23,19 +24,24 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import math
+import re
 import tomllib
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ._mesh import mesh_spec
+from ._textfile import read_text
 from .errors import UsageError
-from .gate import Budget, parse_size
-from .report import MeshSpec, Scope, ShardingSource
+from .records import Budget, MeshAxis, MeshSpec, Scope, ShardingSource
+from .sizes import parse_size, percent_limit
+
+Defines = Mapping[str, str]  # `-D key=value`: keyword parameters of the inputs callable, raw text
+MAX_DEFINE = 4096  # characters in one -D value: no size or flag is longer
 
 _TOP_KEYS = {"targets", "baseline", "tolerance"}
 _TARGET_KEYS = {"target", "inputs", "defines", "policies", "scope", "budget", "budgets", "max_recompute", "mesh",
                 "shardings"}
+_AXIS_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -45,7 +51,7 @@ class TargetConfig:
 
     target: str
     inputs: str | None = None
-    defines: tuple[str, ...] = ()  # "key=value"
+    defines: Defines = dataclasses.field(default_factory=dict)
     policies: tuple[str, ...] = ()  # empty: the default comparison set
     scope: Scope = Scope.AUTO
     budgets: tuple[Budget, ...] = ()
@@ -63,6 +69,84 @@ class Config:
     tolerance: float
 
 
+# --- targets, defines and meshes as typed on the command line ------------------------------------
+
+
+def split_target(text: str, what: str = "target") -> tuple[str, str]:
+    """`FILE.py:NAME` or `package.module:NAME` as (where, name).
+
+    >>> split_target("sample_models/gpt.py:loss")
+    ('sample_models/gpt.py', 'loss')
+    """
+    where, sep, attr = text.strip().rpartition(":")
+    if not text.strip():
+        raise UsageError(f"empty {what}", "give FILE.py:NAME or package.module:NAME")
+    if not sep or not where or not attr:
+        raise UsageError(
+            f"{what} {text!r} is not of the form FILE.py:NAME or package.module:NAME",
+            "e.g. sample_models/gpt.py:loss",
+        )
+    return where, attr
+
+
+def parse_defines(pairs: Sequence[str]) -> dict[str, str]:
+    """`-D key=value` strings as {key: raw value}; a malformed pair, an overlong value or a key
+    given twice is a UsageError (the last value silently winning would audit another model than
+    the one asked for).
+
+    >>> parse_defines(["seq=8", "batch = 2"])
+    {'seq': '8', 'batch': '2'}
+    """
+    out: dict[str, str] = {}
+    for pair in pairs:
+        key, eq, raw = pair.partition("=")
+        key = key.strip()
+        if not eq or not key:
+            raise UsageError(f"-D {pair[:80]!r} is not key=value", "e.g. -D seq=8192")
+        if len(raw) > MAX_DEFINE:
+            raise UsageError(f"-D {key}: the value is {len(raw)} characters long", f"at most {MAX_DEFINE}")
+        if key in out:
+            raise UsageError(f"-D {key} is given twice ({out[key]} and {raw.strip()})", "give each key once")
+        out[key] = raw.strip()
+    return out
+
+
+def parse_mesh(text: str) -> MeshSpec:
+    """`AXIS=SIZE[,AXIS=SIZE...]`: axis names are identifiers, each once; sizes are ints >= 1.
+
+    >>> str(parse_mesh("data=8, model=4"))
+    'data=8,model=4'
+    """
+    axes = []
+    for part in text.split(","):
+        name, eq, size = (s.strip() for s in part.partition("="))
+        if not eq or not name or not re.fullmatch(r"\+?\d{1,9}", size):
+            shown = part.strip()[:40]
+            raise UsageError(f"--mesh {text[:80]!r}: {shown!r} is not AXIS=SIZE", "e.g. --mesh data=8,model=4")
+        axes.append((name, int(size)))
+    return mesh_spec(axes, "--mesh")
+
+
+def mesh_spec(axes: Sequence[tuple[str, Any]] | Mapping[str, Any], what: str = "mesh") -> MeshSpec:
+    """A validated MeshSpec from (name, size) pairs or a table (`mesh = {data = 8, model = 4}`)."""
+    pairs = list(axes.items()) if isinstance(axes, Mapping) else list(axes)
+    if not pairs:
+        raise UsageError(f"{what} names no axes", "e.g. data=8,model=4")
+    seen: set[str] = set()
+    for name, size in pairs:
+        if not isinstance(name, str) or not _AXIS_NAME.fullmatch(name):
+            raise UsageError(f"{what}: axis name {name!r} is not an identifier", "e.g. data, model, fsdp")
+        if name in seen:
+            raise UsageError(f"{what}: axis {name!r} is given twice", "give each axis once")
+        seen.add(name)
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise UsageError(f"{what}: axis {name!r} has size {size!r}; a size is an int >= 1", f"e.g. {name}=8")
+    return MeshSpec(tuple(MeshAxis(n, s) for n, s in pairs))
+
+
+# --- [tool.te-ckpt-audit] --------------------------------------------------------------------------
+
+
 def _unknown(keys: set[str], allowed: set[str], where: str, path: Path) -> None:
     for key in sorted(keys - allowed):
         close = difflib.get_close_matches(key, sorted(allowed), n=1)
@@ -72,21 +156,27 @@ def _unknown(keys: set[str], allowed: set[str], where: str, path: Path) -> None:
 
 def _number(value: Any, key: str, where: str, path: Path) -> float:
     """A finite number >= 0: TOML's nan and inf would switch a gate off."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
-        raise UsageError(f"{path}: {where}.{key} must be a finite number >= 0, not {value!r}", f"e.g. {key} = 5.0")
-    return float(value)
+    try:
+        return percent_limit(value, key)
+    except UsageError:
+        raise UsageError(
+            f"{path}: {where}.{key} must be a finite number >= 0, not {value!r}", f"e.g. {key} = 5.0"
+        ) from None
 
 
 def load_config(path: str | Path = "pyproject.toml") -> Config:
     """Read and validate `[tool.te-ckpt-audit]`; every problem is a UsageError naming the key."""
     p = Path(path)
     try:
-        doc = tomllib.loads(p.read_text(encoding="utf-8"))
+        text = read_text(p, "config", "pass --config PATH to a pyproject.toml")
     except FileNotFoundError:
         raise UsageError(f"no config file {p}", "run in the project folder or pass --config PATH") from None
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise UsageError(f"{p} is not valid TOML: {exc}", "fix the file") from None
-    section = doc.get("tool", {}).get("te-ckpt-audit")
+    try:
+        doc = tomllib.loads(text)
+    except (tomllib.TOMLDecodeError, RecursionError) as exc:
+        raise UsageError(f"{p} is not valid TOML: {str(exc)[:200]}", "fix the file") from None
+    tool = doc.get("tool")
+    section = tool.get("te-ckpt-audit") if isinstance(tool, dict) else None
     if not isinstance(section, dict):
         raise UsageError(f"{p} has no [tool.te-ckpt-audit] section", "see the README's CI section for an example")
     _unknown(set(section), _TOP_KEYS, "[tool.te-ckpt-audit]", p)
@@ -95,8 +185,11 @@ def load_config(path: str | Path = "pyproject.toml") -> Config:
         raise UsageError(f"{p}: [tool.te-ckpt-audit] declares no targets", "add [[tool.te-ckpt-audit.targets]] tables")
     targets = tuple(_target(t, i, p) for i, t in enumerate(raw_targets))
     baseline = section.get("baseline")
-    if baseline is not None and not isinstance(baseline, str):
-        raise UsageError(f"{p}: baseline must be a path string", 'e.g. baseline = "ckpt-baseline.json"')
+    if baseline is not None and (not isinstance(baseline, str) or not baseline.strip()):
+        raise UsageError(
+            f"{p}: baseline must be a path, not {baseline!r}",
+            'e.g. baseline = "ckpt-baseline.json"; remove the key for no baseline',
+        )
     tolerance = _number(section.get("tolerance", 0.0), "tolerance", "[tool.te-ckpt-audit]", p)
     return Config(p, targets, (p.parent / baseline) if baseline else None, tolerance)
 
@@ -142,7 +235,7 @@ def _target(raw: Any, i: int, p: Path) -> TargetConfig:
     return TargetConfig(
         target=target,
         inputs=inputs,
-        defines=tuple(f"{k}={v}" for k, v in defines.items()),
+        defines=parse_defines([f"{k}={v}" for k, v in defines.items()]),
         policies=tuple(policies),
         scope=scope,
         budgets=tuple(budgets),

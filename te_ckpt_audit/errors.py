@@ -46,6 +46,26 @@ class TargetError(AuditError):
     exit_code = ExitCode.TARGET
 
 
+class PolicyError(TargetError):
+    """A policy callable of the user's raised, or answered something that is not a verdict. Exit 3:
+    it is the user's code, like the model's."""
+
+
+class DevicesUnavailable(UsageError):  # noqa: N818 (a UsageError, named for what happened)
+    """JAX's CPU backend started with fewer devices than a mesh needs. The command line answers by
+    running itself again with XLA's device-count flag; a library caller sets
+    `XLA_FLAGS=--xla_force_host_platform_device_count=N` before JAX starts its backend."""
+
+    def __init__(self, needed: int, found: int) -> None:
+        flag = "--xla_force_host_platform_device_count"
+        super().__init__(
+            f"the mesh needs {needed} devices, but JAX's CPU backend already started with {found}",
+            f"set XLA_FLAGS={flag}={needed} before JAX starts (before its first computation)",
+        )
+        self.needed = needed
+        self.found = found
+
+
 def first_line(exc: BaseException) -> str:
     """The first line of an exception's message, also for one whose __str__ raises."""
     try:

@@ -1,4 +1,10 @@
-"""Policy specs: the strings users type after ``--policy``, resolved to policy callables.
+"""Policy specs: the strings users type after ``--policy``, parsed once into a sum type.
+
+Each form is its own frozen record: `NoCheckpoint` (`none`), `AsIs` (`as-is`), `Preset` (a named
+policy), `NamePolicy` (`save_only_these_names:...` and its kin), `OffloadDots`
+(`offload_dot_with_no_batch_dims`), `SaveAndOffload` (`save_and_offload_only_these_names:...`),
+`Combined` (`A+B`) and `Custom` (`module:attr`, `file.py:attr`). `text` is the spec as given,
+which reports show; `canonical()` spells the record back as a spec that parses to an equal one.
 
     >>> from te_ckpt_audit.specs import resolve_policy
     >>> resolve_policy("save_only_these_names:ffn1,context").names
@@ -10,37 +16,211 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 
 from . import policies as te_policies
-from ._loading import import_attribute
 from .errors import PolicySpecError, UsageError
 
 _cp = jax.checkpoint_policies
 
-
-class SpecKind(enum.StrEnum):
-    NONE = "none"  # no checkpointing: plain autodiff
-    AS_IS = "as-is"  # the model's own checkpoint policies, unchanged
-    POLICY = "policy"
+Policy = Callable[..., Any]  # (prim, *avals, **params) -> bool | Saveable | Recompute | Offloadable
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class PolicySpec:
-    """A resolved spec. `names`/`offload_names`: the checkpoint names a name policy refers to."""
+    """A parsed spec. `policy` is the callable JAX is given (None for `none` and `as-is`)."""
 
     text: str
-    kind: SpecKind
-    policy: Callable[..., Any] | None = None
-    names: tuple[str, ...] = ()
-    offload_names: tuple[str, ...] = ()
-    saves_everything_regardless: bool = False  # jax's save_anything_except_these_names
+
+    @property
+    def policy(self) -> Policy | None:
+        return None
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Checkpoint names the spec keeps on the device (or, for a name rule, refers to)."""
+        return ()
+
+    @property
+    def offload_names(self) -> tuple[str, ...]:
+        """Checkpoint names the spec offloads to host memory."""
+        return ()
+
+    @property
+    def offloads(self) -> bool:
+        """Whether it asks for anything to be offloaded to host memory."""
+        return bool(self.offload_names)
+
+    @property
+    def saves_everything_regardless(self) -> bool:
+        """jax's save_anything_except_these_names, which ignores its names."""
+        return False
+
+    def canonical(self) -> str:
+        return self.text
 
 
-_SIMPLE: dict[str, tuple[Callable[..., Any], str]] = {
+@dataclasses.dataclass(frozen=True, slots=True)
+class NoCheckpoint(PolicySpec):
+    """`none`: no checkpointing at all, plain autodiff (the model's own checkpoints inlined)."""
+
+    text: str = "none"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AsIs(PolicySpec):
+    """`as-is`: the model's own checkpoint policies, unchanged."""
+
+    text: str = "as-is"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Preset(PolicySpec):
+    """A policy known by name: JAX's and the TE-aware ones."""
+
+    @property
+    def policy(self) -> Policy:
+        return _PRESETS[self.text][0]
+
+
+class NameRule(enum.StrEnum):
+    ONLY = "save_only_these_names"
+    ANY_BUT = "save_any_names_but_these"
+    ANYTHING_EXCEPT = "save_anything_except_these_names"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Made(PolicySpec):
+    """A spec whose policy callable is made once from its fields: JAX caches partial evaluation on
+    the policy object, so one spec keeps one."""
+
+    _policy: Policy = dataclasses.field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_policy", self._make())
+
+    def _make(self) -> Policy:
+        raise NotImplementedError
+
+    @property
+    def policy(self) -> Policy:
+        return self._policy
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NamePolicy(_Made):
+    """A rule over checkpoint names: save only these, every name but these, or jax's
+    save_anything_except_these_names."""
+
+    rule: NameRule = NameRule.ONLY
+    rule_names: tuple[str, ...] = ()
+
+    def _make(self) -> Policy:
+        factory: Callable[..., Policy] = getattr(_cp, self.rule.value)
+        return factory(*self.rule_names)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return self.rule_names
+
+    @property
+    def saves_everything_regardless(self) -> bool:
+        return self.rule is NameRule.ANYTHING_EXCEPT
+
+    def canonical(self) -> str:
+        return f"{self.rule.value}:{','.join(self.rule_names)}"
+
+
+# JAX offloads from device memory to pinned host memory (its remat knows no other pair): any other
+# pair either fails inside JAX or silently keeps the value on the device.
+OFFLOAD_SRC = "device"
+OFFLOAD_DST = "pinned_host"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class OffloadDots(_Made):
+    """`offload_dot_with_no_batch_dims`: dots without batch dimensions go to host memory."""
+
+    def _make(self) -> Policy:
+        return _cp.offload_dot_with_no_batch_dims(OFFLOAD_SRC, OFFLOAD_DST)
+
+    @property
+    def offloads(self) -> bool:
+        return True
+
+    def canonical(self) -> str:
+        return "offload_dot_with_no_batch_dims"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SaveAndOffload(_Made):
+    """`save_and_offload_only_these_names`: some names kept on the device, others offloaded."""
+
+    save: tuple[str, ...] = ()
+    offload: tuple[str, ...] = ()
+
+    def _make(self) -> Policy:
+        return _cp.save_and_offload_only_these_names(
+            names_which_can_be_saved=list(self.save),
+            names_which_can_be_offloaded=list(self.offload),
+            offload_src=OFFLOAD_SRC,
+            offload_dst=OFFLOAD_DST,
+        )
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return self.save
+
+    @property
+    def offload_names(self) -> tuple[str, ...]:
+        return self.offload
+
+    def canonical(self) -> str:
+        return f"save_and_offload_only_these_names:save={','.join(self.save)};offload={','.join(self.offload)}"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Combined(_Made):
+    """`A+B[+...]`: what any part saves is saved (JAX's save_from_both_policies), as one named,
+    frozen, hashable policy (`SaveFromBoth`) whose name is the whole spec."""
+
+    parts: tuple[PolicySpec, ...] = ()
+
+    def _make(self) -> Policy:
+        policy = self.parts[0].policy
+        assert policy is not None
+        for part in self.parts[1:]:
+            assert part.policy is not None
+            policy = te_policies.SaveFromBoth(self.text, policy, part.policy)
+        return policy
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(n for part in self.parts for n in part.names))
+
+    @property
+    def saves_everything_regardless(self) -> bool:
+        return any(part.saves_everything_regardless for part in self.parts)
+
+    def canonical(self) -> str:
+        return "+".join(part.canonical() for part in self.parts)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Custom(PolicySpec):
+    """A policy callable of the user's own, `module:attr` or `file.py:attr` (or given directly)."""
+
+    function: Policy | None = dataclasses.field(default=None, compare=False)
+
+    @property
+    def policy(self) -> Policy | None:
+        return self.function
+
+
+_PRESETS: dict[str, tuple[Policy, str]] = {
     "everything_saveable": (_cp.everything_saveable, "save every value (no recomputation)"),
     "nothing_saveable": (_cp.nothing_saveable, "save nothing but inputs; recompute everything"),
     "dots_saveable": (_cp.dots_saveable, "save dot and convolution outputs"),
@@ -84,31 +264,35 @@ _PARAMETRIC: dict[str, tuple[str, str]] = {
     ),
 }
 
-_SPECIAL = {
-    "none": "no checkpointing at all: plain autodiff",
-    "as-is": "the model's own checkpoint policies, unchanged",
+_SPECIAL: dict[str, tuple[type[PolicySpec], str]] = {
+    "none": (NoCheckpoint, "no checkpointing at all: plain autodiff"),
+    "as-is": (AsIs, "the model's own checkpoint policies, unchanged"),
 }
 
 
 def available_policies() -> list[tuple[str, str]]:
     """Every spec form understood, with a one-line description, in display order."""
-    rows = [(name, text) for name, text in _SPECIAL.items()]
-    rows += [(name, text) for name, (_, text) in _SIMPLE.items()]
+    rows = [(name, text) for name, (_, text) in _SPECIAL.items()]
+    rows += [(name, text) for name, (_, text) in _PRESETS.items()]
     rows += list(_PARAMETRIC.values())
     rows.append(("SPEC+SPEC[+SPEC...]", "save what any of them saves, e.g. save_only_these_names:a+checkpoint_dots"))
     rows.append(("module:attr | path/to/file.py:attr", "any policy callable of your own"))
     return rows
 
 
+def is_preset(name: str) -> bool:
+    return name in _PRESETS
+
+
 def resolve_policy(text: str) -> PolicySpec:
-    """Resolve one spec string; raises `PolicySpecError` with a suggestion when it does not."""
+    """Parse one spec string; raises `PolicySpecError` with a suggestion when it does not parse."""
     spec = text.strip()
     if not spec:
         raise PolicySpecError("empty policy spec", "name a policy; `te-ckpt-audit policies` lists them")
     if spec in _SPECIAL:
-        return PolicySpec(spec, SpecKind(spec))
-    if spec in _SIMPLE:
-        return PolicySpec(spec, SpecKind.POLICY, _SIMPLE[spec][0])
+        return _SPECIAL[spec][0](spec)
+    if spec in _PRESETS:
+        return Preset(spec)
     if "+" in spec:
         return _combined(spec)
     head, sep, rest = spec.partition(":")
@@ -116,14 +300,33 @@ def resolve_policy(text: str) -> PolicySpec:
         return _parametric(spec, head, rest)
     if sep and (head.endswith(".py") or "." in head or "/" in head or head.isidentifier()):
         return _custom(spec, head, rest)
-    raise PolicySpecError(f"unknown policy {spec!r}", _suggest(spec))
+    raise PolicySpecError(f"unknown policy {spec!r}", _list_hint(_close_to(spec)))
 
 
-def _suggest(spec: str) -> str:
-    known = list(_SPECIAL) + list(_SIMPLE) + list(_PARAMETRIC)
+def policy_spec(policy: str | PolicySpec | Policy) -> PolicySpec:
+    """A spec string parsed, a spec as it is, or a policy callable as a `Custom` spec named after it."""
+    if isinstance(policy, PolicySpec):
+        return policy
+    if isinstance(policy, str):
+        return resolve_policy(policy)
+    if callable(policy):
+        return Custom(getattr(policy, "__name__", repr(policy)), policy)
+    raise TypeError(f"a policy is a spec string or a callable, not {type(policy).__name__}")
+
+
+def policy_specs(policies: Sequence[str | PolicySpec | Policy]) -> tuple[PolicySpec, ...]:
+    return tuple(policy_spec(p) for p in policies)
+
+
+def _close_to(spec: str) -> str | None:
+    known = list(_SPECIAL) + list(_PRESETS) + list(_PARAMETRIC)
     close = difflib.get_close_matches(spec.partition(":")[0], known, n=1, cutoff=0.5)
+    return close[0] if close else None
+
+
+def _list_hint(close: str | None) -> str:
     if close:
-        return f"did you mean {close[0]!r}? `te-ckpt-audit policies` lists every spec"
+        return f"did you mean {close!r}? `te-ckpt-audit policies` lists every spec"
     return "`te-ckpt-audit policies` lists every spec"
 
 
@@ -150,25 +353,25 @@ def _keyvalues(spec: str, raw: str, allowed: set[str]) -> dict[str, str]:
     return out
 
 
-def _parametric(spec: str, head: str, rest: str) -> PolicySpec:
-    if head == "save_only_these_names":
-        names = _names(spec, rest)
-        return PolicySpec(spec, SpecKind.POLICY, _cp.save_only_these_names(*names), names)
-    if head == "save_any_names_but_these":
-        names = _names(spec, rest)
-        return PolicySpec(spec, SpecKind.POLICY, _cp.save_any_names_but_these(*names), names)
-    if head == "save_anything_except_these_names":
-        names = _names(spec, rest)
-        policy = _cp.save_anything_except_these_names(*names)
-        return PolicySpec(spec, SpecKind.POLICY, policy, names, saves_everything_regardless=True)
-    if head == "offload_dot_with_no_batch_dims":
-        kv = _keyvalues(spec, rest.replace(",", ";"), {"src", "dst"})
-        policy = _cp.offload_dot_with_no_batch_dims(
-            kv.get("src", "device"), kv.get("dst", "pinned_host")
+def _memory_kinds(spec: str, kv: dict[str, str]) -> None:
+    src, dst = kv.get("src", OFFLOAD_SRC), kv.get("dst", OFFLOAD_DST)
+    if (src, dst) != (OFFLOAD_SRC, OFFLOAD_DST):
+        raise PolicySpecError(
+            f"policy spec {spec!r}: JAX offloads from src={OFFLOAD_SRC} to dst={OFFLOAD_DST} only, "
+            f"not from src={src} to dst={dst}",
+            f"drop src= and dst=, or give src={OFFLOAD_SRC},dst={OFFLOAD_DST}",
         )
-        return PolicySpec(spec, SpecKind.POLICY, policy)
+
+
+def _parametric(spec: str, head: str, rest: str) -> PolicySpec:
+    if head in NameRule.__members__.values():
+        return NamePolicy(spec, NameRule(head), _names(spec, rest))
+    if head == "offload_dot_with_no_batch_dims":
+        _memory_kinds(spec, _keyvalues(spec, rest.replace(",", ";"), {"src", "dst"}))
+        return OffloadDots(spec)
     # save_and_offload_only_these_names
     kv = _keyvalues(spec, rest, {"save", "offload", "src", "dst"})
+    _memory_kinds(spec, kv)
     save = tuple(n for n in kv.get("save", "").split(",") if n)
     offload = tuple(n for n in kv.get("offload", "").split(",") if n)
     if not save and not offload:
@@ -182,48 +385,83 @@ def _parametric(spec: str, head: str, rest: str) -> PolicySpec:
             f"policy spec {spec!r} both saves and offloads {', '.join(both)}",
             "a name is either kept on the device (save=) or offloaded to host (offload=), not both",
         )
-    policy = _cp.save_and_offload_only_these_names(
-        names_which_can_be_saved=list(save),
-        names_which_can_be_offloaded=list(offload),
-        offload_src=kv.get("src", "device"),
-        offload_dst=kv.get("dst", "pinned_host"),
-    )
-    return PolicySpec(spec, SpecKind.POLICY, policy, save, offload)
-
-
-_NOT_COMBINABLE = ("none", "as-is", "offload_dot_with_no_batch_dims", "save_and_offload_only_these_names")
+    return SaveAndOffload(spec, save, offload)
 
 
 def _combined(spec: str) -> PolicySpec:
-    """`A+B[+...]`: what any part saves is saved (JAX's save_from_both_policies), as one named,
-    frozen, hashable policy (`SaveFromBoth`) whose name is the whole spec."""
-    parts = [resolve_policy(part) for part in spec.split("+")]
+    parts = tuple(resolve_policy(part) for part in spec.split("+"))
     for part in parts:
-        if part.kind is not SpecKind.POLICY or part.text.partition(":")[0] in _NOT_COMBINABLE:
+        if not isinstance(part, Preset | NamePolicy | Custom | Combined):
             raise PolicySpecError(
                 f"policy spec {spec!r}: {part.text!r} cannot be combined with '+'",
                 "'+' joins policies that answer save or recompute (names, dots, TE GEMMs), not offload ones",
             )
-    policy = parts[0].policy
-    assert policy is not None
-    for part in parts[1:]:
-        assert part.policy is not None
-        policy = te_policies.SaveFromBoth(spec, policy, part.policy)
-    names = tuple(dict.fromkeys(n for part in parts for n in part.names))
-    regardless = any(part.saves_everything_regardless for part in parts)
-    return PolicySpec(spec, SpecKind.POLICY, policy, names, saves_everything_regardless=regardless)
+    return Combined(spec, parts)
 
 
 def _custom(spec: str, where: str, attr: str) -> PolicySpec:
+    from ._loading import import_attribute  # the user's module: imported only for a custom spec
+
     try:
         policy = import_attribute(where, attr)
     except UsageError as err:
-        suggestion = _suggest(spec)
-        hint = suggestion if "did you mean" in suggestion else err.hint
+        close = _close_to(spec)
+        hint = _list_hint(close) if close else err.hint
         raise PolicySpecError(f"custom policy {spec!r} does not resolve: {err.message}", hint) from err
     if not callable(policy):
         raise PolicySpecError(
             f"custom policy {spec!r} is a {type(policy).__name__}, not a callable",
             "a policy is a function (prim, *avals, **params) -> bool",
         )
-    return PolicySpec(spec, SpecKind.POLICY, policy)
+    return Custom(spec, policy)
+
+
+def names_spec(saved: Sequence[str] = (), offloaded: Sequence[str] = (), base: str | None = None) -> PolicySpec:
+    """The spec that keeps `saved` names on the device (with a preset `base`), or offloads
+    `offloaded` ones: what `recommend` searches over. Spelled canonically.
+
+    >>> names_spec(["ffn1", "context"], base="checkpoint_dots").text
+    'save_only_these_names:ffn1,context+checkpoint_dots'
+    """
+    if offloaded:
+        if base is not None:
+            raise ValueError("an offload policy cannot be combined with a preset")
+        spec: PolicySpec = SaveAndOffload("", tuple(saved), tuple(offloaded))
+    elif saved:
+        names = NamePolicy("", NameRule.ONLY, tuple(saved))
+        spec = names if base is None else Combined("", (names, Preset(base)))
+    else:
+        spec = Preset(base or "nothing_saveable")
+    return _respelled(spec)
+
+
+def _respelled(spec: PolicySpec) -> PolicySpec:
+    """`spec` with its text set to its canonical spelling (parts too)."""
+    if isinstance(spec, Combined):
+        parts = tuple(_respelled(p) for p in spec.parts)
+        return Combined("+".join(p.text for p in parts), parts)
+    return dataclasses.replace(spec, text=spec.canonical())
+
+
+def spellable(name: str) -> bool:
+    """Whether a checkpoint name survives every spec `recommend` writes it into: parsing the
+    spelled spec gives back exactly this name (a name with `,` `;` `|` `+` `=`, spaces around it,
+    or none at all does not)."""
+    forms = [names_spec([name]), names_spec([name], base="checkpoint_dots"), names_spec(offloaded=[name]),
+             names_spec([name], ["x" if name != "x" else "y"])]
+    for spec in forms:
+        try:
+            again = resolve_policy(spec.text)
+        except UsageError:
+            return False
+        if _shape(again) != _shape(spec):
+            return False
+    return True
+
+
+def _shape(spec: PolicySpec) -> Any:
+    """What a spec means, its spelling left out: equal for a spec and its parse."""
+    if isinstance(spec, Combined):
+        return ("+", tuple(_shape(p) for p in spec.parts))
+    return (type(spec).__name__, spec.canonical() if isinstance(spec, Preset) else None, spec.names,
+            spec.offload_names)

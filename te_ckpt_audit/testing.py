@@ -12,10 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ._api import audit
-from .gate import parse_size
+from ._session import Session
+from .records import PolicyResult, ResidualKind, Scope
 from .render import format_bytes
-from .report import PolicyResult, ResidualKind, Scope
+from .sizes import parse_size
+from .specs import policy_spec
 
 __all__ = ["assert_activation_budget"]
 
@@ -31,7 +32,8 @@ def assert_activation_budget(
     """Fail with the largest residuals listed when `policy` keeps more activation bytes than
     `budget` ("6GiB", "512MB" or a byte count). Returns the PolicyResult when within budget."""
     limit = parse_size(budget)
-    result = audit(fn, *args, policies=[policy], scope=scope).results[0]
+    spec = policy_spec(policy)
+    result = Session.of_function(fn, *args, scope=Scope(scope)).report([spec]).results[0]
     used = result.totals.activation_bytes
     if used <= limit:
         return result

@@ -52,6 +52,15 @@ static size_t total_mem(void) {
   return (size_t)(v ? atof(v) : 80.0) * ((size_t)1 << 30);
 }
 
+/* Provenance: te-ckpt-audit asks the driver loaded in its process what it emulates, never the
+ * environment, so a report names an emulated device only where this driver really answered. */
+int te_ckpt_audit_emulated_gpu(char *out, int len) {
+  if (!out || len <= 0) return -1;
+  snprintf(out, (size_t)len, "sm_%d%d, %d SMs, %g GiB", cc_major(), cc_minor(), sm_count(),
+           (double)total_mem() / (double)((size_t)1 << 30));
+  return 0;
+}
+
 /* --- what a tracing process may ask ------------------------------------------------------- */
 
 CUresult cuInit(unsigned int flags) { (void)flags; return CUDA_SUCCESS; }

@@ -8,8 +8,8 @@ PY="$(bash te_cpu/setup.sh | tail -n 1)"
 # One CPU device: the emulated driver is one GPU, and TE asks it about every local jax device
 # (tests/conftest.py otherwise gives the mesh tests eight, and TE fails on "invalid CUDA device ID").
 export XLA_FLAGS="${XLA_FLAGS:-} --xla_force_host_platform_device_count=1"
-"$PY" -m te_ckpt_audit.emulation --gpu "${TE_CKPT_AUDIT_GPU:-9.0:132}" -- \
+"$PY" -m te_ckpt_audit_cli.emulate --gpu "${TE_CKPT_AUDIT_GPU:-9.0:132}" -- \
   "$PY" -m pytest -m te tests/test_real_te.py "$@"
 # MXFP8 needs compute capability >= 9.9: the same file again on an emulated B200, for that test.
-"$PY" -m te_ckpt_audit.emulation --gpu 10.0:148 -- \
+"$PY" -m te_ckpt_audit_cli.emulate --gpu 10.0:148 -- \
   "$PY" -m pytest -m te tests/test_real_te.py -k mxfp8 "$@"

@@ -28,7 +28,7 @@ from jax.ad_checkpoint import checkpoint_name
 from te_ckpt_audit import ResidualKind, audit
 from te_ckpt_audit._jax_compat import saved_residuals
 from te_ckpt_audit.errors import TargetError
-from te_ckpt_audit.specs import SpecKind, resolve_policy
+from te_ckpt_audit.specs import AsIs, NoCheckpoint, resolve_policy
 
 B, D, L, K = 2, 4, 3, 2  # K weight matrices per layer
 NAMES = ("a", "b", "c")
@@ -388,9 +388,9 @@ def arguments(prog: Program) -> tuple[Any, ...]:
 def reference(prog: Program, spec_text: str) -> Callable[..., jax.Array]:
     """The function whose `saved_residuals` are the truth for `spec_text` under scope auto."""
     spec = resolve_policy(spec_text)
-    if spec.kind is SpecKind.AS_IS:
+    if isinstance(spec, AsIs):
         return build(prog, "as-is")
-    if spec.kind is SpecKind.NONE:
+    if isinstance(spec, NoCheckpoint):
         return build(prog, "none")
     if prog.has_remat:  # auto scope: every checkpoint of the program gets the policy
         return build(prog, spec.policy)

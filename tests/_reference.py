@@ -12,7 +12,7 @@ import jax
 import numpy as np
 
 from te_ckpt_audit._jax_compat import saved_residuals
-from te_ckpt_audit.specs import SpecKind, resolve_policy
+from te_ckpt_audit.specs import AsIs, resolve_policy
 
 INNER = {"gpt", "flax_model"}  # models with their own jax.checkpoint / nn.remat
 
@@ -69,7 +69,7 @@ def reference(model: str, spec_text: str, args: tuple[Any, ...]) -> Counter[tupl
     compile-time scalars, listed or not depending on how a Python number entered the trace)."""
     m = module(model)
     spec = resolve_policy(spec_text)
-    if spec.kind is SpecKind.AS_IS:
+    if isinstance(spec, AsIs):
         fn, dyn = bind_static(m.loss, args)
     elif model in INNER:
         fn, dyn = bind_static(m.make_loss(spec.policy), args)  # policy None: no remat at all

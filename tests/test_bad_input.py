@@ -24,14 +24,15 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import pytest
+from te_ckpt_audit_cli import files
+from test_cli import MODEL, PREFIX, cli
 
 # Modules, not their names: this file also runs against older trees, where a missing name fails
 # the cases that use it rather than the whole file.
-from te_ckpt_audit import AuditError, TargetConfig, _loading, audit, audit_target, check_target, gate
-from te_ckpt_audit.config import load_config
-from te_ckpt_audit.specs import resolve_policy
+from te_ckpt_audit import AuditError, TargetConfig, _loading, audit, audit_target, baselines, check_target, sizes
+from te_ckpt_audit.config import load_config, parse_defines
 from te_ckpt_audit.errors import ExitCode
-from test_cli import MODEL, PREFIX, cli
+from te_ckpt_audit.specs import resolve_policy
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -188,7 +189,7 @@ AUDIT_CASES = [
     case(
         "policy-raises",
         "model.py:loss -p model.py:bad_policy",
-        USAGE,
+        TARGET,
         "bad_policy",
         model="def bad_policy(prim, *avals, **params):\n    raise ValueError('boom')\n",
     ),
@@ -365,13 +366,13 @@ QUIT = {"quit.py": EXIT_AT_IMPORT.format(0)}
 
 # id, files to write first, the call, exit code, in the message
 LIBRARY_CASES: list[tuple[str, dict[str, str], Callable[[], Any], int, str]] = [
-    ("lib-size-nan", {}, lambda: gate.parse_size("nan"), USAGE, "not a size"),
-    ("lib-size-overflow", {}, lambda: gate.parse_size("9" * 400), USAGE, "too large"),
-    ("lib-size-negative-int", {}, lambda: gate.parse_size(-1), USAGE, "negative size"),
-    ("lib-budget-no-policy", {}, lambda: gate.parse_budget("=1MiB"), USAGE, "names no policy"),
-    ("lib-percent-nan", {}, lambda: gate.check_percent(math.nan, "tolerance"), USAGE, "finite number >= 0"),
-    ("lib-percent-inf", {}, lambda: gate.check_percent(math.inf, "tolerance"), USAGE, "finite number >= 0"),
-    ("lib-percent-bool", {}, lambda: gate.check_percent(True, "tolerance"), USAGE, "finite number >= 0"),
+    ("lib-size-nan", {}, lambda: sizes.parse_size("nan"), USAGE, "not a size"),
+    ("lib-size-overflow", {}, lambda: sizes.parse_size("9" * 400), USAGE, "too large"),
+    ("lib-size-negative-int", {}, lambda: sizes.parse_size(-1), USAGE, "negative size"),
+    ("lib-budget-no-policy", {}, lambda: sizes.parse_budget("=1MiB"), USAGE, "names no policy"),
+    ("lib-percent-nan", {}, lambda: sizes.percent_limit(math.nan, "tolerance"), USAGE, "finite number >= 0"),
+    ("lib-percent-inf", {}, lambda: sizes.percent_limit(math.inf, "tolerance"), USAGE, "finite number >= 0"),
+    ("lib-percent-bool", {}, lambda: sizes.percent_limit(True, "tolerance"), USAGE, "finite number >= 0"),
     (
         "lib-offload-conflict",
         {},
@@ -380,12 +381,12 @@ LIBRARY_CASES: list[tuple[str, dict[str, str], Callable[[], Any], int, str]] = [
         "both saves and offloads b",
     ),
     ("lib-not-python", {"data.txt": ""}, lambda: _loading.load_target("data.txt:loss"), USAGE, "not a .py file"),
-    ("lib-define-twice", {}, lambda: _loading.split_defines(["a=1", "a=1"]), USAGE, "given twice"),
-    ("lib-key-define-twice", {}, lambda: gate.audit_key("model.py:loss", defines=["n=1", "n=2"]), USAGE, "given twice"),
+    ("lib-define-twice", {}, lambda: parse_defines(["a=1", "a=1"]), USAGE, "given twice"),
+    ("lib-key-define-twice", {}, lambda: audit_target("model.py:loss", defines=["n=1", "n=2"]), USAGE, "given twice"),
     ("lib-config-inputs-int", {"c.toml": config(target="inputs = 7")}, lambda: load_config("c.toml"), USAGE, "inputs"),
     ("lib-config-tolerance-nan", {"c.toml": config("tolerance = nan")}, lambda: load_config("c.toml"), USAGE, "finite"),
-    ("lib-baseline-corrupt", {"b.json": "["}, lambda: gate.load_baseline("b.json"), USAGE, "not valid JSON"),
-    ("lib-write-a-folder", {}, lambda: gate.write_output(".", "x"), USAGE, "it is a folder"),
+    ("lib-baseline-corrupt", {"b.json": "["}, lambda: baselines.load_baseline("b.json"), USAGE, "not valid JSON"),
+    ("lib-write-a-folder", {}, lambda: files.write_output(".", "x"), USAGE, "it is a folder"),
     (  # exit 2 before the module runs, not the 3 of its sys.exit
         "lib-check-target-nan-first",
         QUIT,

@@ -13,10 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import te_ckpt_audit_cli.audit_cmd as audit_cmd
+from te_ckpt_audit_cli.app import app
+from te_ckpt_audit_cli.options import OutputFormat
 from typer.main import get_command
 from typer.testing import CliRunner, Result
 
-import te_ckpt_audit_cli.audit_cmd as audit_cmd
 from te_ckpt_audit import (
     AuditError,
     Outcome,
@@ -27,12 +29,9 @@ from te_ckpt_audit import (
     __version__,
     audit_target,
 )
-from te_ckpt_audit.render import render_json
-from te_ckpt_audit.specs import available_policies
-from te_ckpt_audit_cli.app import app
 from te_ckpt_audit.errors import ExitCode
-from te_ckpt_audit_cli.options import OutputFormat
-from te_ckpt_audit.render import TableView
+from te_ckpt_audit.render import TableView, render_json
+from te_ckpt_audit.specs import available_policies
 
 ROOT = Path(__file__).resolve().parent.parent
 PREFIX = "te-ckpt-audit: error: "
@@ -87,7 +86,7 @@ def test_an_unexpected_exception_is_an_internal_error(model: Path, monkeypatch: 
     def explode(*_: Any, **__: Any) -> None:
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(audit_cmd, "check_target", explode)
+    monkeypatch.setattr(audit_cmd, "audit_target", explode)
     result = cli("model.py:loss")
     assert result.exit_code == ExitCode.INTERNAL
     hint = "rerun with --debug and report the traceback"
@@ -107,7 +106,7 @@ def test_json_on_stdout_is_the_report_and_nothing_else(model: Path) -> None:
     model.write_text("print('hello from the model')\n" + MODEL)
     result = cli("model.py:loss", "--format", "json", "-p", "checkpoint_dots", "-D", "batch=2")
     assert result.exit_code == 0, result.stderr
-    expected = _doc(audit_target("model.py:loss", ["checkpoint_dots"], overrides=["batch=2"]))
+    expected = _doc(audit_target("model.py:loss", ["checkpoint_dots"], defines=["batch=2"]))
     assert json.loads(result.stdout) == expected
     assert "hello from the model" in result.stderr
 

@@ -21,7 +21,7 @@ def test_policy_order_by_activation_bytes_matches_compiled_temp_bytes() -> None:
     report = audit_target(
         "sample_models/gpt.py:loss",
         POLICIES,
-        overrides=["layers=4", "seq=64", "d_model=128", "d_ff=512"],
+        defines=["layers=4", "seq=64", "d_model=128", "d_ff=512"],
         compile=True,
     )
     estimate = [r.totals.activation_bytes for r in report.results]

@@ -9,7 +9,7 @@ import pytest
 
 from te_ckpt_audit.config import load_config
 from te_ckpt_audit.errors import UsageError
-from te_ckpt_audit.gate import Budget
+from te_ckpt_audit.records import Budget
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -39,7 +39,7 @@ def test_good_config(tmp_path) -> None:
     cfg = load_config(_write(tmp_path, GOOD))
     (t,) = cfg.targets
     assert cfg.baseline == tmp_path / "base.json" and cfg.tolerance == 2.5
-    assert t.defines == ("layers=4", "dtype=bfloat16")
+    assert t.defines == {"layers": "4", "dtype": "bfloat16"}
     assert t.budgets == (Budget(2**20), Budget(512 * 1024, "checkpoint_dots"))
     assert t.max_recompute == 50.0 and t.policies == ("checkpoint_dots",)
 

@@ -6,10 +6,9 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+from _reference import MODELS, module, nbytes, policies_for, reference
 
 from te_ckpt_audit import ResidualKind, audit_target
-
-from _reference import MODELS, module, nbytes, policies_for, reference
 
 _reports = {}
 

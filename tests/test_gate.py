@@ -8,22 +8,17 @@ import math
 import jax
 import jax.numpy as jnp
 import pytest
+from te_ckpt_audit_cli.files import save_baseline
 
 from te_ckpt_audit import audit
+from te_ckpt_audit.baselines import audit_key, load_baseline
 from te_ckpt_audit.errors import UsageError
+from te_ckpt_audit.gating import check
+from te_ckpt_audit.records import AuditKey, Budget, Change, Scope, schemas
 from te_ckpt_audit.render import violation_message
-from te_ckpt_audit.gate import (
-    BASELINE_SCHEMA,
-    AuditKey,
-    Budget,
-    Change,
-    audit_key,
-    check,
-    load_baseline,
-    parse_budget,
-    parse_size,
-    save_baseline,
-)
+from te_ckpt_audit.sizes import parse_budget, parse_size
+
+BASELINE_SCHEMA = schemas.BASELINE
 
 
 def _fn(x, w):
@@ -156,13 +151,11 @@ def test_non_finite_or_negative_limits_are_usage_errors(report, value: float) ->
 
 def test_audit_keys_are_canonical(tmp_path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
-    key = audit_key("m.py:loss", defines=["b=2", "a = 1"])
-    assert key == audit_key("./sub/../m.py:loss", defines=["a=1", "b=2"])
-    assert key == AuditKey(f"{tmp_path.as_posix()}/m.py:loss", None, (("a", "1"), ("b", "2")), "auto")
-    assert key != audit_key("m.py:loss", defines=["a=1"]) and key != audit_key("m.py:loss", scope="outer")
+    key = audit_key("m.py:loss", defines={"b": "2", "a": "1"})
+    assert key == audit_key("./sub/../m.py:loss", defines={"a": "1", "b": "2"})
+    assert key == AuditKey(f"{tmp_path.as_posix()}/m.py:loss", None, (("a", "1"), ("b", "2")), Scope.AUTO)
+    assert key != audit_key("m.py:loss", defines={"a": "1"}) and key != audit_key("m.py:loss", scope=Scope.OUTER)
     assert audit_key("pkg.mod:loss").target == "pkg.mod:loss"
-    with pytest.raises(UsageError, match="given twice"):
-        audit_key("m.py:loss", defines=["a=1", "a=2"])
 
 
 def test_baseline_round_trip_and_corruption(report, tmp_path) -> None:

@@ -10,8 +10,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from te_ckpt_audit import audit
-from te_ckpt_audit._api import audit_traced
+from te_ckpt_audit import Session, audit
 from te_ckpt_audit._trace import trace
 from te_ckpt_audit.errors import TargetError
 
@@ -56,14 +55,15 @@ def test_a_caller_who_turned_it_off_keeps_it_off(collector: None) -> None:
     assert not gc.isenabled()
 
 
-def test_the_warnings_baseline_is_analysed_once_per_trace(monkeypatch: pytest.MonkeyPatch) -> None:
-    import te_ckpt_audit._warnings as w
+def test_the_warnings_baseline_is_analysed_once_per_session(monkeypatch: pytest.MonkeyPatch) -> None:
+    import te_ckpt_audit._session as s
 
     calls: list[str] = []
-    real = w.analyse
-    monkeypatch.setattr(w, "analyse", lambda t, spec, s: calls.append(spec.text) or real(t, spec, s))
-    traced = trace(_seen([]), (X,))
-    for _ in range(3):  # a policy that saves nothing here: compared against nothing_saveable each time
-        (result,) = audit_traced(traced, ["checkpoint_dots"]).results
+    real = s.analyse_policy
+    monkeypatch.setattr(s, "analyse_policy", lambda t, spec, sc: calls.append(spec.text) or real(t, spec, sc))
+    session = Session(trace(_seen([]), (X,)))
+    policies = ["checkpoint_dots", "dots_saveable", "checkpoint_dots_and_te_gemms"]
+    for policy in policies:  # each saves nothing here: compared against nothing_saveable each time
+        (result,) = session.report([policy]).results
         assert [x.code.value for x in result.warnings] == ["same-as-nothing-saveable"]
-    assert calls == ["nothing_saveable"]
+    assert calls == [policies[0], "nothing_saveable", *policies[1:]]

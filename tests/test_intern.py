@@ -6,13 +6,13 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+from _reference import bind_static, module, saved_residuals
 
 from te_ckpt_audit import ResidualKind, audit_target
 from te_ckpt_audit import _jax_compat as jc
 from te_ckpt_audit._loading import load_inputs, load_target
 from te_ckpt_audit._trace import trace
-
-from _reference import bind_static, module, saved_residuals
+from te_ckpt_audit.config import parse_defines
 from te_ckpt_audit.specs import resolve_policy
 
 TARGET = "sample_models/flax_model.py:loss"
@@ -21,7 +21,7 @@ UNROLLED = ["layers=4", "scan=False"]
 
 def _traced():
     target = load_target(TARGET)
-    return trace(target.fn, load_inputs(target, overrides=UNROLLED).args, TARGET)
+    return trace(target.fn, load_inputs(target, defines=parse_defines(UNROLLED)).args, TARGET)
 
 
 def test_unrolled_blocks_share_one_body() -> None:
@@ -39,7 +39,7 @@ def test_shared_rows_count_every_layer_and_merge_module_paths() -> None:
 
 @pytest.mark.parametrize("policy", ["as-is", "none", "nothing_saveable", "checkpoint_dots", "everything_saveable"])
 def test_unrolled_residuals_equal_jax(policy: str) -> None:
-    report = audit_target(TARGET, [policy], overrides=UNROLLED)
+    report = audit_target(TARGET, [policy], defines=UNROLLED)
     m = module("flax_model")
     args = m.loss_inputs(layers=4, scan=False)
     spec = resolve_policy(policy)

@@ -8,6 +8,7 @@ import jax
 import pytest
 
 from te_ckpt_audit._loading import load_inputs, load_target
+from te_ckpt_audit.config import parse_defines
 from te_ckpt_audit.errors import TargetError, UsageError
 
 
@@ -67,7 +68,7 @@ def test_package_file_is_imported_under_its_dotted_name() -> None:
 def test_overrides_are_typed_by_defaults(tmp_path) -> None:
     path = _write(tmp_path, "model3.py", MODEL)
     target = load_target(f"{path}:loss")
-    inputs = load_inputs(target, overrides=["n=16", "scale=2", "dtype=bfloat16", "flag=True"])
+    inputs = load_inputs(target, defines=parse_defines(["n=16", "scale=2", "dtype=bfloat16", "flag=True"]))
     x, scale = inputs.args
     assert x.shape == (16,) and x.dtype == jax.numpy.bfloat16
     assert scale == 2.0 and isinstance(scale, float)
@@ -88,7 +89,7 @@ def test_bad_overrides(tmp_path, pairs, fragment) -> None:
     path = _write(tmp_path, "model4.py", MODEL)
     target = load_target(f"{path}:loss")
     with pytest.raises(UsageError, match=fragment):
-        load_inputs(target, overrides=pairs)
+        load_inputs(target, defines=parse_defines(pairs))
 
 
 def test_explicit_inputs_callable(tmp_path) -> None:

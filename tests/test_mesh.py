@@ -19,6 +19,7 @@ import jsonschema
 import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
+from te_ckpt_audit_cli.process import with_device_count
 
 from te_ckpt_audit import (
     MeshAxis,
@@ -32,18 +33,12 @@ from te_ckpt_audit import (
     parse_mesh,
 )
 from te_ckpt_audit._jax_compat import JAX_VERSION
-from te_ckpt_audit._mesh import (
-    MAX_DEVICES,
-    DevicesUnavailable,
-    build_mesh,
-    device_bytes,
-    provide_devices,
-    with_device_count,
-)
+from te_ckpt_audit._mesh import MAX_DEVICES, build_mesh, cpu_devices, device_bytes
 from te_ckpt_audit.config import load_config
-from te_ckpt_audit.render import violation_message
-from te_ckpt_audit.gate import Budget, check
-from te_ckpt_audit.render import JSON_SCHEMA, render_json
+from te_ckpt_audit.errors import DevicesUnavailable
+from te_ckpt_audit.gating import check
+from te_ckpt_audit.records import JSON_SCHEMA, Budget
+from te_ckpt_audit.render import render_json, violation_message
 
 ROOT = Path(__file__).resolve().parent.parent
 MEGATRON = str(ROOT / "sample_models" / "megatron_tp.py") + ":loss"
@@ -59,7 +54,7 @@ def megatron() -> dict[tuple[str, bool], object]:
 def _megatron(cache: dict, mesh: str, sp: bool, shardings: str = "compiled"):  # type: ignore[no-untyped-def]
     if (mesh, sp, shardings) not in cache:
         cache[(mesh, sp, shardings)] = audit_target(
-            MEGATRON, ["none"], mesh=mesh, overrides=[f"sp={sp}"], shardings=shardings
+            MEGATRON, ["none"], mesh=mesh, defines=[f"sp={sp}"], shardings=shardings
         )
     return cache[(mesh, sp, shardings)]
 
@@ -122,7 +117,7 @@ def test_abstract_mesh_with_sequence_parallelism_keeps_the_gathered_inputs(megat
 
 def test_abstract_mesh_has_no_device_cap() -> None:
     """8192 devices (twice the virtual-device cap): one sample per device, exactly the paper's."""
-    report = audit_target(MEGATRON, ["none"], mesh="data=1024,model=8", overrides=["batch=1024", "layers=1"],
+    report = audit_target(MEGATRON, ["none"], mesh="data=1024,model=8", defines=["batch=1024", "layers=1"],
                           shardings="abstract")
     assert report.mesh is not None and report.mesh.devices == 8192
     assert report.result("none").totals.activation_bytes_per_device == paper_bytes_per_layer(S, 1, H, A, 8, False)
@@ -285,7 +280,7 @@ def test_mesh_too_large() -> None:
 
 def test_too_few_devices_started() -> None:
     with pytest.raises(DevicesUnavailable, match="needs 16 devices, but JAX's CPU backend already started with 8"):
-        provide_devices(16)
+        cpu_devices(16)
 
 
 def test_device_count_flag() -> None:
@@ -343,7 +338,7 @@ def _cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     "args,code,named",
     [
         (["--mesh", "data=2,model"], 2, "--mesh 'data=2,model': 'model' is not AXIS=SIZE"),
-        (["--mesh", "data=64,model=128"], 2, "a mesh of 8192 devices is more than the 4096 virtual CPU devices"),
+        (["--mesh", "data=64,model=128"], 2, "a mesh of 8192 devices is more than the 2048 virtual CPU devices"),
         (["--mesh", "data=2,model=4", "-D", "axis=tensor"], 3, "Resource axis: tensor of P('tensor',) is not found"),
         (["--mesh", "data=2,model=4", "-D", "rows=6"], 2,
          "input args[0]: dimension 0 (size 6) is not divisible by mesh axis model=4"),
@@ -376,8 +371,8 @@ def test_cli_mesh_json(tmp_path: Path) -> None:
 def test_cli_runs_itself_again_when_jax_started_with_too_few_devices() -> None:
     code = (
         "import sys, jax; jax.devices();"
-        "from te_ckpt_audit._mesh import ensure_devices;"
-        "ensure_devices(16, [sys.executable, '-c', 'import jax; print(len(jax.devices(\"cpu\")))'])"
+        "from te_ckpt_audit_cli.process import provide_cpu_devices;"
+        "provide_cpu_devices(16, [sys.executable, '-c', 'import jax; print(len(jax.devices(\"cpu\")))'])"
     )
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)

@@ -9,10 +9,9 @@ from __future__ import annotations
 import os
 
 import pytest
+from _gen import ALL_FEATURES, SPECS, Block, Program, check, features, programs
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
-
-from _gen import ALL_FEATURES, SPECS, Block, Program, check, features, programs
 
 # CI runs 300 programs, two policies each; TE_CKPT_AUDIT_PROPERTY_EXAMPLES runs more (or fewer).
 EXAMPLES = int(os.environ.get("TE_CKPT_AUDIT_PROPERTY_EXAMPLES", "300"))

@@ -17,7 +17,7 @@ def gpt():
     return audit_target(
         "sample_models/gpt.py:loss",
         ["checkpoint_dots", "save_and_offload_only_these_names:save=context;offload=ffn1"],
-        overrides=[f"layers={LAYERS}"],
+        defines=[f"layers={LAYERS}"],
     )
 
 

@@ -28,7 +28,7 @@ except Exception as exc:  # TE absent, or present without a (real or emulated) C
 
 from te_ckpt_audit import Outcome, audit, audit_target, policies
 from te_ckpt_audit._jax_compat import saved_residuals
-from te_ckpt_audit.report import AuditReport
+from te_ckpt_audit.records import AuditReport
 
 pytestmark = [
     pytest.mark.te,
@@ -160,12 +160,12 @@ def test_residuals_equal_jax(case, policy: str) -> None:
 
 
 def test_our_policies_agree_with_tes_on_every_equation(case) -> None:
-    from te_ckpt_audit._api import audit_traced  # noqa: F401  (rows come from the same trace)
+    from te_ckpt_audit import Session  # noqa: F401  (rows come from the same trace)
     from te_ckpt_audit._trace import trace
 
     _, fn, args, _ = case
     traced = trace(fn, args)
-    audit_traced(traced, ["checkpoint_dots"])  # custom_vjp forward rules join the rows here
+    Session(traced).report(["checkpoint_dots"])  # custom_vjp forward rules join the rows here
     for row in traced.rows.by_id.values():
         eqn = row.eqn
         avals = [v.aval for v in eqn.invars]

@@ -15,22 +15,15 @@ import jax
 import pytest
 
 from sample_models import eight_names
+from te_ckpt_audit import Session
 from te_ckpt_audit._analysis import analyse
-from te_ckpt_audit._recommend import (
-    Candidate,
-    CandidateKind,
-    Recommendation,
-    pareto_frontier,
-    recommend,
-    spec_text,
-)
+from te_ckpt_audit._recommend import pareto_frontier, recommend, spec_text
 from te_ckpt_audit._trace import Traced, trace
 from te_ckpt_audit.errors import PolicySpecError, UsageError
 from te_ckpt_audit.policies import SaveFromBoth
-from te_ckpt_audit.render import format_bytes
-from te_ckpt_audit.render import maxtext_config, python_snippet, render_recommend_json
-from te_ckpt_audit.report import Scope
-from te_ckpt_audit.specs import PolicySpec, SpecKind, resolve_policy
+from te_ckpt_audit.records import Candidate, CandidateKind, Recommendation, Scope
+from te_ckpt_audit.render import format_bytes, maxtext_config, python_snippet, render_recommend_json
+from te_ckpt_audit.specs import Custom, NamePolicy, resolve_policy
 
 BYTES = {"layer0": 4 * 48 * 4, "layer1": 4 * 160 * 4, "layer2": 4 * 24 * 4, "layer3": 4 * 96 * 4}
 GEMM = {"layer0": 2 * 4 * 32 * 48, "layer1": 2 * 4 * 48 * 160, "layer2": 2 * 4 * 160 * 24, "layer3": 2 * 4 * 24 * 96}
@@ -45,12 +38,12 @@ def four() -> Traced:
 
 @functools.cache
 def exhaustive() -> Recommendation:
-    return recommend(four(), 10**12, exhaustive=True)
+    return recommend(Session(four()), 10**12, exhaustive=True)
 
 
 def test_winner_is_exact_on_structured_fields() -> None:
     # budget 3328 B: layer1+layer2 (2944 B) spares 61440+30720 FLOPs, more than any other subset that fits
-    rec = recommend(four(), 3328)
+    rec = recommend(Session(four()), 3328)
     win = rec.recommended
     assert win is not None
     assert win.policy == "save_only_these_names:layer1,layer2"
@@ -68,14 +61,14 @@ def test_same_optimum_as_exhaustive(budget: int) -> None:
     every = [c for c in exhaustive().evaluated if c.error is None]
     assert len(every) == len(set(c.policy for c in every)) >= 4 * 16
     best = min(c.recompute_flops for c in every if c.activation_bytes <= budget)
-    rec = recommend(four(), budget)
+    rec = recommend(Session(four()), budget)
     assert rec.recommended is not None
     assert rec.recommended.recompute_flops == best
     assert rec.recommended.activation_bytes <= budget
 
 
 def test_every_frontier_point_is_an_analysis() -> None:
-    rec = recommend(four(), 3328)
+    rec = recommend(Session(four()), 3328)
     assert rec.frontier == pareto_frontier(rec.evaluated)
     sizes = [c.activation_bytes for c in rec.frontier]
     flops = [c.recompute_flops for c in rec.frontier]
@@ -91,7 +84,7 @@ def test_every_frontier_point_is_an_analysis() -> None:
 def test_combined_spec_is_a_named_hashable_policy() -> None:
     text = "save_only_these_names:layer0,layer2+checkpoint_dots_and_te_gemms"
     spec = resolve_policy(text)
-    assert spec.kind is SpecKind.POLICY and spec.names == ("layer0", "layer2")
+    assert isinstance(spec.parts[0], NamePolicy) and spec.names == ("layer0", "layer2")
     assert isinstance(spec.policy, SaveFromBoth) and spec.policy.__name__ == text
     hash(spec.policy)
     assert spec_text("checkpoint_dots_and_te_gemms", ["layer0", "layer2"]) == text
@@ -112,18 +105,18 @@ def _run_snippet(snippet: str) -> object:
 
 @pytest.mark.parametrize("kind", list(CandidateKind))
 def test_snippet_builds_the_same_policy(kind: CandidateKind) -> None:
-    rec = recommend(four(), 1000, allow_offload=True)
+    rec = recommend(Session(four()), 1000, allow_offload=True)
     some = [c for c in rec.evaluated if c.kind is kind][:3]
     assert some
     for c in some:
         policy = _run_snippet(python_snippet(c))
-        again = analyse(four(), PolicySpec("snippet", SpecKind.POLICY, policy), Scope.AUTO)  # type: ignore[arg-type]
+        again = analyse(four(), Custom("snippet", policy), Scope.AUTO)  # type: ignore[arg-type]
         assert (again.totals.activation_bytes, again.totals.host_bytes, again.recompute_flops) == (
             c.activation_bytes, c.host_bytes, c.recompute_flops)
 
 
 def test_offload_moves_names_to_host() -> None:
-    rec = recommend(four(), 1000, allow_offload=True)
+    rec = recommend(Session(four()), 1000, allow_offload=True)
     win = rec.recommended
     assert win is not None and win.kind is CandidateKind.OFFLOAD
     # every name kept, on device or host: the recompute of saving all four names, nothing over 1000 B on device
@@ -131,7 +124,7 @@ def test_offload_moves_names_to_host() -> None:
     assert win.activation_bytes <= 1000
     assert win.activation_bytes + win.host_bytes == sum(BYTES.values())
     policy = _run_snippet(python_snippet(win))
-    again = analyse(four(), PolicySpec("snippet", SpecKind.POLICY, policy), Scope.AUTO)  # type: ignore[arg-type]
+    again = analyse(four(), Custom("snippet", policy), Scope.AUTO)  # type: ignore[arg-type]
     assert (again.totals.activation_bytes, again.totals.host_bytes) == (win.activation_bytes, win.host_bytes)
     config = maxtext_config(win, rec.names)
     assert config.splitlines()[0] == "remat_policy: 'custom'"
@@ -155,7 +148,7 @@ def test_nothing_fits_gives_the_closest() -> None:
     from sample_models import gpt
 
     traced = trace(gpt.loss, gpt.loss_inputs(layers=2, seq=8, d_model=32, d_ff=64, vocab=32), "gpt:loss")
-    rec = recommend(traced, 1, max_evals=6)
+    rec = recommend(Session(traced), 1, max_evals=6)
     assert rec.recommended is None and not rec.fits
     assert rec.closest is not None
     assert rec.closest.activation_bytes == min(c.activation_bytes for c in rec.evaluated)
@@ -166,21 +159,21 @@ def test_nothing_fits_gives_the_closest() -> None:
 @pytest.mark.parametrize("budget", [0, -5, math.nan, math.inf, -math.inf])
 def test_bad_budget(budget: float) -> None:
     with pytest.raises(UsageError, match="budget"):
-        recommend(four(), budget)
+        recommend(Session(four()), budget)
 
 
 def test_bad_max_evals_and_empty_space() -> None:
     with pytest.raises(UsageError, match="at least 1"):
-        recommend(four(), 1000, max_evals=0)
+        recommend(Session(four()), 1000, max_evals=0)
     plain = trace(lambda x: jax.numpy.sum(jax.numpy.sin(x)), (jax.ShapeDtypeStruct((4,), "float32"),), "plain")
     with pytest.raises(UsageError, match="no checkpoint names and no presets"):
-        recommend(plain, 1000, presets=())
+        recommend(Session(plain), 1000, presets=())
 
 
 def test_json_shape_strict_and_deterministic() -> None:
-    rec = recommend(four(), 3328)
+    rec = recommend(Session(four()), 3328)
     text = render_recommend_json(rec)
-    assert text == render_recommend_json(recommend(four(), 3328))
+    assert text == render_recommend_json(recommend(Session(four()), 3328))
     doc = json.loads(text, parse_constant=lambda c: pytest.fail(f"non-strict JSON constant {c}"))
     assert doc["schema"] == "te-ckpt-audit-recommend/1"
     assert doc["fits"] is True and doc["closest"] is None
@@ -198,10 +191,9 @@ def test_json_shape_strict_and_deterministic() -> None:
 
 from pathlib import Path  # noqa: E402
 
-from typer.testing import CliRunner, Result  # noqa: E402
-
 from te_ckpt_audit_cli.app import app  # noqa: E402
 from te_ckpt_audit_cli.recommend_cmd import RecommendFormat, renderer  # noqa: E402
+from typer.testing import CliRunner, Result  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 EIGHT = str(ROOT / "sample_models" / "eight_names.py") + ":loss"

@@ -10,12 +10,11 @@ import re
 import pytest
 
 from sample_models import eight_names, te_transformer
-from te_ckpt_audit import AuditReport, audit
-from te_ckpt_audit._recommend import Recommendation, recommend
+from te_ckpt_audit import AuditReport, Recommendation, Session, audit, recommend
 from te_ckpt_audit._trace import trace
-from te_ckpt_audit.render import format_bytes
-from te_ckpt_audit.render import COLOURS, PRODUCER_WORDS, render_audit_html, render_recommend_html
-from te_ckpt_audit.report import Category
+from te_ckpt_audit.records import Category
+from te_ckpt_audit.render import format_bytes, render_audit_html, render_recommend_html
+from te_ckpt_audit.render.html import COLOURS, PRODUCER_WORDS
 
 VOID = {"meta", "br", "line", "rect", "circle", "polygon", "path", "img", "hr", "input", "link"}
 
@@ -27,7 +26,7 @@ def audit_report() -> AuditReport:
 
 @functools.cache
 def recommendation() -> Recommendation:
-    return recommend(trace(eight_names.loss, eight_names.loss_inputs(layers=4), "eight_names:loss"), 3328)
+    return recommend(Session(trace(eight_names.loss, eight_names.loss_inputs(layers=4), "eight_names:loss")), 3328)
 
 
 class _Structure(html.parser.HTMLParser):

@@ -11,6 +11,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import pytest
+from test_programs import assert_exact, ours, truth
 
 from te_ckpt_audit import _jax_compat as jc
 from te_ckpt_audit import audit
@@ -18,9 +19,8 @@ from te_ckpt_audit._apply import KEEP, swap_policies
 from te_ckpt_audit._jaxpr import map_sub_jaxprs
 from te_ckpt_audit._loading import load_inputs, load_target
 from te_ckpt_audit._trace import trace
+from te_ckpt_audit.config import parse_defines
 from te_ckpt_audit.specs import resolve_policy
-
-from test_programs import assert_exact, ours, truth
 
 SDS = jax.ShapeDtypeStruct
 TARGET = "sample_models/flax_model.py:loss"
@@ -29,7 +29,7 @@ NOTHING = jax.checkpoint_policies.nothing_saveable
 
 def _unrolled() -> Any:
     target = load_target(TARGET)
-    return trace(target.fn, load_inputs(target, overrides=["layers=4", "scan=False"]).args, TARGET)
+    return trace(target.fn, load_inputs(target, defines=parse_defines(["layers=4", "scan=False"])).args, TARGET)
 
 
 def _policy(spec: str) -> Any:
@@ -86,8 +86,8 @@ ARGS = (SDS((8, 8), jnp.float32), SDS((4, 8), jnp.float32))
 
 def test_work_around_the_checkpoints_is_one_jit_per_run_shared_by_every_policy() -> None:
     traced = trace(_wrapped(NOTHING), ARGS)
-    first = swap_policies(traced.jaxpr.jaxpr, NOTHING, traced.memo)
-    second = swap_policies(traced.jaxpr.jaxpr, jax.checkpoint_policies.everything_saveable, traced.memo)
+    first = swap_policies(traced.jaxpr.jaxpr, NOTHING, traced.segments)
+    second = swap_policies(traced.jaxpr.jaxpr, jax.checkpoint_policies.everything_saveable, traced.segments)
     segments = [e for e in _jits(first) if not any(i.primitive is jc.remat_p for i in e.params["jaxpr"].eqns)]
     assert len(segments) == 3  # before, between and after the two checkpoints
     assert [id(e) for e in segments] == [id(e) for e in _jits(second)]
@@ -108,7 +108,7 @@ def test_an_equation_with_effects_stays_outside_the_segments() -> None:
         return jnp.sum(jax.checkpoint(lambda y: jnp.cos(y @ w))(h) ** 2)
 
     traced = trace(f, ARGS)
-    swapped = swap_policies(traced.jaxpr.jaxpr, NOTHING, traced.memo)
+    swapped = swap_policies(traced.jaxpr.jaxpr, NOTHING, traced.segments)
     assert any(e.effects for e in swapped.eqns)
     assert not any(e.effects for j in _jits(swapped) for e in j.params["jaxpr"].eqns)
 

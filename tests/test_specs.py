@@ -7,7 +7,7 @@ import pytest
 
 from te_ckpt_audit import policies
 from te_ckpt_audit.errors import PolicySpecError
-from te_ckpt_audit.specs import SpecKind, available_policies, resolve_policy
+from te_ckpt_audit.specs import AsIs, Custom, NoCheckpoint, Preset, available_policies, resolve_policy
 
 cp = jax.checkpoint_policies
 
@@ -22,7 +22,7 @@ cp = jax.checkpoint_policies
 )
 def test_every_plain_jax_policy_resolves_by_name(name: str) -> None:
     spec = resolve_policy(name)
-    assert spec.kind is SpecKind.POLICY and spec.policy is getattr(cp, name)
+    assert isinstance(spec, Preset) and spec.policy is getattr(cp, name)
 
 
 def test_te_aware_policies_resolve_to_ours() -> None:
@@ -35,8 +35,8 @@ def test_te_aware_policies_resolve_to_ours() -> None:
 
 
 def test_special_specs() -> None:
-    assert resolve_policy("none").kind is SpecKind.NONE
-    assert resolve_policy("as-is").kind is SpecKind.AS_IS
+    assert isinstance(resolve_policy("none"), NoCheckpoint)
+    assert isinstance(resolve_policy("as-is"), AsIs)
 
 
 def test_parametric_specs() -> None:
@@ -79,7 +79,7 @@ def test_custom_policy_from_file(tmp_path) -> None:
     f = tmp_path / "my_policy.py"
     f.write_text("def save_all(prim, *avals, **params):\n    return True\nnot_callable = 3\n")
     spec = resolve_policy(f"{f}:save_all")
-    assert spec.kind is SpecKind.POLICY and spec.policy(jax.lax.sin_p) is True
+    assert isinstance(spec, Custom) and spec.policy(jax.lax.sin_p) is True
     with pytest.raises(PolicySpecError, match="not a callable"):
         resolve_policy(f"{f}:not_callable")
     with pytest.raises(PolicySpecError, match="no attribute"):

@@ -1,171 +1,52 @@
-"""Renderers: pure functions from the records (`AuditReport`, check results, a `Recommendation`)
-to text, one module per format: `terminal` (Rich tables), `json_doc` (JSON and its schema),
-`markdown`, `check` (the gate's summary in every format, GitHub annotations included), `html`
-(one self-contained page), `plot` (the frontier, in Unicode and SVG) and `recommend`; `_common`
-holds what they share. The CLI only picks one."""
+"""Renderers: pure functions from records to text, one module per format. They import the records
+(`te_ckpt_audit.records`) and nothing else of the library; the command line only picks one.
+
+- `terminal`: Rich tables (`render_table`, `render_check_table`)
+- `json_doc`: the audit's JSON (`render_json`)
+- `markdown`: a CI summary (`render_markdown`)
+- `check`: the gate's summary in every format, GitHub annotations included
+- `recommend`: the recommendation as text and JSON, with its Python and MaxText settings
+- `plot`, `html`: the frontier plot (Unicode and SVG), and one self-contained HTML page
+- `_common`: what they share (units, columns, hotspots, the words for warnings)
+"""
 
 from __future__ import annotations
 
-from ._common import (
-    format_bytes,
-    format_flops,
-    format_percent,
-    Column,
-    warning_message,
-    policy_errors,
-    COMPILED_HEADERS,
-    PER_DEVICE,
-    mesh_note,
-    shown_columns,
-    MESH_NOTE,
-    compiled_errors,
-    COLUMNS,
-    HotspotKey,
-    Hotspot,
-    hotspot_key,
-    hotspots,
-    HOTSPOT_TITLES,
-    MARK_SYMBOLS,
-    marks_by_equation,
-    EMULATED_NOTE,
-    STANDIN_NOTE,
-    COMPILED_NOTE,
-)
-from .json_doc import (
-    render_json,
-    JSON_SCHEMA,
-)
-from .markdown import (
-    md_row,
-    md_table,
-    render_markdown,
-)
-from .terminal import (
-    MARK_STYLES,
-    TE_STYLE,
-    MIN_TEXT_WIDTH,
-    MADE_BY_WIDTH,
-    TableView,
-    render_check_table,
-    render_table,
-)
+from ._common import format_bytes, format_flops, format_percent, hotspots, policy_errors, warning_message
 from .check import (
-    CHECK_SCHEMA,
-    Run,
-    violation_message,
-    summary_rows,
-    SUMMARY_HEADERS,
-    SUMMARY_NUMERIC,
-    render_check_markdown,
     render_audit_check_markdown,
-    github_annotation,
     render_check_github,
-    check_to_dict,
     render_check_json,
+    render_check_markdown,
+    violation_message,
 )
-from .recommend import (
-    MAXTEXT_KEYS,
-    TE_AWARE,
-    python_snippet,
-    maxtext_config,
-    render_recommend_json,
-    render_recommend_text,
-)
-from .plot import (
-    PlotPoint,
-    recommendation_points,
-    report_points,
-    render_plot,
-    render_frontier_plot,
-)
-from .html import (
-    MAX_EQUATIONS,
-    TOP_MODULES,
-    COLOURS,
-    PRODUCER_WORDS,
-    OUTCOME_CLASS,
-    OUTCOME_MARK,
-    STYLE,
-    frontier_svg,
-    producer_bars_svg,
-    modules_table,
-    top_residuals_table,
-    marks_table,
-    render_audit_html,
-    render_recommend_html,
-)
+from .html import render_audit_html, render_recommend_html
+from .json_doc import render_json
+from .markdown import render_markdown
+from .recommend import maxtext_config, python_snippet, render_recommend_json, render_recommend_text
+from .terminal import TableView, render_check_table, render_table
 
 __all__ = [
-    "CHECK_SCHEMA",
-    "COLOURS",
-    "COLUMNS",
-    "COMPILED_HEADERS",
-    "COMPILED_NOTE",
-    "Column",
-    "EMULATED_NOTE",
-    "HOTSPOT_TITLES",
-    "Hotspot",
-    "HotspotKey",
-    "JSON_SCHEMA",
-    "MADE_BY_WIDTH",
-    "MARK_STYLES",
-    "MARK_SYMBOLS",
-    "MAXTEXT_KEYS",
-    "MAX_EQUATIONS",
-    "MESH_NOTE",
-    "MIN_TEXT_WIDTH",
-    "OUTCOME_CLASS",
-    "OUTCOME_MARK",
-    "PER_DEVICE",
-    "PRODUCER_WORDS",
-    "PlotPoint",
-    "Run",
-    "STANDIN_NOTE",
-    "STYLE",
-    "SUMMARY_HEADERS",
-    "SUMMARY_NUMERIC",
-    "TE_AWARE",
-    "TE_STYLE",
-    "TOP_MODULES",
     "TableView",
-    "check_to_dict",
-    "compiled_errors",
     "format_bytes",
     "format_flops",
     "format_percent",
-    "frontier_svg",
-    "github_annotation",
-    "hotspot_key",
     "hotspots",
-    "marks_by_equation",
-    "marks_table",
     "maxtext_config",
-    "md_row",
-    "md_table",
-    "mesh_note",
-    "modules_table",
     "policy_errors",
-    "producer_bars_svg",
     "python_snippet",
-    "recommendation_points",
     "render_audit_check_markdown",
     "render_audit_html",
     "render_check_github",
     "render_check_json",
     "render_check_markdown",
     "render_check_table",
-    "render_frontier_plot",
     "render_json",
     "render_markdown",
-    "render_plot",
     "render_recommend_html",
     "render_recommend_json",
     "render_recommend_text",
     "render_table",
-    "report_points",
-    "shown_columns",
-    "summary_rows",
-    "top_residuals_table",
     "violation_message",
     "warning_message",
 ]

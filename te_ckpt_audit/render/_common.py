@@ -8,14 +8,15 @@ the words for warnings, so that the terminal, JSON, Markdown, GitHub and HTML sh
 from __future__ import annotations
 
 import dataclasses
-import enum
 from collections.abc import Callable, Iterator
 from typing import assert_never
 
-from ..report import (
+from ..records import (
     AuditReport,
     AuditWarning,
     Equation,
+    Hotspot,
+    HotspotKey,
     Outcome,
     PolicyResult,
     Residual,
@@ -189,32 +190,6 @@ COLUMNS: dict[str, Column] = {
 
 
 # --- hotspots: residual bytes grouped by module path or source line -----------------------------
-
-
-class HotspotKey(enum.StrEnum):
-    """What hotspots group residuals by (`--by`)."""
-
-    MODULE = "module"  # the module path from JAX's name stack (the layer), else the source line
-    LINE = "line"  # the innermost source line of the user's own code
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Hotspot:
-    """Activation and host bytes made at one module path or source line, per policy (in the
-    report's order)."""
-
-    where: str  # a module path, "file:line", or "(no module)" / "(no source)"
-    producers: tuple[str, ...]  # checkpoint names, else primitives, of the residuals made there
-    bytes_by_policy: tuple[int, ...]
-
-    @property
-    def most(self) -> int:
-        return max(self.bytes_by_policy)
-
-    @property
-    def kept_by(self) -> tuple[int, ...]:
-        """1-based numbers of the policies that keep anything made here."""
-        return tuple(i + 1 for i, b in enumerate(self.bytes_by_policy) if b)
 
 
 def _kept(report: AuditReport) -> Iterator[tuple[int, Residual]]:

@@ -6,16 +6,22 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
-from typing import Any, assert_never
+from typing import assert_never
 
-from ..gate import Change, CheckResult, Figure, Violation, gated_bytes
+from ..records import (
+    AuditReport,
+    Change,
+    CheckResult,
+    Figure,
+    PolicyResult,
+    ResidualKind,
+    Run,
+    SourceLocation,
+    Violation,
+    check_document,
+)
 from ._common import format_bytes, format_percent, warning_message
 from .markdown import md_table, render_markdown
-from ..report import AuditReport, ResidualKind, SourceLocation
-
-CHECK_SCHEMA = "te-ckpt-audit-check/2"  # /2: unbounded growth explicit; never a non-finite number
-
-Run = tuple[AuditReport, CheckResult]
 
 
 def violation_message(v: Violation) -> str:
@@ -75,9 +81,9 @@ def summary_rows(runs: Sequence[Run]) -> list[list[str]]:
 
 
 
-def _gated(r: Any) -> str:
+def _gated(r: PolicyResult) -> str:
     """The activation bytes the gate holds: "84 KiB/device" on a mesh."""
-    return format_bytes(gated_bytes(r)) + ("" if r.totals.activation_bytes_per_device is None else "/device")
+    return format_bytes(r.totals.gated_bytes) + ("" if r.totals.activation_bytes_per_device is None else "/device")
 
 
 SUMMARY_HEADERS = ["target", "policy", "activation", "recompute", "vs baseline", "status"]
@@ -151,45 +157,10 @@ def render_check_github(runs: Sequence[Run]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _violation_dict(v: Violation) -> dict[str, Any]:
-    """`value` is null, and `unbounded` true, for growth from a 0-byte baseline: JSON has no Infinity."""
-    finite = math.isfinite(v.value)
-    return {
-        "policy": v.policy,
-        "figure": v.figure.value,
-        "value": v.value if finite else None,
-        "unbounded": not finite,
-        "limit": v.limit,
-        "message": violation_message(v),
-    }
-
-
-def check_to_dict(runs: Sequence[Run]) -> dict[str, Any]:
-    return {
-        "schema": CHECK_SCHEMA,
-        "ok": all(result.ok for _, result in runs),
-        "targets": [
-            {
-                "target": report.target,
-                "ok": result.ok,
-                "violations": [_violation_dict(v) for v in result.violations],
-                "changes": [
-                    {
-                        "policy": c.policy,
-                        "baseline_bytes": c.baseline_bytes,
-                        "bytes": c.bytes,
-                        "percent": c.percent,  # null: not in the baseline, or unbounded
-                        "unbounded": c.unbounded,
-                        "in_baseline": c.baseline_bytes is not None,
-                    }
-                    for c in result.changes
-                ],
-                "report": report.to_dict(),
-            }
-            for report, result in runs
-        ],
-    }
-
-
 def render_check_json(runs: Sequence[Run]) -> str:
-    return json.dumps(check_to_dict(runs), indent=2, allow_nan=False) + "\n"
+    """The check's JSON document, each violation with its words beside its fields."""
+    doc = check_document(runs)
+    for (_, result), target in zip(runs, doc["targets"], strict=True):
+        for v, v_doc in zip(result.violations, target["violations"], strict=True):
+            v_doc["message"] = violation_message(v)
+    return json.dumps(doc, indent=2, allow_nan=False) + "\n"

@@ -5,7 +5,7 @@ records. The page holds the frontier plot (activation bytes vs recompute FLOPs),
 by producer per policy as stacked bars, the largest residuals by module path, and the
 per-equation marks table.
 
-    >>> from te_ckpt_audit.report import AuditReport
+    >>> from te_ckpt_audit.records import AuditReport
     >>> page = render_audit_html(AuditReport("t", (), "0", "none", (), ()))
     >>> page.startswith("<!DOCTYPE html>") and "<script" not in page
     True
@@ -17,11 +17,10 @@ import html
 import math
 from collections.abc import Sequence
 
-from .._recommend import Recommendation
-from ._common import HOTSPOT_TITLES, HotspotKey, format_bytes, format_flops, format_percent, hotspots
+from ..records import AuditReport, Category, HotspotKey, Outcome, PolicyResult, Recommendation, ResidualKind
+from ._common import HOTSPOT_TITLES, format_bytes, format_flops, format_percent, hotspots
 from .plot import PlotPoint, recommendation_points, report_points
 from .recommend import maxtext_config, python_snippet
-from ..report import AuditReport, Category, Outcome, PolicyResult, ResidualKind
 
 MAX_EQUATIONS = 2000  # rows of the marks table; a note says how many more there are
 TOP_MODULES = 15

@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-
-from ..report import (
-    AuditReport,
-    TeKind,
-)
+from ..records import AuditReport, HotspotKey, TeKind
 from ._common import (
     COLUMNS,
     COMPILED_NOTE,
     EMULATED_NOTE,
     HOTSPOT_TITLES,
-    HotspotKey,
     PER_DEVICE,
     STANDIN_NOTE,
     compiled_errors,

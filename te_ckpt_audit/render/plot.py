@@ -11,9 +11,8 @@ import dataclasses
 import string
 from collections.abc import Sequence
 
-from .._recommend import PRESETS, Candidate, CandidateKind, Recommendation, pareto_frontier
+from ..records import PRESETS, AuditReport, CandidateKind, Recommendation
 from ._common import format_bytes, format_flops
-from ..report import AuditReport
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -40,15 +39,19 @@ def recommendation_points(rec: Recommendation) -> tuple[PlotPoint, ...]:
 def report_points(report: AuditReport) -> tuple[PlotPoint, ...]:
     """An audit's policies as points: each is labelled (they are what the user asked for)."""
     ok = [r for r in report.results if r.error is None]
-    as_candidates = [
-        Candidate(r.policy, CandidateKind.PRESET, None, (), (), r.totals.activation_bytes, r.totals.host_bytes,
-                  r.recompute_flops, r.forward_flops, True)
-        for r in ok
-    ]
-    front = {c.policy for c in pareto_frontier(as_candidates)}
+    # the frontier: no other policy keeps fewer bytes with less recompute (ties: fewer host bytes,
+    # then the spec), as `recommend` ranks its candidates
+    ranked = sorted(ok, key=lambda r: (r.totals.activation_bytes, r.recompute_flops, r.totals.host_bytes,
+                                       r.totals.activation_bytes, 0, r.policy))
+    front: set[str] = set()
+    best: int | None = None
+    for r in ranked:
+        if best is None or r.recompute_flops < best:
+            front.add(r.policy)
+            best = r.recompute_flops
     return tuple(
-        PlotPoint(c.policy, c.activation_bytes, c.recompute_flops, True, c.policy in front, False, True)
-        for c in as_candidates
+        PlotPoint(r.policy, r.totals.activation_bytes, r.recompute_flops, True, r.policy in front, False, True)
+        for r in ok
     )
 
 

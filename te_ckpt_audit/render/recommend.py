@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 
-from .._recommend import Candidate, CandidateKind, Recommendation, candidate_dict
+from ..records import Candidate, CandidateKind, Recommendation
 from ._common import format_bytes, format_flops
 from .plot import render_frontier_plot
 
@@ -98,7 +98,7 @@ def render_recommend_json(rec: Recommendation) -> str:
     shown = rec.recommended or rec.closest
     key = "recommended" if rec.recommended is not None else "closest"
     if shown is not None:
-        doc[key] = {**candidate_dict(shown), "python": python_snippet(shown),
+        doc[key] = {**shown.to_dict(), "python": python_snippet(shown),
                     "maxtext": maxtext_config(shown, rec.names)}
     return json.dumps(doc, indent=2, allow_nan=False) + "\n"
 

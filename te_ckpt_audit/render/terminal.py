@@ -18,20 +18,18 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from ..report import AuditReport, Outcome, TeKind
-from .check import SUMMARY_HEADERS, SUMMARY_NUMERIC, Run, summary_rows
+from ..records import AuditReport, HotspotKey, Outcome, Run, TeKind
 from ._common import (
     COLUMNS,
     COMPILED_HEADERS,
     COMPILED_NOTE,
     EMULATED_NOTE,
-    compiled_errors,
+    HOTSPOT_TITLES,
     MARK_SYMBOLS,
     STANDIN_NOTE,
+    compiled_errors,
     format_bytes,
     format_flops,
-    HOTSPOT_TITLES,
-    HotspotKey,
     hotspot_key,
     hotspots,
     marks_by_equation,
@@ -40,6 +38,7 @@ from ._common import (
     shown_columns,
     warning_message,
 )
+from .check import SUMMARY_HEADERS, SUMMARY_NUMERIC, summary_rows
 
 MARK_STYLES = {
     Outcome.SAVED: "green",

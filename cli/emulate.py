@@ -1,4 +1,4 @@
-"""Trace real Transformer Engine models on a machine without a GPU.
+"""Run a command on an emulated GPU, to trace real Transformer Engine models on a machine without one.
 
 TE's abstract evaluation asks the device questions while tracing (compute capability, SM count,
 the occupancy of an NVRTC-compiled kernel). `te_cpu/setup.sh` builds TE against the CUDA wheels
@@ -6,7 +6,7 @@ and compiles an emulated driver (`te_cpu/fakecuda.c`) that answers them as one d
 "no device" to everything else. This module runs a command with that driver preloaded, into that
 process only:
 
-    python -m te_ckpt_audit.emulation --gpu 9.0:132 -- pytest -m te
+    python -m te_ckpt_audit_cli.emulate --gpu 9.0:132 -- pytest -m te
     te-ckpt-audit --emulate-gpu 9.0:132 model.py:loss     # the CLI re-runs itself this way
 
 Which figures depend on the emulated device: what TE selects by compute capability (FP8 and
@@ -24,9 +24,9 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from .errors import UsageError
+from te_ckpt_audit import UsageError
 
-MARKER = "TE_CKPT_AUDIT_EMULATED"  # set inside an emulated process: what device it emulates
+EMULATING = "TE_CKPT_AUDIT_EMULATED"  # set in the process this runs: it must not run itself again
 FAKECUDA = "TE_CKPT_AUDIT_FAKECUDA"  # the emulated driver, if not beside the environment
 
 
@@ -52,9 +52,9 @@ def parse_gpu(text: str) -> Gpu:
     return Gpu(int(major), int(minor), int(sms or 132), float(mem or 80))
 
 
-def current() -> str | None:
-    """The device this process emulates, or None."""
-    return os.environ.get(MARKER) or None
+def emulating() -> bool:
+    """Whether this process was started on the emulated device (by `exec_emulated`)."""
+    return bool(os.environ.get(EMULATING))
 
 
 def find_fakecuda() -> Path:
@@ -93,7 +93,7 @@ def environment(gpu: Gpu, base: Mapping[str, str] | None = None) -> dict[str, st
             "TE_CKPT_AUDIT_GPU_CC": f"{gpu.major}.{gpu.minor}",
             "TE_CKPT_AUDIT_GPU_SMS": str(gpu.sms),
             "TE_CKPT_AUDIT_GPU_MEM": f"{gpu.memory_gib:g}",
-            MARKER: str(gpu),
+            EMULATING: str(gpu),
         }
     )
     nvrtc = next((d for d in _nvidia_lib_dirs() if d.endswith("cuda_nvrtc/lib")), None)
@@ -117,7 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args[:1] == ["--"]:
         args = args[1:]
     if not args:
-        print("usage: python -m te_ckpt_audit.emulation [--gpu CC:SMS] -- COMMAND...", file=sys.stderr)
+        print("usage: python -m te_ckpt_audit_cli.emulate [--gpu CC:SMS] -- COMMAND...", file=sys.stderr)
         return 2
     try:
         exec_emulated(gpu, args)

@@ -1,5 +1,5 @@
-"""The data model every output renders from: frozen records, and `AuditReport.to_dict()` as the
-versioned JSON schema ``te-ckpt-audit/2``."""
+"""The audit's records: what one target's trace holds and what each policy keeps, recomputes and
+offloads; `AuditReport.to_dict()` is the versioned JSON document (schema ``te-ckpt-audit/2``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ import enum
 from collections.abc import Iterable
 from typing import Any
 
-SCHEMA = "te-ckpt-audit/2"
+from .schemas import AUDIT
+
+SCHEMA = AUDIT  # the audit's JSON schema id
 
 
 class Outcome(enum.StrEnum):
@@ -172,6 +174,11 @@ class Totals:
         """Every residual JAX keeps, of every kind: what `saved_residuals` adds up to."""
         return self.activation_bytes + self.argument_bytes + self.host_bytes + self.constant_bytes
 
+    @property
+    def gated_bytes(self) -> int:
+        """The activation bytes budgets and baselines hold: per device on a mesh, else global."""
+        return self.activation_bytes if self.activation_bytes_per_device is None else self.activation_bytes_per_device
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class CompiledMemory:
@@ -217,6 +224,32 @@ class MeshSpec:
 
     def __str__(self) -> str:
         return ",".join(f"{a.name}={a.size}" for a in self.axes)
+
+
+class HotspotKey(enum.StrEnum):
+    """What hotspots group residuals by (`--by`)."""
+
+    MODULE = "module"  # the module path from JAX's name stack (the layer), else the source line
+    LINE = "line"  # the innermost source line of the user's own code
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Hotspot:
+    """Activation and host bytes made at one module path or source line, per policy (in the
+    report's order)."""
+
+    where: str  # a module path, "file:line", or "(no module)" / "(no source)"
+    producers: tuple[str, ...]  # checkpoint names, else primitives, of the residuals made there
+    bytes_by_policy: tuple[int, ...]
+
+    @property
+    def most(self) -> int:
+        return max(self.bytes_by_policy)
+
+    @property
+    def kept_by(self) -> tuple[int, ...]:
+        """1-based numbers of the policies that keep anything made here."""
+        return tuple(i + 1 for i, b in enumerate(self.bytes_by_policy) if b)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

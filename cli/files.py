@@ -1,0 +1,93 @@
+"""Files the command line writes: the report (`-o`) and baselines (`--save-baseline`).
+
+A regular file is written atomically, through a temporary file and a rename, so it is never
+half-written; a symlink is followed, so the link stays and its target gets the text; a character
+device or FIFO (`/dev/null`, a pipe) is written into, never replaced; anything else is refused.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+
+from te_ckpt_audit import AuditReport, UsageError
+from te_ckpt_audit.baselines import baseline_text, load_baseline, merged
+from te_ckpt_audit.records import AuditKey, Baseline
+
+
+def check_writable(path: str | Path) -> Path:
+    """Where `write_output` will write `path` (symlinks followed), or a UsageError saying why it
+    cannot: checked before the audit runs, so a run's work is not lost at the end."""
+    real = Path(os.path.realpath(path))
+    try:
+        mode = os.stat(real).st_mode
+    except FileNotFoundError:
+        mode = None
+    except OSError as exc:
+        raise UsageError(f"cannot write {path}: {exc.strerror}", "choose a writable path") from None
+    if mode is not None and not stat.S_ISREG(mode):
+        if stat.S_ISCHR(mode) or stat.S_ISFIFO(mode):
+            if not os.access(real, os.W_OK):
+                raise UsageError(f"cannot write {path}: permission denied", "choose a writable path")
+            return real
+        kind = "a folder" if stat.S_ISDIR(mode) else "not a regular file"
+        raise UsageError(f"cannot write {path}: it is {kind}", "choose a file in a writable folder")
+    folder = real.parent
+    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+        raise UsageError(f"cannot write {path}: no writable folder {folder}", "choose a file in a writable folder")
+    return real
+
+
+def write_output(path: str | Path, text: str) -> None:
+    """Write `text` to `path` (see the module's docstring)."""
+    real = check_writable(path)
+    if real.exists() and not real.is_file():  # a device or a FIFO: a rename would replace it
+        try:
+            with open(real, "w", encoding="utf-8") as f:
+                f.write(text)
+        except OSError as exc:
+            raise UsageError(f"cannot write {path}: {exc.strerror or exc}", "choose a writable path") from exc
+        return
+    _write_atomically(real, text, shown=path)
+
+
+def _write_atomically(path: Path, text: str, shown: str | Path) -> None:
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as exc:
+        raise UsageError(f"cannot write {shown}: {exc.strerror}", "choose a writable path") from exc
+    try:
+        try:
+            mode = stat.S_IMODE(os.stat(path).st_mode)  # replacing a file keeps its permissions
+        except FileNotFoundError:
+            umask = os.umask(0)
+            os.umask(umask)
+            mode = 0o666 & ~umask  # like open(): mkstemp's 0600 would surprise a CI artifact
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise UsageError(f"cannot write {shown}: {exc.strerror or exc}", "choose a writable path") from exc
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def save_baseline(path: str | Path, runs: Iterable[tuple[AuditKey, AuditReport]]) -> Baseline:
+    """Merge the runs' figures into the baseline at `path` (other entries, and other policies of the
+    same entry, are kept) and write it; an unreadable file there is replaced."""
+    real = check_writable(path)
+    current = Baseline({})
+    if real.is_file():  # never read a FIFO or a device: nothing may be writing to it
+        try:
+            current = load_baseline(real)
+        except UsageError:
+            pass
+    new = merged(current, runs)
+    write_output(path, baseline_text(new, real.parent))
+    return new

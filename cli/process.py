@@ -1,0 +1,64 @@
+"""The launcher's stage: what the command line does to its own process before the library runs.
+The library never touches the process; this module owns it:
+
+- virtual CPU devices for a mesh: XLA's host device count, set before JAX starts its backend, and
+  where the backend already started with fewer, this command run again with the flag (once);
+- the emulated GPU for tracing real Transformer Engine: this command run again with the emulated
+  CUDA driver preloaded (`emulate.py`), into that process only.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+
+import jax
+
+from te_ckpt_audit import MAX_DEVICES
+
+from . import emulate
+
+DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
+REEXEC_MARKER = "TE_CKPT_AUDIT_MESH_DEVICES"  # set in a process run again for its devices
+_FLAG = re.compile(rf"{DEVICE_COUNT_FLAG}=(\S*)")
+
+
+def rerun_argv() -> list[str]:
+    """This command, run again by the same Python."""
+    return [sys.executable, "-m", "te_ckpt_audit_cli", *sys.argv[1:]]
+
+
+def with_device_count(flags: str, n: int) -> str:
+    """XLA_FLAGS `flags` asking for at least `n` host devices (a larger count already there stays).
+
+    >>> with_device_count("--xla_dump_to=/tmp", 8)
+    '--xla_dump_to=/tmp --xla_force_host_platform_device_count=8'
+    """
+    found = _FLAG.search(flags)
+    if found is None:
+        return f"{flags} {DEVICE_COUNT_FLAG}={n}".strip()
+    if found.group(1).isdigit() and int(found.group(1)) >= n:
+        return flags
+    return _FLAG.sub(f"{DEVICE_COUNT_FLAG}={n}", flags)
+
+
+def provide_cpu_devices(n: int, argv: list[str] | None = None) -> None:
+    """At least `n` of JAX's CPU devices for the library to build a mesh on: where JAX started
+    with fewer, `argv` (this command) runs again with the flag. Over the library's limit nothing
+    is asked for (the library then says why, in one line)."""
+    if n > MAX_DEVICES:
+        return
+    os.environ["XLA_FLAGS"] = with_device_count(os.environ.get("XLA_FLAGS", ""), n)
+    if len(jax.devices("cpu")) >= n or os.environ.get(REEXEC_MARKER):
+        return  # enough; or this is the re-run, and the library says what is missing
+    env = dict(os.environ, **{REEXEC_MARKER: str(n)})
+    argv = argv or rerun_argv()
+    os.execve(argv[0], argv, env)
+
+
+def emulate_gpu(text: str) -> None:
+    """Run this command again on the emulated GPU `text` (CC[:SMS[:GiB]]), unless it already is."""
+    if emulate.emulating():
+        return
+    emulate.exec_emulated(emulate.parse_gpu(text), rerun_argv())

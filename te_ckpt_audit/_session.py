@@ -1,0 +1,229 @@
+"""The session: one target's trace, its scope and its placement, and every policy's analysis made
+once and kept. `audit`, `recommend`, `check` and the pytest helper are thin clients of it.
+
+    load (target, inputs) -> trace -> Session
+        Session.analysis(spec)   apply the policy, one JAX linearization      (_apply, _analysis)
+        Session.result(spec)     + bytes per device on the mesh, if placed    (_mesh)
+        Session.report(specs)    + warnings, + compiled step if asked         (_warnings, _compile)
+                                 -> AuditReport (records), which renderers draw
+
+Each step reuses the one analysis of its policy: a policy is linearized once per session, whether
+it is audited, placed on a mesh, warned about or searched over by `recommend`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import jax
+
+from ._analysis import Analysis, analyse_policy, failed
+from ._apply import resolve_scope
+from ._compile import compiled_memory
+from ._emulated import emulated_device
+from ._heap import without_gc
+from ._loading import anchored, load_inputs, load_target, user_code
+from ._mesh import build_abstract_mesh, build_mesh, mesh_context, per_device, place_args, source_of, spec_of
+from ._trace import Traced, trace
+from ._warnings import NOTHING_SAVEABLE, warnings_for
+from .config import Defines
+from .errors import TargetError
+from .records import AuditReport, MeshSpec, PolicyResult, Scope, ShardingSource, TeKind
+from .specs import Custom, PolicySpec, Preset, policy_specs
+
+Progress = Callable[[str], None]
+Placement = jax.sharding.Mesh | jax.sharding.AbstractMesh | None
+
+
+def quiet(_: str) -> None:
+    """A progress callback that says nothing."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Outcome:
+    """A policy's analysis, or why JAX could not differentiate under it."""
+
+    analysis: Analysis | None
+    placed: PolicyResult | None  # the result with per-device bytes (the result itself off a mesh)
+    error: TargetError | None
+
+
+class Session:
+    """One target: its trace, the scope policies apply at, the mesh its inputs are placed on (or
+    none), and the cache of each policy's analysis.
+
+    >>> import jax, jax.numpy as jnp
+    >>> s = Session.of_function(lambda x: jnp.sum(jnp.sin(jnp.sin(x))), jax.ShapeDtypeStruct((8,), jnp.float32))
+    >>> s.result(Preset("nothing_saveable")).totals.activation_bytes
+    0
+    """
+
+    def __init__(self, traced: Traced, scope: Scope = Scope.AUTO, mesh: Placement = None) -> None:
+        self.traced = traced
+        self.scope = Scope(scope)
+        self.mesh = mesh
+        self.emulated_device = emulated_device()
+        self._outcomes: dict[tuple[str, int], _Outcome] = {}
+
+    # --- building one ---------------------------------------------------------------------------
+
+    @classmethod
+    def of_function(cls, fn: Callable[..., Any], *args: Any, scope: Scope = Scope.AUTO, mesh: Placement = None
+                    ) -> Session:
+        """Trace `fn(*args)`; with `mesh`, its inputs placed on it (their NamedShardings, or
+        replicated)."""
+        name = getattr(fn, "__name__", "fn")
+        with user_code(name), mesh_context(mesh):
+            traced = trace(fn, args if mesh is None else place_args(args, mesh), name)
+        return cls(traced, scope, mesh)
+
+    @classmethod
+    def of_target(
+        cls,
+        target: str,
+        *,
+        inputs: str | None = None,
+        defines: Defines | None = None,
+        scope: Scope = Scope.AUTO,
+        mesh: MeshSpec | None = None,
+        shardings: ShardingSource = ShardingSource.COMPILED,
+        progress: Progress = quiet,
+    ) -> Session:
+        """Load `file.py:fn` (or `package.module:fn`), call its inputs callable (given the mesh as
+        keyword `mesh` when it declares one) and trace it, as the user's code: `sys.exit` there is
+        the target's failure. With `mesh`, the inputs are placed on virtual CPU devices (compiled
+        shardings) or on an abstract mesh of explicit axes."""
+        build = build_mesh if ShardingSource(shardings) is ShardingSource.COMPILED else build_abstract_mesh
+        placement = None if mesh is None else build(mesh)
+        with user_code(target):
+            inputs = anchored(inputs)
+            progress(f"loading {target}")
+            loaded = load_target(target)
+            with mesh_context(placement):
+                args = load_inputs(loaded, inputs, defines or {}, mesh=placement).args
+                progress(f"tracing {target}")
+                traced = trace(loaded.fn, args if placement is None else place_args(args, placement), target)
+        return cls(traced, scope, placement)
+
+    # --- the steps --------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _running(self) -> Iterator[None]:
+        """The user's code runs under JAX while a policy is analysed (policies, differentiation
+        rules), with the mesh as JAX's context mesh."""
+        with user_code(self.traced.target or "the function"), mesh_context(self.mesh):
+            yield
+
+    def _outcome(self, spec: PolicySpec, progress: Progress = quiet) -> _Outcome:
+        key = (spec.text, id(spec.policy) if isinstance(spec, Custom) else 0)
+        if key not in self._outcomes:
+            progress(f"analysing {spec.text}")
+            try:
+                with self._running():
+                    analysis = analyse_policy(self.traced, spec, self.scope)
+            except TargetError as exc:  # JAX cannot differentiate under this policy
+                self._outcomes[key] = _Outcome(None, None, exc)
+                return self._outcomes[key]
+            placed = analysis.result
+            if self.mesh is not None:
+                progress(f"partitioning {spec.text} on the mesh")
+                with self._running():
+                    placed = per_device(self.traced, analysis, self.mesh)
+            self._outcomes[key] = _Outcome(analysis, placed, None)
+        return self._outcomes[key]
+
+    def analysis(self, spec: PolicySpec) -> Analysis:
+        """The policy's one linearization and what was read from it; a TargetError when JAX cannot
+        differentiate the function under it."""
+        outcome = self._outcome(spec)
+        if outcome.error is not None:
+            raise outcome.error
+        assert outcome.analysis is not None
+        return outcome.analysis
+
+    def result(self, spec: PolicySpec, progress: Progress = quiet) -> PolicyResult:
+        """The policy's residuals, marks and recompute cost, per device on the mesh; a TargetError
+        when JAX cannot differentiate the function under it."""
+        outcome = self._outcome(spec, progress)
+        if outcome.error is not None:
+            raise outcome.error
+        assert outcome.placed is not None
+        return outcome.placed
+
+    def row(self, spec: PolicySpec, progress: Progress = quiet) -> PolicyResult:
+        """The policy's row in a report: its result, or an empty row saying why there is none."""
+        outcome = self._outcome(spec, progress)
+        if outcome.error is not None:
+            return failed(self.traced, spec, self.scope, outcome.error)
+        assert outcome.placed is not None
+        return outcome.placed
+
+    def _nothing_saveable(self) -> PolicyResult | None:
+        outcome = self._outcome(Preset(NOTHING_SAVEABLE))
+        return outcome.placed
+
+    def warned(self, spec: PolicySpec, result: PolicyResult, audited_nothing: bool = False) -> PolicyResult:
+        """`result` with its warnings (`_warnings`)."""
+        if result.error is not None:  # an empty row: nothing to compare or warn about
+            return result
+        with self._running():
+            warnings = warnings_for(self.traced, spec, result, self._nothing_saveable, audited_nothing)
+        return dataclasses.replace(result, warnings=warnings)
+
+    def compiled(self, spec: PolicySpec, result: PolicyResult) -> PolicyResult:
+        """`result` with XLA's memory analysis of the compiled training step under the policy."""
+        if result.error is not None:
+            return result
+        with self._running():
+            return dataclasses.replace(result, compiled=compiled_memory(self.traced, spec, result.scope))
+
+    @without_gc
+    def report(
+        self,
+        policies: Sequence[str | PolicySpec | Callable[..., Any]],
+        *,
+        warnings: bool = True,
+        compile: bool = False,
+        progress: Progress = quiet,
+    ) -> AuditReport:
+        """Every policy's row, with warnings and (with `compile`) the compiled step, as one report.
+        Under no policy at all is the function's own failure: its error is raised."""
+        specs = policy_specs(policies)
+        rows = [self.row(spec, progress) for spec in specs]
+        errors = [r for r in rows if r.error is not None]
+        if errors and len(errors) == len(rows):
+            failure = self._outcome(specs[0]).error
+            assert failure is not None
+            raise failure
+        if warnings:
+            audited = any(s.text == NOTHING_SAVEABLE for s in specs)
+            rows = [self.warned(s, r, audited) for s, r in zip(specs, rows, strict=True)]
+        if compile:
+            compiled = []
+            for spec, row in zip(specs, rows, strict=True):
+                if row.error is None:
+                    progress(f"compiling {spec.text}")
+                compiled.append(self.compiled(spec, row))
+            rows = compiled
+        return self.report_of(rows)
+
+    def report_of(self, results: Sequence[PolicyResult]) -> AuditReport:
+        """The report of this trace holding `results`."""
+        equations = self.traced.rows.equations()
+        return AuditReport(
+            target=self.traced.target,
+            arguments=self.traced.arguments,
+            jax_version=jax.__version__,
+            te=TeKind.of(equations),
+            equations=equations,
+            results=tuple(results),
+            emulated_device=self.emulated_device,
+            mesh=None if self.mesh is None else spec_of(self.mesh),
+            sharding_source=None if self.mesh is None else source_of(self.mesh),
+        )
+
+    def resolved_scope(self, spec: PolicySpec) -> Scope:
+        return resolve_scope(self.traced, spec, self.scope)

@@ -1,0 +1,84 @@
+"""CI gating: the violations of budgets, a recompute ceiling and a baseline's tolerance, from an
+audit's records. Pure functions; no file is read or written here."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+from .errors import UsageError
+from .records import AuditReport, Budget, Change, CheckResult, Figure, PolicyResult, Violation
+from .sizes import percent_limit
+
+
+def gated_bytes(result: PolicyResult) -> int:
+    """The activation bytes budgets and baselines hold: per device on a mesh (`--mesh`), else global."""
+    return result.totals.gated_bytes
+
+
+def check_budget_policies(budgets: Sequence[Budget], policies: Sequence[str]) -> None:
+    """A budget for a policy that is not audited is a mistake (a typo would switch the gate off)."""
+    for b in budgets:
+        if b.policy is not None and b.policy not in policies:
+            raise UsageError(
+                f"budget for {b.policy!r}, which is not among the audited policies",
+                f"add --policy {b.policy}, or audited: {', '.join(policies)}",
+            )
+
+
+def check(
+    report: AuditReport,
+    budgets: Sequence[Budget] = (),
+    max_recompute: float | None = None,
+    baseline: Mapping[str, int] | None = None,
+    tolerance: float = 0.0,
+    require_baseline: bool = False,
+) -> CheckResult:
+    """Every violation of `budgets`, `max_recompute` (% of forward FLOPs) and growth beyond
+    `tolerance` percent over `baseline` ({policy: activation bytes} of this audit's entry, or {}
+    when the baseline has none). With `require_baseline`, a policy missing from it is a violation."""
+    tolerance = percent_limit(tolerance, "--tolerance")
+    if max_recompute is not None:
+        max_recompute = percent_limit(max_recompute, "--max-recompute")
+    check_budget_policies(budgets, [r.policy for r in report.results])
+    violations: list[Violation] = []
+    changes: list[Change] = []
+    target = report.target
+    for result in report.results:
+        act = gated_bytes(result)
+        for b in budgets:
+            if (b.policy in (None, result.policy)) and act > b.limit_bytes:
+                per_device = result.totals.activation_bytes_per_device is not None
+                violations.append(
+                    Violation(target, result.policy, Figure.ACTIVATION_BYTES, act, b.limit_bytes, per_device)
+                )
+        if max_recompute is not None and result.recompute_percent > max_recompute:
+            violations.append(
+                Violation(target, result.policy, Figure.RECOMPUTE_PERCENT, result.recompute_percent, max_recompute)
+            )
+        if baseline is not None:
+            change = Change(target, result.policy, baseline.get(result.policy), act)
+            changes.append(change)
+            violation = _baseline_violation(change, tolerance, require_baseline)
+            if violation is not None:
+                violations.append(violation)
+    return CheckResult(target, tuple(violations), tuple(changes))
+
+
+def _baseline_violation(change: Change, tolerance: float, required: bool) -> Violation | None:
+    if change.baseline_bytes is None:
+        if not required:
+            return None
+        return Violation(change.target, change.policy, Figure.NOT_IN_BASELINE, change.bytes, 0, bytes=change.bytes)
+    pct = change.percent
+    if not change.unbounded and (pct is None or pct <= tolerance):
+        return None
+    return Violation(
+        change.target,
+        change.policy,
+        Figure.GROWTH,
+        math.inf if pct is None else pct,
+        tolerance,
+        baseline_bytes=change.baseline_bytes,
+        bytes=change.bytes,
+    )

@@ -1,0 +1,78 @@
+"""Every record te-ckpt-audit makes, and its serialisation: frozen dataclasses with enum codes and
+typed fields, from which every output is rendered. Renderers import these and nothing else of
+the library; the JSON documents are the records' `to_dict()`s, each with its schema id
+(`schemas`)."""
+
+from __future__ import annotations
+
+from . import schemas
+from .audit import (
+    SCHEMA,
+    AuditReport,
+    AuditWarning,
+    Category,
+    CompiledMemory,
+    Equation,
+    EquationMark,
+    Hotspot,
+    HotspotKey,
+    MeshAxis,
+    MeshSpec,
+    Outcome,
+    PolicyResult,
+    Residual,
+    ResidualKind,
+    Scope,
+    ShardingSource,
+    SourceLocation,
+    TeKind,
+    Totals,
+    Verdict,
+    WarningCode,
+)
+from .baseline import AuditKey, Baseline, baseline_document, is_file_target
+from .check import Budget, Change, CheckResult, Figure, Run, Violation, check_document
+from .json_schema import JSON_SCHEMA
+from .recommendation import PRESETS, Candidate, CandidateKind, Recommendation
+
+__all__ = [
+    "JSON_SCHEMA",
+    "PRESETS",
+    "SCHEMA",
+    "AuditKey",
+    "AuditReport",
+    "AuditWarning",
+    "Baseline",
+    "Budget",
+    "Candidate",
+    "CandidateKind",
+    "Category",
+    "Change",
+    "CheckResult",
+    "CompiledMemory",
+    "Equation",
+    "EquationMark",
+    "Figure",
+    "Hotspot",
+    "HotspotKey",
+    "MeshAxis",
+    "MeshSpec",
+    "Outcome",
+    "PolicyResult",
+    "Recommendation",
+    "Residual",
+    "ResidualKind",
+    "Run",
+    "Scope",
+    "ShardingSource",
+    "SourceLocation",
+    "TeKind",
+    "Totals",
+    "Verdict",
+    "Violation",
+    "WarningCode",
+    "baseline_document",
+    "check_document",
+    "is_file_target",
+    "schemas",
+]

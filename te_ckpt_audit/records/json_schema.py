@@ -1,0 +1,164 @@
+"""The JSON Schema (draft 2020-12) of the audit's JSON document, ``te-ckpt-audit/2``: what
+`AuditReport.to_dict()` gives, plus the hotspots and each warning's words that the JSON renderer
+adds. The tests validate every sample model's document against it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .audit import (
+    SCHEMA,
+    Category,
+    HotspotKey,
+    Outcome,
+    ResidualKind,
+    Scope,
+    ShardingSource,
+    TeKind,
+    Verdict,
+    WarningCode,
+)
+
+
+def _object(**properties: Any) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": properties,
+        "required": list(properties),
+        "additionalProperties": False,
+    }
+
+
+def _enum(members: type[Any]) -> dict[str, Any]:
+    return {"enum": [m.value for m in members]}
+
+
+_INT = {"type": "integer", "minimum": 0}
+_STR = {"type": "string"}
+_BOOL = {"type": "boolean"}
+_OPT_STR = {"type": ["string", "null"]}
+_OPT_INT = {"oneOf": [{"type": "null"}, _INT]}
+_SHAPE = {"type": "array", "items": _INT}
+_SOURCE = {
+    "oneOf": [{"type": "null"}, _object(file=_STR, line=_INT, function=_STR)],
+}
+
+
+def _array(items: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "array", "items": items}
+
+
+JSON_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "$id": SCHEMA,
+    "title": "te-ckpt-audit report",
+    **_object(
+        schema={"const": SCHEMA},
+        hotspots=_object(
+            by=_enum(HotspotKey),
+            rows=_array(_object(where=_STR, producers=_array(_STR), bytes_by_policy=_array(_INT))),
+        ),
+        target=_STR,
+        arguments=_array(_STR),
+        jax_version=_STR,
+        te=_enum(TeKind),
+        equations=_array(
+            _object(
+                id=_STR,
+                primitive=_STR,
+                shape=_SHAPE,
+                dtype=_STR,
+                name=_OPT_STR,
+                source=_SOURCE,
+                frame=_SOURCE,
+                module=_OPT_STR,
+                is_te_gemm=_BOOL,
+                standin=_BOOL,
+                flops=_INT,
+                multiplicity=_INT,
+            )
+        ),
+        results=_array(
+            _object(
+                policy=_STR,
+                scope={"enum": [Scope.OUTER.value, Scope.INNER.value]},
+                residuals=_array(
+                    _object(
+                        shape=_SHAPE,
+                        dtype=_STR,
+                        bytes=_INT,
+                        kind=_enum(ResidualKind),
+                        category=_enum(Category),
+                        primitive=_OPT_STR,
+                        name=_OPT_STR,
+                        equation=_OPT_STR,
+                        source=_SOURCE,
+                        frame=_SOURCE,
+                        module=_OPT_STR,
+                        multiplicity=_INT,
+                        argument=_OPT_STR,
+                        standin=_BOOL,
+                        sharding=_OPT_STR,
+                        bytes_per_device=_OPT_INT,
+                    )
+                ),
+                totals=_object(
+                    **{
+                        f: _INT
+                        for f in (
+                            "activation_bytes",
+                            "argument_bytes",
+                            "host_bytes",
+                            "constant_bytes",
+                            "te_gemm_bytes",
+                            "dot_bytes",
+                            "named_bytes",
+                            "other_bytes",
+                            "total_bytes",
+                        )
+                    },
+                    activation_bytes_per_device=_OPT_INT,
+                ),
+                marks=_array(_object(equation=_STR, verdict=_enum(Verdict), outcome=_enum(Outcome))),
+                recompute_flops=_INT,
+                forward_flops=_INT,
+                warnings=_array(
+                    _object(
+                        code=_enum(WarningCode),
+                        policy=_OPT_STR,
+                        equations=_array(_STR),
+                        flops=_OPT_INT,
+                        name=_OPT_STR,
+                        suggestion=_OPT_STR,
+                        known=_array(_STR),
+                        message=_STR,
+                    )
+                ),
+                compiled={
+                    "oneOf": [
+                        {"type": "null"},
+                        _object(
+                            backend=_STR,
+                            temp_bytes=_OPT_INT,
+                            argument_bytes=_OPT_INT,
+                            output_bytes=_OPT_INT,
+                            host_bytes=_OPT_INT,
+                            error=_OPT_STR,
+                        ),
+                    ]
+                },
+                error=_OPT_STR,
+                recompute_percent={"type": "number", "minimum": 0},
+            )
+        ),
+        forward_flops=_INT,
+        emulated_device=_OPT_STR,
+        mesh={
+            "oneOf": [
+                {"type": "null"},
+                _object(axes=_array(_object(name=_STR, size={"type": "integer", "minimum": 1})), devices=_INT),
+            ]
+        },
+        sharding_source={"oneOf": [{"type": "null"}, _enum(ShardingSource)]},
+    ),
+}

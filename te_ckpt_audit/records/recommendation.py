@@ -1,0 +1,116 @@
+"""What `recommend` found: every candidate policy it analysed, the Pareto frontier and the winner;
+`Recommendation.to_dict()` is the JSON document (schema ``te-ckpt-audit-recommend/1``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Any
+
+from .audit import AuditReport, MeshSpec
+from .schemas import RECOMMEND
+
+# The named policies `recommend` searches, in the order a frontier lists them (fewest saved first);
+# a plot letters them in this order. `everything_saveable` and `nothing_saveable` are its two ends.
+PRESETS = (
+    "nothing_saveable",
+    "checkpoint_dots_with_no_batch_dims",
+    "checkpoint_dots",
+    "te_gemms_saveable",
+    "dots_and_te_gemms_with_no_batch_dims",
+    "checkpoint_dots_and_te_gemms",
+    "everything_saveable",
+)
+
+
+class CandidateKind(enum.StrEnum):
+    PRESET = "preset"  # a named policy
+    NAMES = "names"  # save_only_these_names over a subset
+    COMBINED = "combined"  # a subset and a preset: SPEC+PRESET (save_from_both_policies)
+    OFFLOAD = "offload"  # save_and_offload_only_these_names
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Candidate:
+    """One evaluated policy, with JAX's figures for it. `base` is the preset a name subset is
+    combined with (for a preset, itself); `saved`/`offloaded` are the checkpoint names it keeps on
+    device / on host."""
+
+    policy: str  # the spec, as --policy takes it
+    kind: CandidateKind
+    base: str | None
+    saved: tuple[str, ...]
+    offloaded: tuple[str, ...]
+    activation_bytes: int  # what the budget holds: bytes on one device with a mesh, else in all
+    host_bytes: int
+    recompute_flops: int
+    forward_flops: int
+    fits: bool
+    error: str | None = None  # why JAX could not differentiate under it
+    global_activation_bytes: int | None = None  # with a mesh: the activation bytes of whole arrays
+
+    @property
+    def recompute_percent(self) -> float:
+        return 100.0 * self.recompute_flops / self.forward_flops if self.forward_flops else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "policy": self.policy,
+            "kind": self.kind.value,
+            "base": self.base,
+            "saved": list(self.saved),
+            "offloaded": list(self.offloaded),
+            "activation_bytes": self.activation_bytes,
+            "host_bytes": self.host_bytes,
+            "recompute_flops": self.recompute_flops,
+            "forward_flops": self.forward_flops,
+            "recompute_percent": round(self.recompute_percent, 4),
+            "fits": self.fits,
+            "error": self.error,
+            "global_activation_bytes": self.global_activation_bytes,
+        }
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Recommendation:
+    """What `recommend` found. `recommended` is None when nothing fits; `closest` is then the
+    candidate with the fewest activation bytes. `frontier` is the Pareto frontier of (activation
+    bytes, recompute FLOPs) over `evaluated`, fewest bytes first. `report` holds the full analysis
+    of every frontier point and of the winner (for the HTML report)."""
+
+    target: str
+    budget_bytes: int
+    mesh: MeshSpec | None  # the budget is per device on it
+    names: tuple[str, ...]  # the checkpoint names searched over
+    skipped_names: tuple[str, ...]  # names no spec can carry (see specs.spellable)
+    allow_offload: bool
+    max_evals: int
+    recommended: Candidate | None
+    closest: Candidate | None
+    frontier: tuple[Candidate, ...]
+    evaluated: tuple[Candidate, ...]
+    report: AuditReport
+
+    @property
+    def fits(self) -> bool:
+        return self.recommended is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON document (schema ``te-ckpt-audit-recommend/1``): plain, ordered, deterministic."""
+        return {
+            "schema": RECOMMEND,
+            "target": self.target,
+            "budget_bytes": self.budget_bytes,
+            "mesh": None if self.mesh is None else {a.name: a.size for a in self.mesh.axes},
+            "names": list(self.names),
+            "skipped_names": list(self.skipped_names),
+            "allow_offload": self.allow_offload,
+            "max_evals": self.max_evals,
+            "evaluations": len(self.evaluated),
+            "forward_flops": self.report.forward_flops,
+            "fits": self.fits,
+            "recommended": None if self.recommended is None else self.recommended.to_dict(),
+            "closest": None if self.closest is None else self.closest.to_dict(),
+            "frontier": [c.to_dict() for c in self.frontier],
+            "evaluated": [c.to_dict() for c in self.evaluated],
+        }

@@ -1,0 +1,72 @@
+"""Sizes and limits as users write them: byte counts with units, budgets, percentages. Each check
+lives here once; a limit that is not a finite number would switch its gate off.
+
+    >>> parse_size("6GiB"), parse_size("1.5 MB"), parse_size("512")
+    (6442450944, 1500000, 512)
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from .errors import UsageError
+from .records import Budget
+
+_UNITS = {
+    "": 1, "b": 1,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+}
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes from "6GiB", "512 MB", "1024" (units B, KB, MB, GB, TB decimal; KiB, MiB, GiB, TiB binary)."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        if text < 0:
+            raise UsageError(f"negative size {text}", "sizes are byte counts >= 0")
+        return text
+    shown = str(text)
+    match = _SIZE.match(shown)
+    unit = match.group(2).lower() if match else ""
+    if not match or unit not in _UNITS:
+        raise UsageError(
+            f"not a size: {shown[:80]!r}", "use a number with B, KB, MB, GB, KiB, MiB or GiB, e.g. 6GiB"
+        )
+    value = float(match.group(1)) * _UNITS[unit]
+    if not math.isfinite(value):
+        raise UsageError(f"size {shown[:80]!r} is too large", "sizes are finite byte counts, e.g. 6GiB")
+    return int(math.floor(value))
+
+
+def parse_budget(text: str) -> Budget:
+    """`6GiB` (every policy) or `checkpoint_dots=6GiB` (one policy)."""
+    policy, eq, size = text.rpartition("=")
+    if eq and not policy.strip():
+        raise UsageError(f"budget {text!r} names no policy", "use SIZE or POLICY=SIZE, e.g. checkpoint_dots=6GiB")
+    return Budget(parse_size(size), policy.strip() or None)
+
+
+def percent_limit(value: object, what: str) -> float:
+    """A percentage limit (tolerance, recompute ceiling): a finite number >= 0, or a UsageError. A
+    NaN would switch its gate off, since every comparison with NaN is false."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        raise UsageError(f"{what} must be a finite number >= 0, not {value!r}", f"e.g. {what} 5")
+    return float(value)
+
+
+def positive_bytes(value: object, what: str = "budget") -> int:
+    """A byte count above zero (a budget to fit into), or a UsageError."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise UsageError(f"{what} must be a number of bytes, not {value!r}", "e.g. --budget 6GiB")
+    if not math.isfinite(value) or value <= 0:
+        raise UsageError(f"{what} must be a finite size above zero, not {value!r}", "e.g. --budget 6GiB")
+    return int(value)
+
+
+def count_at_least_one(value: object, what: str, hint: str) -> int:
+    """A count that must be >= 1 (`--max-evals`), or a UsageError."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UsageError(f"{what} must be at least 1, not {value!r}", hint)
+    return value
