@@ -16,7 +16,7 @@ name="$1"
 shift
 case "$name" in
   py311-jax0.10.2)
-    python3 -m pip install -q -e ".[test]"
+    python3 -m pip install -q -e ".[test,dev]"
     python3 -m pytest "$@"
     python3 -m ruff check .
     python3 -m mypy te_ckpt_audit cli
@@ -37,7 +37,7 @@ case "$name" in
     bash zoo/test.sh -q "$@"
     ;;
   browser)
-    bash ci/browser_check.sh  # the HTML reports in headless Chromium; screenshots in build/browser-check/
+    bash .ci/browser_check.sh  # the HTML reports in headless Chromium; screenshots in build/browser-check/
     ;;
   *)
     echo "ci/lane: no lane named $name" >&2

@@ -9,19 +9,19 @@ only reads JAX's output and follows values back to the equations that made them.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Iterable
+from typing import cast
 
 import jax
 
 from . import _jax_compat as jc
 from ._apply import ask_policy, policy_function, resolve_scope, row_policy
 from ._heap import without_gc
-from ._jaxpr import aval_bytes, aval_dtype, aval_shape, is_gemm, open_jaxpr, sub_jaxprs
+from ._jaxpr import AnyJaxpr, aval_bytes, aval_dtype, aval_shape, is_gemm, open_jaxpr, sub_jaxprs
 from ._source import Origin, user_location
 from ._trace import Row, Traced, id_key
 from .errors import AuditError, TargetError, first_line
-from .policies import is_te_gemm, is_te_standin
+from .policies import Policy, is_te_gemm, is_te_standin
 from .records import (
     Category,
     EquationMark,
@@ -36,7 +36,7 @@ from .records import (
 from .specs import PolicySpec
 
 
-def verdict_of(policy: Callable[..., Any] | None, eqn: Any, spec_text: str) -> Verdict:
+def verdict_of(policy: Policy | None, eqn: jc.JaxprEqn, spec_text: str) -> Verdict:
     if policy is None:
         return Verdict.NONE
     answer = ask_policy(policy, spec_text, eqn.primitive, [v.aval for v in eqn.invars], eqn.params)
@@ -49,7 +49,7 @@ def verdict_of(policy: Callable[..., Any] | None, eqn: Any, spec_text: str) -> V
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Producer:
-    eqn: Any | None
+    eqn: jc.JaxprEqn | None
     name: str | None
     multiplicity: int
     argument: int | None  # index of a top-level input, when the value is an input
@@ -61,7 +61,7 @@ class Analysis:
     returns exactly the residuals (a ClosedJaxpr): the placement step compiles it for a mesh."""
 
     result: PolicyResult
-    forward: Any
+    forward: jc.ClosedJaxpr
 
 
 @without_gc
@@ -69,9 +69,9 @@ def analyse_policy(traced: Traced, spec: PolicySpec, scope: Scope = Scope.AUTO) 
     """Residuals, marks and recompute cost of one policy on one trace: one linearization by JAX."""
     scope = resolve_scope(traced, spec, scope)
     fun = policy_function(traced, spec, scope)
-    captured: dict[str, Any] = {}
+    captured: dict[str, jc.Jaxpr] = {}
 
-    def residuals_of(*args: Any) -> list[Any]:
+    def residuals_of(*args: jax.Array) -> list[jax.Array]:
         residuals, captured["tangent"] = jc.linearize_for_vjp(fun, args)
         return residuals
 
@@ -135,14 +135,15 @@ def failed(traced: Traced, spec: PolicySpec, scope: Scope, error: TargetError) -
     )
 
 
-def residual_outputs(jaxpr: Any) -> list[tuple[Any, ResidualKind, int]]:
+def residual_outputs(jaxpr: jc.Jaxpr) -> list[tuple[jc.Atom, ResidualKind, int]]:
     """(value, kind, index of the forward jaxpr's output that returns it) of each residual, in
     the order and with the deduplication of `jax.ad_checkpoint.saved_residuals`."""
     subst = {e.outvars[0]: e.invars[0] for e in jaxpr.eqns if e.primitive is jc.reduce_precision_p}
-    first: dict[Any, int] = {}  # each residual value -> the first output returning it
+    first: dict[jc.Atom, int] = {}  # each residual value -> the first output returning it
     for i, v in enumerate(jaxpr.outvars):
         if not isinstance(v, jc.Literal):
             first.setdefault(subst.get(v, v), i)
+    out: list[tuple[jc.Atom, ResidualKind, int]]
     out = [(v, ResidualKind.LITERAL, i) for i, v in enumerate(jaxpr.outvars) if isinstance(v, jc.Literal)]
     out += [(v, ResidualKind.CONSTANT, first[v]) for v in jaxpr.constvars if v in first]
     out += [(v, ResidualKind.ARGUMENT, first[v]) for v in jaxpr.invars if v in first]
@@ -167,7 +168,7 @@ class _Made:
     standin: bool
 
 
-def _made(traced: Traced, eqn: Any | None) -> _Made:
+def _made(traced: Traced, eqn: jc.JaxprEqn | None) -> _Made:
     if eqn is None:
         return _Made(None, None, None, None, Origin(None, None), False)
     eid = jc.eqn_tag(eqn)
@@ -177,11 +178,12 @@ def _made(traced: Traced, eqn: Any | None) -> _Made:
                  is_te_standin(eqn.primitive))
 
 
-def _residuals(traced: Traced, jaxpr: Any) -> list[Residual]:
+def _residuals(traced: Traced, jaxpr: jc.Jaxpr) -> list[Residual]:
     """The residual set exactly as `jax.ad_checkpoint.saved_residuals` forms it, with provenance."""
     resolver = _Resolver()
-    made: dict[int, tuple[Any, _Made]] = {}  # id(eqn) -> (eqn, what it says): layers share equations
-    types: dict[Any, tuple[tuple[int, ...], str, int]] = {}
+    made: dict[int, tuple[jc.JaxprEqn | None, _Made]] = {}  # id(eqn) -> (eqn, what it says): layers share them
+    types: dict[jc.AbstractValue, tuple[tuple[int, ...], str, int]] = {}
+    position = {v: i for i, v in enumerate(jaxpr.invars)}
     out = []
     for var, kind, _ in residual_outputs(jaxpr):
         producer = resolver.resolve(jaxpr, var) if kind not in (ResidualKind.CONSTANT, ResidualKind.LITERAL) else None
@@ -195,7 +197,7 @@ def _residuals(traced: Traced, jaxpr: Any) -> list[Residual]:
         category = m.category or (Category.NAMED if name is not None else Category.OTHER)
         argument = None
         if kind is ResidualKind.ARGUMENT:
-            argument = traced.arg_names[jaxpr.invars.index(var)]
+            argument = traced.arg_names[position[cast(jc.Var, var)]]
         elif producer is not None and producer.argument is not None:
             argument = traced.arg_names[producer.argument]
         aval = var.aval
@@ -223,13 +225,13 @@ def _residuals(traced: Traced, jaxpr: Any) -> list[Residual]:
     return out
 
 
-def _origin(traced: Traced, row: Row | None, eqn: Any) -> Origin:
+def _origin(traced: Traced, row: Row | None, eqn: jc.JaxprEqn | None) -> Origin:
     if row is not None:
         return Origin(row.equation.source, row.equation.frame)
     return traced.rows.finder(eqn) if eqn is not None else Origin(None, None)
 
 
-def _on_host(aval: Any) -> bool:
+def _on_host(aval: jc.AbstractValue) -> bool:
     space = getattr(aval, "memory_space", None)
     return space is not None and str(space).lower().endswith("host")
 
@@ -239,26 +241,35 @@ class _Resolver:
     sharding constraints, reduce_precision, scans (counting the layers they stack), jit, checkpoint and custom calls."""
 
     def __init__(self) -> None:
-        self._producers: dict[int, dict[Any, tuple[Any, int]]] = {}
-        self._subs: dict[int, tuple[Any, list[Any]]] = {}  # id(eqn) -> (eqn, its sub-jaxprs)
-        self._memo: dict[tuple[int, Any, str | None, int], _Producer] = {}  # the jaxprs stay alive in the forward jaxpr
+        self._producers: dict[int, dict[jc.Var, tuple[jc.JaxprEqn, int]]] = {}
+        self._inputs: dict[int, dict[jc.Var, int]] = {}  # id(jaxpr) -> position of each input
+        self._subs: dict[int, tuple[jc.JaxprEqn, list[AnyJaxpr]]] = {}  # id(eqn) -> (eqn, its sub-jaxprs)
+        # the jaxprs keyed by id stay alive in the forward jaxpr
+        self._memo: dict[tuple[int, jc.Atom, str | None, int], _Producer] = {}
 
-    def _sub_jaxprs(self, eqn: Any) -> list[Any]:
+    def _sub_jaxprs(self, eqn: jc.JaxprEqn) -> list[AnyJaxpr]:
         key = id(eqn)
         if key not in self._subs:
             self._subs[key] = (eqn, [sub for _, _, sub in sub_jaxprs(eqn.params)])
         return self._subs[key][1]
 
-    def _producer_map(self, jaxpr: Any) -> dict[Any, tuple[Any, int]]:
+    def _input_map(self, jaxpr: jc.Jaxpr) -> dict[jc.Var, int]:
+        if id(jaxpr) not in self._inputs:
+            self._inputs[id(jaxpr)] = {v: i for i, v in enumerate(jaxpr.invars)}
+        return self._inputs[id(jaxpr)]
+
+    def _producer_map(self, jaxpr: jc.Jaxpr) -> dict[jc.Var, tuple[jc.JaxprEqn, int]]:
         key = id(jaxpr)
         if key not in self._producers:
             self._producers[key] = {v: (e, i) for e in jaxpr.eqns for i, v in enumerate(e.outvars)}
         return self._producers[key]
 
-    def resolve(self, jaxpr: Any, var: Any) -> _Producer:
+    def resolve(self, jaxpr: jc.Jaxpr, var: jc.Atom) -> _Producer:
         return self._resolve(jaxpr, var, None, 1, 0, top=True)
 
-    def _resolve(self, jaxpr: Any, var: Any, name: str | None, mult: int, depth: int, top: bool = False) -> _Producer:
+    def _resolve(
+        self, jaxpr: jc.Jaxpr, var: jc.Atom, name: str | None, mult: int, depth: int, top: bool = False
+    ) -> _Producer:
         if top or isinstance(var, jc.Literal):
             return self._resolved(jaxpr, var, name, mult, depth, top)
         key = (id(jaxpr), var, name, mult)  # inside a body every layer shares: resolved once
@@ -266,12 +277,12 @@ class _Resolver:
             self._memo[key] = self._resolved(jaxpr, var, name, mult, depth, top)
         return self._memo[key]
 
-    def _resolved(self, jaxpr: Any, var: Any, name: str | None, mult: int, depth: int, top: bool) -> _Producer:
+    def _resolved(self, jaxpr: jc.Jaxpr, var: jc.Atom, name: str | None, mult: int, depth: int, top: bool) -> _Producer:
         if depth > 64 or isinstance(var, jc.Literal):
             return _Producer(None, name, mult, None)
         found = self._producer_map(jaxpr).get(var)
         if found is None:
-            argument = jaxpr.invars.index(var) if top and var in jaxpr.invars else None
+            argument = self._input_map(jaxpr).get(var) if top else None
             return _Producer(None, name, mult, argument)
         eqn, i = found
         prim = eqn.primitive
@@ -285,15 +296,16 @@ class _Resolver:
         if len(subs) == 1 and prim is not jc.custom_jvp_call_p:
             body = open_jaxpr(subs[0])
             if len(body.outvars) == len(eqn.outvars):
-                inner = self._resolve(body, body.outvars[i], name, mult, depth + 1)
-                if inner.eqn is None and body.outvars[i] in body.invars and len(body.invars) == len(eqn.invars):
-                    outer = eqn.invars[body.invars.index(body.outvars[i])]
-                    return self._resolve(jaxpr, outer, inner.name, mult, depth + 1, top)
+                out = body.outvars[i]
+                inner = self._resolve(body, out, name, mult, depth + 1)
+                at = None if isinstance(out, jc.Literal) else self._input_map(body).get(out)
+                if inner.eqn is None and at is not None and len(body.invars) == len(eqn.invars):
+                    return self._resolve(jaxpr, eqn.invars[at], inner.name, mult, depth + 1, top)
                 return inner
         return _Producer(eqn, name, mult, None)
 
     def _through_scan(
-        self, jaxpr: Any, eqn: Any, i: int, name: str | None, mult: int, depth: int, top: bool
+        self, jaxpr: jc.Jaxpr, eqn: jc.JaxprEqn, i: int, name: str | None, mult: int, depth: int, top: bool
     ) -> _Producer:
         body = open_jaxpr(eqn.params["jaxpr"])
         n_consts, n_carry = jc.scan_counts(eqn.params)
@@ -315,7 +327,7 @@ class _Resolver:
         return _Producer(eqn, name, inner_mult, None)
 
 
-def _recomputed(traced: Traced, tangent: Any) -> tuple[set[str], int]:
+def _recomputed(traced: Traced, tangent: jc.Jaxpr) -> tuple[set[str], int]:
     """Forward equations that run again in the backward pass, and their FLOPs.
 
     In the tangent jaxpr every equation either depends on a tangent (linear work) or only on
@@ -347,15 +359,15 @@ class _Walk:
     every layer is walked once."""
 
     def __init__(self) -> None:
-        self._memo: dict[tuple[int, tuple[bool, ...]], tuple[Any, tuple[bool, ...], _Seen]] = {}
+        self._memo: dict[tuple[int, tuple[bool, ...]], tuple[jc.Jaxpr, tuple[bool, ...], _Seen]] = {}
 
-    def run(self, jaxpr: Any, tangent_in: tuple[bool, ...]) -> tuple[tuple[bool, ...], _Seen]:
+    def run(self, jaxpr: jc.Jaxpr, tangent_in: tuple[bool, ...]) -> tuple[tuple[bool, ...], _Seen]:
         key = (id(jaxpr), tangent_in)
         if key not in self._memo:
             self._memo[key] = (jaxpr, *self._run(jaxpr, tangent_in))  # keeps `jaxpr` alive: ids stay unique
         return self._memo[key][1:]
 
-    def _run(self, jaxpr: Any, tangent_in: tuple[bool, ...]) -> tuple[tuple[bool, ...], _Seen]:
+    def _run(self, jaxpr: jc.Jaxpr, tangent_in: tuple[bool, ...]) -> tuple[tuple[bool, ...], _Seen]:
         tangent_vars = {v for v, t in zip(jaxpr.invars, tangent_in, strict=True) if t}
         seen: set[tuple[str, str]] = set()
         for eqn in jaxpr.eqns:
@@ -375,7 +387,7 @@ class _Walk:
         outs = tuple(not isinstance(v, jc.Literal) and v in tangent_vars for v in jaxpr.outvars)
         return outs, frozenset(seen)
 
-    def _structured(self, eqn: Any, ins: tuple[bool, ...]) -> tuple[tuple[bool, ...], _Seen] | None:
+    def _structured(self, eqn: jc.JaxprEqn, ins: tuple[bool, ...]) -> tuple[tuple[bool, ...], _Seen] | None:
         """(output flags, equations seen) of a structured equation; None for a leaf."""
         prim = eqn.primitive
         params = eqn.params
@@ -402,7 +414,7 @@ class _Walk:
         return None
 
 
-def _carry_fixpoint(body: Any, flags: list[bool], lo: int, hi: int, n_carry: int) -> tuple[bool, ...]:
+def _carry_fixpoint(body: jc.Jaxpr, flags: list[bool], lo: int, hi: int, n_carry: int) -> tuple[bool, ...]:
     """Input flags with the loop carry [lo:hi] tangent wherever an iteration can make it so."""
     for _ in range(n_carry + 1):
         outs = _dataflow_only(body, flags)
@@ -413,7 +425,7 @@ def _carry_fixpoint(body: Any, flags: list[bool], lo: int, hi: int, n_carry: int
     return tuple(flags)
 
 
-def _dataflow_only(jaxpr: Any, tangent_in: list[bool]) -> list[bool]:
+def _dataflow_only(jaxpr: jc.Jaxpr, tangent_in: list[bool]) -> list[bool]:
     """Coarse tangent-dependence (any tangent input taints every output), for carry fixpoints."""
     tangent_vars = {v for v, t in zip(jaxpr.invars, tangent_in, strict=True) if t}
     for eqn in jaxpr.eqns:

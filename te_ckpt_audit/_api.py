@@ -16,7 +16,7 @@ from .config import Defines, TargetConfig, parse_defines, parse_mesh
 from .gating import check, check_budget_policies
 from .records import AuditReport, Baseline, CheckResult, MeshSpec, Scope, ShardingSource
 from .sizes import percent_limit
-from .specs import PolicySpec, policy_specs
+from .specs import PolicyLike, policy_specs
 
 DEFAULT_POLICIES = (
     "none",
@@ -27,7 +27,7 @@ DEFAULT_POLICIES = (
     "everything_saveable",
 )
 
-Policies = Sequence[str | PolicySpec | Callable[..., Any]]
+Policies = Sequence[PolicyLike]
 
 
 def audit(

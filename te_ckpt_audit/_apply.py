@@ -9,13 +9,14 @@ unchanged: see `_Swap` and `_segmented`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, TypeAlias
 
 from . import _jax_compat as jc
-from ._jaxpr import map_sub_jaxprs, open_jaxpr
-from ._trace import Row, Traced
+from ._jaxpr import AnyJaxpr, map_sub_jaxprs, open_jaxpr
+from ._trace import Row, Segments, Traced
 from .errors import PolicyError
+from .policies import Policy
 from .records import Scope
 from .specs import AsIs, NoCheckpoint, PolicySpec
 
@@ -32,7 +33,7 @@ def resolve_scope(traced: Traced, spec: PolicySpec, scope: Scope) -> Scope:
     return scope
 
 
-def row_policy(row: Row, spec: PolicySpec, scope: Scope) -> Callable[..., Any] | None:
+def row_policy(row: Row, spec: PolicySpec, scope: Scope) -> Policy | None:
     """The policy JAX applies to this row's equation under `spec` at the resolved `scope`."""
     if isinstance(spec, NoCheckpoint):
         return None
@@ -43,7 +44,7 @@ def row_policy(row: Row, spec: PolicySpec, scope: Scope) -> Callable[..., Any] |
     return spec.policy
 
 
-def policy_function(traced: Traced, spec: PolicySpec, scope: Scope) -> Callable[..., Any]:
+def policy_function(traced: Traced, spec: PolicySpec, scope: Scope) -> jc.ArrayFn:
     """The traced function with `spec` applied at the resolved `scope`, as a function of the flat
     array inputs."""
     closed = traced.jaxpr
@@ -54,21 +55,23 @@ def policy_function(traced: Traced, spec: PolicySpec, scope: Scope) -> Callable[
     policy = _guarded(spec)
     if scope is Scope.INNER:
         return jc.jaxpr_as_fun(closed.replace(jaxpr=swap_policies(closed.jaxpr, policy, traced.segments)))
-    return jc.checkpoint(jc.jaxpr_as_fun(closed), policy=policy)
+    return jc.checkpoint(jc.jaxpr_as_fun(closed), policy=policy)  # type: ignore[arg-type]  # any verdict
 
 
-def _guarded(spec: PolicySpec) -> Callable[..., Any]:
+def _guarded(spec: PolicySpec) -> Policy:
     """The spec's policy, with its errors and bad answers turned into a PolicyError naming it."""
     policy = spec.policy
     assert policy is not None
 
-    def guarded(prim: Any, *avals: Any, **params: Any) -> Any:
+    def guarded(prim: jc.Primitive, *avals: jc.AbstractValue, **params: Any) -> object:
         return ask_policy(policy, spec.text, prim, avals, params)
 
     return guarded
 
 
-def ask_policy(policy: Callable[..., Any], spec_text: str, prim: Any, avals: Any, params: dict[str, Any]) -> Any:
+def ask_policy(
+    policy: Policy, spec_text: str, prim: jc.Primitive, avals: Sequence[jc.AbstractValue], params: jc.Params
+) -> object:
     """`policy(prim, *avals, **params)`, checked: what it raises or wrongly returns is the policy's
     fault (the user's code, like the model), said in one PolicyError."""
     name = getattr(prim, "name", prim)
@@ -91,32 +94,35 @@ def ask_policy(policy: Callable[..., Any], spec_text: str, prim: Any, avals: Any
 # --- applying it: the rewrite -----------------------------------------------------------------------
 
 
-KEEP: Any = object()  # as a policy: every checkpoint keeps its own
+class _Keep:
+    """As a policy: every checkpoint keeps its own."""
 
 
-def swap_policies(
-    jaxpr: Any, policy: Callable[..., Any] | None, segments: dict[tuple[int, ...], Any] | None = None
-) -> Any:
+KEEP = _Keep()
+Swapped: TypeAlias = Policy | _Keep | None  # a policy, the model's own (KEEP), or none (inline)
+
+
+def swap_policies(jaxpr: jc.Jaxpr, policy: Swapped, segments: Segments | None = None) -> jc.Jaxpr:
     """Every checkpoint gets `policy` (KEEP: keeps its own); with None, checkpoints are inlined
     (plain autodiff). `segments` (one per trace) keeps the jit calls every policy reuses."""
     return _Swap(policy, _repeated_sites(jaxpr), segments).run(jaxpr, direct=True)
 
 
-_SiteKey = tuple[int, Any, bool, tuple[Any, ...]]
+_SiteKey: TypeAlias = tuple[int, bool, bool, tuple[jc.AbstractValue, ...]]  # body, prevent_cse, differentiated, types
 
 
-def _site_key(eqn: Any) -> _SiteKey:
+def _site_key(eqn: jc.JaxprEqn) -> _SiteKey:
     return (id(eqn.params["jaxpr"]), eqn.params["prevent_cse"], eqn.params["differentiated"],
             tuple(v.aval for v in eqn.invars))
 
 
-def _repeated_sites(jaxpr: Any) -> set[_SiteKey]:
+def _repeated_sites(jaxpr: jc.Jaxpr) -> set[_SiteKey]:
     """Checkpoint calls that occur more than once (an unrolled stack's layers) where JAX linearizes
     each equation by itself: in the top-level function and in the jit calls it makes."""
     seen: set[_SiteKey] = set()
     repeated: set[_SiteKey] = set()
 
-    def walk(j: Any) -> None:
+    def walk(j: jc.Jaxpr) -> None:
         for eqn in j.eqns:
             if eqn.primitive is jc.remat_p:
                 key = _site_key(eqn)
@@ -140,26 +146,26 @@ class _Swap:
     """
 
     def __init__(
-        self, policy: Callable[..., Any] | None, repeated: set[_SiteKey], segments: dict[Any, Any] | None = None
+        self, policy: Swapped, repeated: set[_SiteKey], segments: Segments | None = None
     ) -> None:
         self.policy = policy
         self.repeated = repeated
         self.segments = segments
-        self.memos: dict[bool, dict[int, tuple[Any, Any]]] = {True: {}, False: {}}  # by context
-        self.sites: dict[tuple[Any, ...], Any] = {}
+        self.memos: dict[bool, dict[int, tuple[AnyJaxpr, AnyJaxpr]]] = {True: {}, False: {}}  # by context
+        self.sites: dict[tuple[object, ...], jc.JaxprEqn | None] = {}
 
-    def _direct(self, _: int, jaxpr: Any) -> Any:
+    def _direct(self, _: int, jaxpr: jc.Jaxpr) -> jc.Jaxpr:
         return self.run(jaxpr, direct=True)
 
-    def _within(self, _: int, jaxpr: Any) -> Any:
+    def _within(self, _: int, jaxpr: jc.Jaxpr) -> jc.Jaxpr:
         return self.run(jaxpr, direct=False)
 
-    def run(self, jaxpr: Any, direct: bool) -> Any:
-        eqns: list[Any] = []
-        alias: dict[Any, Any] = {}  # an inlined checkpoint's output -> the value it passed through
+    def run(self, jaxpr: jc.Jaxpr, direct: bool) -> jc.Jaxpr:
+        eqns: list[jc.JaxprEqn] = []
+        alias: dict[jc.Var, jc.Atom] = {}  # an inlined checkpoint's output -> the value it passed through
         changed = False
 
-        def look(v: Any) -> Any:
+        def look(v: jc.Atom) -> jc.Atom:
             return v if isinstance(v, jc.Literal) else alias.get(v, v)
 
         for old in jaxpr.eqns:
@@ -194,7 +200,7 @@ class _Swap:
             eqns = _segmented(jaxpr, eqns, outvars, {id(e) for e in jaxpr.eqns}, self.segments)
         return jaxpr.replace(eqns=eqns, outvars=outvars)
 
-    def _site(self, eqn: Any, inline: bool = False) -> Any | None:
+    def _site(self, eqn: jc.JaxprEqn, inline: bool = False) -> jc.JaxprEqn | None:
         """The jit equation that calls this checkpoint (`inline`: its body, plain autodiff), for a
         checkpoint repeated where JAX linearizes equation by equation."""
         key = _site_key(eqn)
@@ -214,7 +220,9 @@ class _Swap:
 _MIN_SEGMENT = 4  # equations; a shorter run costs less to linearize than to call
 
 
-def _segmented(jaxpr: Any, eqns: list[Any], outvars: list[Any], original: set[int], cache: dict[Any, Any]) -> list[Any]:
+def _segmented(
+    jaxpr: jc.Jaxpr, eqns: list[jc.JaxprEqn], outvars: list[jc.Atom], original: set[int], cache: Segments
+) -> list[jc.JaxprEqn]:
     """`eqns` with each run of equations no policy touches (no checkpoint inside, no effects) made a
     call of one jit, the same jit object for every policy of this trace.
 
@@ -223,7 +231,7 @@ def _segmented(jaxpr: Any, eqns: list[Any], outvars: list[Any], original: set[in
     is then linearized by the first policy only; the next ones reuse it. The residuals are the same
     values: a segment's outputs are values it computes (never an input, each once), and jit
     forwards residuals that are its inputs or outputs."""
-    last_use: dict[Any, int] = {}
+    last_use: dict[jc.Var, int] = {}
     for i, eqn in enumerate(eqns):
         for v in eqn.invars:
             if not isinstance(v, jc.Literal):
@@ -231,8 +239,8 @@ def _segmented(jaxpr: Any, eqns: list[Any], outvars: list[Any], original: set[in
     for v in outvars:
         if not isinstance(v, jc.Literal):
             last_use[v] = len(eqns)
-    out: list[Any] = []
-    run: list[Any] = []
+    out: list[jc.JaxprEqn] = []
+    run: list[jc.JaxprEqn] = []
 
     def flush(end: int) -> None:
         if len(run) >= _MIN_SEGMENT:
@@ -254,39 +262,45 @@ def _segmented(jaxpr: Any, eqns: list[Any], outvars: list[Any], original: set[in
     return out
 
 
-def _segment(jaxpr: Any, run: list[Any], end: int, last_use: dict[Any, int], cache: dict[Any, Any]) -> Any | None:
+def _segment(
+    jaxpr: jc.Jaxpr, run: list[jc.JaxprEqn], end: int, last_use: dict[jc.Var, int], cache: Segments
+) -> jc.JaxprEqn | None:
     defined = [v for e in run for v in e.outvars if not isinstance(v, jc.DropVar)]
     own = set(defined)
-    inputs = list(dict.fromkeys(v for e in run for v in e.invars if not isinstance(v, jc.Literal) and v not in own))
+    inputs: list[jc.Atom] = list(
+        dict.fromkeys(v for e in run for v in e.invars if not isinstance(v, jc.Literal) and v not in own)
+    )
     outputs = [v for v in defined if last_use.get(v, -1) > end]
     if not outputs:
         return None
     key = (id(run[0]), id(run[-1]), len(run), tuple(map(id, outputs)))
     if key not in cache:
-        call = jc.jit_call(jc.run_body(jc.part_of(jaxpr, run, inputs, outputs)), [v.aval for v in inputs])
+        body = jc.part_of(jaxpr, run, [v for v in inputs if isinstance(v, jc.Var)], outputs)
+        call = jc.jit_call(jc.run_body(body), [v.aval for v in inputs])
         cache[key] = (run[0], run[-1], outputs, call.replace(invars=inputs, outvars=outputs) if call else None)
     return cache[key][3]
 
 
-def _inline(eqn: Any, body: Any, alias: dict[Any, Any]) -> list[Any]:
+def _inline(eqn: jc.JaxprEqn, body: jc.Jaxpr, alias: dict[jc.Var, jc.Atom]) -> list[jc.JaxprEqn]:
     """The body's equations in place of the checkpoint equation, with fresh variables (the same
     body is shared by every call of a layer, and each copy needs its own).
 
     An output that is an input passed through, a literal, or a value returned twice becomes an
     alias of that value (recorded in `alias`), as in the function without the checkpoint: no copy
     is made, so no extra residual appears."""
-    env: dict[Any, Any] = dict(zip(body.invars, eqn.invars, strict=True))
-    results: dict[Any, Any] = {}  # the body's results take the checkpoint's own output variables
+    env: dict[jc.Var, jc.Atom] = dict(zip(body.invars, eqn.invars, strict=True))
+    results: dict[jc.Var, jc.Var] = {}  # the body's results take the checkpoint's own output variables
     for body_v, outer_v in zip(body.outvars, eqn.outvars, strict=True):
         if not isinstance(body_v, jc.Literal) and body_v not in env and not isinstance(outer_v, jc.DropVar):
             results.setdefault(body_v, outer_v)
 
-    def bind(v: Any) -> Any:
+    def bind(v: jc.Var) -> jc.Var:
         if v in results and v not in env:
-            env[v] = results[v]
+            fresh = results[v]
         else:
-            env[v] = jc.DropVar(v.aval) if isinstance(v, jc.DropVar) else jc.Var(v.aval)
-        return env[v]
+            fresh = jc.DropVar(v.aval) if isinstance(v, jc.DropVar) else jc.Var(v.aval)
+        env[v] = fresh
+        return fresh
 
     out = []
     for inner in body.eqns:

@@ -15,23 +15,23 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import cast
 
 from . import _jax_compat as jc
-from ._jaxpr import map_sub_jaxprs, open_jaxpr, sub_jaxprs
+from ._jaxpr import AnyJaxpr, map_sub_jaxprs, open_jaxpr, sub_jaxprs
 
 
-def intern_bodies(jaxpr: Any) -> tuple[Any, dict[int, tuple[str, ...]]]:
+def intern_bodies(jaxpr: jc.Jaxpr) -> tuple[jc.Jaxpr, dict[int, tuple[str, ...]]]:
     """`jaxpr` with equal checkpoint bodies shared, and the merged scope names of the equations
     of every shared body, keyed by id of the (kept-alive) equation."""
-    groups: dict[str, list[Any]] = {}
+    groups: dict[str, list[jc.Jaxpr]] = {}
     keys: dict[int, str] = {}
     _collect(jaxpr, groups, keys, set())
     shared = {key: bodies for key, bodies in groups.items() if len(bodies) > 1}
     if not shared:
         return jaxpr, {}
     scopes: dict[int, tuple[str, ...]] = {}
-    canonical: dict[str, Any] = {}
+    canonical: dict[str, jc.Jaxpr] = {}
     for key, bodies in shared.items():
         first = bodies[0]
         canonical[key] = first
@@ -40,7 +40,7 @@ def intern_bodies(jaxpr: Any) -> tuple[Any, dict[int, tuple[str, ...]]]:
     return _rewrite(jaxpr, canonical, keys, {}), scopes
 
 
-def _collect(jaxpr: Any, groups: dict[str, list[Any]], keys: dict[int, str], visited: set[int]) -> None:
+def _collect(jaxpr: jc.Jaxpr, groups: dict[str, list[jc.Jaxpr]], keys: dict[int, str], visited: set[int]) -> None:
     if id(jaxpr) in visited:
         return
     visited.add(id(jaxpr))
@@ -54,9 +54,11 @@ def _collect(jaxpr: Any, groups: dict[str, list[Any]], keys: dict[int, str], vis
             _collect(open_jaxpr(sub), groups, keys, visited)
 
 
-def _rewrite(jaxpr: Any, canonical: dict[str, Any], keys: dict[int, str], memo: dict[int, Any]) -> Any:
+def _rewrite(
+    jaxpr: jc.Jaxpr, canonical: dict[str, jc.Jaxpr], keys: dict[int, str], memo: dict[int, tuple[AnyJaxpr, AnyJaxpr]]
+) -> jc.Jaxpr:
     if id(jaxpr) in memo:
-        return memo[id(jaxpr)][1]
+        return cast(jc.Jaxpr, memo[id(jaxpr)][1])  # keyed by an open jaxpr: its rewrite is one too
     eqns = []
     for eqn in jaxpr.eqns:
         params = dict(eqn.params)

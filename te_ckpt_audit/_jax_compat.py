@@ -7,7 +7,7 @@ one file, and `tests/test_jax_compat.py` names exactly which symbol moved.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, TypeAlias
 
 import jax
 import jax.extend.core as jex
@@ -78,7 +78,7 @@ LINEARIZE_HAS_STRUCTURED_RESIDUALS = JAX_VERSION >= (0, 11, 1)
 _VJPNode: Any = _ad.VJPNode if JAX_VERSION >= (0, 12, 0) else None  # type: ignore[attr-defined, unused-ignore]
 
 
-def scan_counts(params: dict[str, Any]) -> tuple[int, int]:
+def scan_counts(params: Params) -> tuple[int, int]:
     """(number of consts, number of carry values) among a scan equation's inputs; the xs follow."""
     if SCAN_PARAMS_ARE_FLAT_TREES:
         consts, carry, _ = params["ft_in"].unpack()
@@ -92,11 +92,17 @@ checkpoint = jax.checkpoint
 
 # Public names re-exported so the rest of the package imports JAX's jaxpr types from one place.
 Jaxpr = jex.Jaxpr
-ClosedJaxpr: Any = jex.ClosedJaxpr  # type: ignore[attr-defined, unused-ignore]  # 0.11.0: = Jaxpr
+ClosedJaxpr = jex.ClosedJaxpr  # 0.11.0: = Jaxpr
 JaxprEqn = jex.JaxprEqn
 Literal = jex.Literal
 Var = jex.Var
+Atom: TypeAlias = Var | Literal  # what an equation takes: a variable or a literal
 Primitive = jex.Primitive
+AbstractValue = _core.AbstractValue
+Params: TypeAlias = dict[str, Any]  # an equation's parameters: JAX's own, of any type
+Frame = _siu.Frame
+Traceback = _siu.Traceback
+ArrayFn: TypeAlias = Callable[..., Any]  # what JAX traces: arrays (or tracers) in, a pytree of them out
 jaxpr_as_fun = jex.jaxpr_as_fun
 
 remat_p = _prims.remat_p
@@ -122,7 +128,7 @@ RecomputeType = _pe.RecomputeType
 TAG_PREFIX = "tca:"
 
 
-def eqn_tag(eqn: Any) -> str | None:
+def eqn_tag(eqn: JaxprEqn) -> str | None:
     """The innermost te-ckpt-audit tag in an equation's name stack, if any."""
     for elem in reversed(eqn.source_info.name_stack.stack):
         if isinstance(elem, _siu.Scope) and elem.name.startswith(TAG_PREFIX):
@@ -130,7 +136,7 @@ def eqn_tag(eqn: Any) -> str | None:
     return None
 
 
-def scope_names(eqn: Any) -> tuple[str, ...]:
+def scope_names(eqn: JaxprEqn) -> tuple[str, ...]:
     """The `jax.named_scope`s on the equation's name stack (transformations and our tags left out)."""
     return tuple(
         e.name
@@ -139,7 +145,7 @@ def scope_names(eqn: Any) -> tuple[str, ...]:
     )
 
 
-def with_tag(eqn: Any, tag: str, params: dict[str, Any]) -> Any:
+def with_tag(eqn: JaxprEqn, tag: str, params: Params) -> JaxprEqn:
     """A copy of `eqn` whose name stack ends in `tag`.
 
     Transformations (jvp, partial evaluation, remat's recompute) copy name stacks onto the
@@ -150,12 +156,12 @@ def with_tag(eqn: Any, tag: str, params: dict[str, Any]) -> Any:
     return eqn.replace(params=params, source_info=tagged)
 
 
-def user_frames(eqn: Any) -> Iterator[Any]:
+def user_frames(eqn: JaxprEqn) -> Iterator[Frame]:
     """Frames of the equation's traceback outside JAX (innermost first)."""
     return _siu.user_frames(eqn.source_info.traceback)
 
 
-def wrap_jaxpr_thunk(thunk: Any, transform: Callable[[Any], Any]) -> Any:
+def wrap_jaxpr_thunk(thunk: _lu.WrappedFun, transform: Callable[[Jaxpr], Jaxpr]) -> _lu.WrappedFun:
     """Wrap a custom_vjp `fwd_jaxpr_thunk` or custom_jvp `jvp_jaxpr_fun` (each returns a tuple
     whose first item is a jaxpr) so that the jaxpr passes through `transform`; memoized."""
     cache: dict[tuple[Any, ...], tuple[Any, ...]] = {}
@@ -169,7 +175,7 @@ def wrap_jaxpr_thunk(thunk: Any, transform: Callable[[Any], Any]) -> Any:
     return _lu.wrap_init(wrapped, debug_info=thunk.debug_info)
 
 
-def linearize_for_vjp(fun: Callable[..., Any], args: Sequence[Any]) -> tuple[list[Any], Any]:
+def linearize_for_vjp(fun: ArrayFn, args: Sequence[jax.Array]) -> tuple[list[jax.Array], Jaxpr]:
     """Residuals and tangent jaxpr of `fun` at `args`, exactly as `jax.vjp` computes them.
 
     `jax.vjp` calls this very function (`ad.linearize(..., is_vjp=True)`) and keeps the returned
@@ -197,11 +203,11 @@ def linearize_for_vjp(fun: Callable[..., Any], args: Sequence[Any]) -> tuple[lis
     return residuals, tangent
 
 
-def _is_jaxpr(value: Any) -> bool:
+def _is_jaxpr(value: object) -> bool:
     return isinstance(value, jex.Jaxpr | ClosedJaxpr)
 
 
-def _unwrap_vjp_nodes(jaxpr: Any, memo: dict[int, Any]) -> Any:
+def _unwrap_vjp_nodes(jaxpr: Jaxpr, memo: dict[int, tuple[Jaxpr, Jaxpr]]) -> Jaxpr:
     """`jaxpr` with every `vjp_node[prim]` equation (at any depth) made a `prim` equation; a body
     shared by several equations stays shared (memoized by identity), an unchanged one is kept."""
     key = id(jaxpr)
@@ -214,13 +220,14 @@ def _unwrap_vjp_nodes(jaxpr: Any, memo: dict[int, Any]) -> Any:
     return new
 
 
-def _unwrap_eqn(eqn: Any, memo: dict[int, Any]) -> Any:
-    params = {}
+def _unwrap_eqn(eqn: JaxprEqn, memo: dict[int, tuple[Jaxpr, Jaxpr]]) -> JaxprEqn:
+    params: Params = {}
+    value: Any
     for name, value in eqn.params.items():
         if _is_jaxpr(value):
             value = _unwrap_vjp_nodes(value, memo)
         elif isinstance(value, tuple | list) and any(_is_jaxpr(v) for v in value):
-            items = [_unwrap_vjp_nodes(v, memo) if _is_jaxpr(v) else v for v in value]
+            items: list[Any] = [_unwrap_vjp_nodes(v, memo) if _is_jaxpr(v) else v for v in value]
             if any(a is not b for a, b in zip(items, value, strict=True)):  # a named tuple stays one
                 value = type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
         params[name] = value
@@ -231,7 +238,7 @@ def _unwrap_eqn(eqn: Any, memo: dict[int, Any]) -> Any:
     return eqn.replace(params=params) if changed else eqn
 
 
-def saved_residuals(fn: Callable[..., Any], *args: Any) -> list[tuple[Any, str]]:
+def saved_residuals(fn: ArrayFn, *args: jax.Array | jax.ShapeDtypeStruct) -> list[tuple[AbstractValue, str]]:
     """JAX's own residual list (the data behind `print_saved_residuals`); the tests' ground truth."""
     return _saved_residuals(fn, *args)
 
@@ -239,11 +246,17 @@ def saved_residuals(fn: Callable[..., Any], *args: Any) -> list[tuple[Any, str]]
 DropVar = jex.DropVar
 
 
-def jit_call(fun: Callable[..., Any], avals: Sequence[Any]) -> Any | None:
+def _spec_of(aval: AbstractValue) -> jax.ShapeDtypeStruct:
+    """The aval as a ShapeDtypeStruct; one without a shape (a token, a reference) raises."""
+    shaped: Any = aval  # AbstractValue declares no shape; a ShapedArray has one
+    return jax.ShapeDtypeStruct(shaped.shape, shaped.dtype, weak_type=getattr(aval, "weak_type", False))
+
+
+def jit_call(fun: ArrayFn, avals: Sequence[AbstractValue]) -> JaxprEqn | None:
     """A `jit` equation calling `fun` on inputs of types `avals` (its variables fresh), or None
     where those types cannot be rebuilt exactly."""
     try:
-        specs = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=getattr(a, "weak_type", False)) for a in avals]
+        specs = [_spec_of(a) for a in avals]
         closed = jax.make_jaxpr(jax.jit(fun))(*specs)
     except Exception:  # noqa: BLE001 - a type make_jaxpr cannot take: the caller keeps the equation
         return None
@@ -252,18 +265,18 @@ def jit_call(fun: Callable[..., Any], avals: Sequence[Any]) -> Any | None:
     return closed.jaxpr.eqns[0]
 
 
-def part_of(jaxpr: Any, eqns: Sequence[Any], invars: Sequence[Any], outvars: Sequence[Any]) -> Any:
+def part_of(jaxpr: Jaxpr, eqns: Sequence[JaxprEqn], invars: Sequence[Var], outvars: Sequence[Var]) -> Jaxpr:
     """A jaxpr of some of `jaxpr`'s equations (in order), taking `invars` and returning `outvars`."""
     debug = jaxpr.debug_info._replace(arg_names=("",) * len(invars), result_paths=("",) * len(outvars))
     return jaxpr.replace(constvars=[], invars=list(invars), outvars=list(outvars), eqns=list(eqns), debug_info=debug)
 
 
-def run_body(jaxpr: Any) -> Callable[..., Any]:
+def run_body(jaxpr: Jaxpr) -> ArrayFn:
     """An open jaxpr without constvars as a function (a checkpoint's body)."""
     return lambda *xs: _core.eval_jaxpr(jaxpr, (), *xs)
 
 
-def bind_alone(eqn: Any) -> Callable[..., Any]:
+def bind_alone(eqn: JaxprEqn) -> ArrayFn:
     """A function that binds `eqn`'s primitive with its params and its name stack."""
 
     def alone(*xs: Any) -> Any:

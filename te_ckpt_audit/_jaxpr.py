@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeAlias
 
+import jax
 import numpy as np
 
 from . import _jax_compat as jc
@@ -14,15 +15,17 @@ from .policies import SCALED_MATMUL_NAME, is_te_gemm
 _GEMM_NAMES = {"dot_general", "conv_general_dilated", SCALED_MATMUL_NAME, "ragged_dot", "ragged_dot_general"}
 
 
+AnyJaxpr: TypeAlias = jc.Jaxpr | jc.ClosedJaxpr  # a body as an equation holds it: open or closed
+Shaped: TypeAlias = jc.AbstractValue | jax.ShapeDtypeStruct  # a value's type: its shape and dtype, where it has them
 _JAXPR_TYPES = (jc.Jaxpr, jc.ClosedJaxpr)
 _LEAF_TYPES = frozenset({bool, int, float, str, type(None)})  # what most params hold: skipped fast
 
 
-def _is_jaxpr(x: Any) -> bool:
+def _is_jaxpr(x: object) -> bool:
     return type(x) not in _LEAF_TYPES and isinstance(x, _JAXPR_TYPES)
 
 
-def sub_jaxprs(params: dict[str, Any]) -> Iterator[tuple[str, int | None, Any]]:
+def sub_jaxprs(params: jc.Params) -> Iterator[tuple[str, int | None, AnyJaxpr]]:
     """(param name, index in a tuple or None, Jaxpr | ClosedJaxpr) for each sub-jaxpr param.
 
     Jaxprs sit in params directly or in tuples (cond's branches, custom_linear_solve's named
@@ -36,16 +39,19 @@ def sub_jaxprs(params: dict[str, Any]) -> Iterator[tuple[str, int | None, Any]]:
                     yield key, i, item
 
 
-def _rebuilt(container: Any, items: list[Any]) -> Any:
+def _rebuilt(container: tuple[object, ...] | list[object], items: list[object]) -> tuple[object, ...] | list[object]:
     """`container`'s own type holding `items`: a named tuple stays that named tuple."""
     if isinstance(container, tuple) and hasattr(container, "_fields"):
-        return type(container)(*items)
+        named: Any = type(container)
+        return named(*items)
     return type(container)(items)
 
 
 def map_sub_jaxprs(
-    params: dict[str, Any], fn: Callable[[int, Any], Any], memo: dict[int, tuple[Any, Any]] | None = None
-) -> dict[str, Any]:
+    params: jc.Params,
+    fn: Callable[[int, jc.Jaxpr], jc.Jaxpr],
+    memo: dict[int, tuple[AnyJaxpr, AnyJaxpr]] | None = None,
+) -> jc.Params:
     """A copy of `params` with the j-th sub-jaxpr's open Jaxpr replaced by `fn(j, jaxpr)`.
 
     With `memo`, a sub-jaxpr object shared by several equations (JAX reuses one traced body for
@@ -74,16 +80,16 @@ def map_sub_jaxprs(
     return new
 
 
-def has_body(eqn: Any) -> bool:
+def has_body(eqn: jc.JaxprEqn) -> bool:
     """Whether the equation holds sub-jaxprs (scan, jit, checkpoint, cond, ...)."""
     return next(iter(sub_jaxprs(eqn.params)), None) is not None
 
 
-def open_jaxpr(j: Any) -> Any:
+def open_jaxpr(j: AnyJaxpr) -> jc.Jaxpr:
     return j.jaxpr if isinstance(j, jc.ClosedJaxpr) else j
 
 
-def _dtype(aval: Any) -> Any:
+def _dtype(aval: Shaped) -> Any:  # np.dtype, or an extended dtype (PRNG keys)
     dtype = getattr(aval, "dtype", None)
     if dtype is None or isinstance(dtype, np.dtype):
         return dtype
@@ -93,7 +99,7 @@ def _dtype(aval: Any) -> Any:
         return dtype
 
 
-def aval_bytes(aval: Any) -> int:
+def aval_bytes(aval: Shaped) -> int:
     """Bytes the value occupies: for a PRNG key array, its key data (key<fry> is 2 x uint32)."""
     dtype = _dtype(aval)
     if dtype is None:
@@ -101,22 +107,22 @@ def aval_bytes(aval: Any) -> int:
     return int(math.prod(aval_shape(aval))) * int(dtype.itemsize)
 
 
-def aval_shape(aval: Any) -> tuple[int, ...]:
+def aval_shape(aval: Shaped) -> tuple[int, ...]:
     return tuple(int(d) for d in getattr(aval, "shape", ()))
 
 
-def aval_dtype(aval: Any) -> str:
+def aval_dtype(aval: Shaped) -> str:
     """The dtype as JAX prints it ("bfloat16", "key<fry>")."""
     dtype = _dtype(aval)
     return str(dtype) if dtype is not None else type(aval).__name__
 
 
-def is_gemm(prim: Any) -> bool:
+def is_gemm(prim: object) -> bool:
     """A JAX matmul-like primitive (TE's GEMMs are told apart by `is_te_gemm`)."""
     return getattr(prim, "name", None) in _GEMM_NAMES
 
 
-def leaf_flops(eqn: Any) -> int:
+def leaf_flops(eqn: jc.JaxprEqn) -> int:
     """FLOPs of one non-structural equation.
 
     GEMMs (JAX's and TE's) count 2*M*N*K from shapes and contracting dims; everything else counts
@@ -136,7 +142,7 @@ def leaf_flops(eqn: Any) -> int:
     return 2 * first_out * k
 
 
-def _contracted_size(eqn: Any, lhs_shape: tuple[int, ...]) -> int:
+def _contracted_size(eqn: jc.JaxprEqn, lhs_shape: tuple[int, ...]) -> int:
     params = eqn.params
     if "dimension_numbers" in params and eqn.primitive.name == "dot_general":
         (lhs_contract, _), _ = params["dimension_numbers"]

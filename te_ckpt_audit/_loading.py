@@ -22,10 +22,13 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import jax
+
 from ._source import raised_in_user_code, user_location
 from .config import Defines, split_target
 from .errors import AuditError, TargetError, UsageError, first_line
 
+Placement = jax.sharding.Mesh | jax.sharding.AbstractMesh | None  # where the inputs are placed
 INPUTS_SUFFIX = "_inputs"
 FALLBACK_INPUTS = "example_inputs"
 
@@ -40,9 +43,9 @@ class Target:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Inputs:
-    args: tuple[Any, ...]
+    args: tuple[object, ...]
     source: str  # "file.py:callable" that made them
-    overrides: tuple[tuple[str, Any], ...]
+    overrides: tuple[tuple[str, object], ...]
 
 
 @contextlib.contextmanager
@@ -139,17 +142,17 @@ def import_module(where: str) -> ModuleType:
         ) from exc
 
 
-def _get_dotted(obj: Any, attr: str) -> Any:
+def _get_dotted(obj: object, attr: str) -> object:
     for part in attr.split("."):
         obj = getattr(obj, part)
     return obj
 
 
-def import_attribute(where: str, attr: str) -> Any:
+def import_attribute(where: str, attr: str) -> object:
     return _attribute(import_module(where), where, attr)
 
 
-def _attribute(module: ModuleType, where: str, attr: str) -> Any:
+def _attribute(module: ModuleType, where: str, attr: str) -> object:
     try:
         return _get_dotted(module, attr)
     except AttributeError:
@@ -187,7 +190,7 @@ def load_target(text: str) -> Target:
     return Target(fn, module, attr, text)
 
 
-def find_inputs_callable(target: Target, inputs: str | None) -> tuple[Callable[..., Any], str]:
+def find_inputs_callable(target: Target, inputs: str | None) -> tuple[Callable[..., object], str]:
     """`--inputs FILE:CALLABLE`, else `<attr>_inputs` beside the target, else `example_inputs`."""
     if inputs:
         where, attr = split_target(inputs, "--inputs")
@@ -211,7 +214,7 @@ def find_inputs_callable(target: Target, inputs: str | None) -> tuple[Callable[.
     )
 
 
-def parse_overrides(fn: Callable[..., Any], defines: Defines) -> dict[str, Any]:
+def parse_overrides(fn: Callable[..., object], defines: Defines) -> dict[str, object]:
     """`-D key=value` defines as keyword arguments of the inputs callable, typed by its defaults."""
     try:
         params = inspect.signature(fn).parameters
@@ -219,7 +222,7 @@ def parse_overrides(fn: Callable[..., Any], defines: Defines) -> dict[str, Any]:
         params = {}  # type: ignore[assignment]
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     known = {n for n, p in params.items() if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     for key, raw in defines.items():
         if key not in known and not takes_any:
             raise UsageError(
@@ -231,7 +234,7 @@ def parse_overrides(fn: Callable[..., Any], defines: Defines) -> dict[str, Any]:
     return out
 
 
-def _convert(key: str, raw: str, default: Any) -> Any:
+def _convert(key: str, raw: str, default: object) -> object:
     if isinstance(default, str):
         return raw
     try:
@@ -250,7 +253,9 @@ def _convert(key: str, raw: str, default: Any) -> Any:
     return float(value) if isinstance(default, float) else value
 
 
-def load_inputs(target: Target, inputs: str | None = None, defines: Defines | None = None, mesh: Any = None) -> Inputs:
+def load_inputs(
+    target: Target, inputs: str | None = None, defines: Defines | None = None, mesh: Placement = None
+) -> Inputs:
     """Call the inputs callable (with `-D` defines, and `mesh=` when it declares that parameter and
     a mesh is given) and return the positional arguments."""
     fn, source = find_inputs_callable(target, inputs)

@@ -24,11 +24,12 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec
+from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec, Sharding
+from jax.tree_util import KeyEntry
 
 from . import _jax_compat as jc
 from ._analysis import Analysis, residual_outputs
-from ._jaxpr import aval_bytes
+from ._jaxpr import Shaped, aval_bytes, aval_shape
 from ._trace import Traced, is_array_leaf
 from .errors import AuditError, DevicesUnavailable, TargetError, UsageError
 from .records import MeshAxis, MeshSpec, PolicyResult, ResidualKind, ShardingSource
@@ -38,7 +39,7 @@ from .records import MeshAxis, MeshSpec, PolicyResult, ResidualKind, ShardingSou
 MAX_DEVICES = 2048
 
 
-def cpu_devices(n: int) -> list[Any]:
+def cpu_devices(n: int) -> list[jax.Device]:
     """`n` of JAX's CPU devices. How many there are is fixed when JAX starts its backend (the
     command line sets XLA's flag for it first); too few is `DevicesUnavailable`."""
     if n > MAX_DEVICES:
@@ -86,12 +87,12 @@ def source_of(mesh: Mesh | AbstractMesh) -> ShardingSource:
     return ShardingSource.ABSTRACT if isinstance(mesh, AbstractMesh) else ShardingSource.COMPILED
 
 
-def place_args(args: tuple[Any, ...], mesh: Mesh | AbstractMesh) -> tuple[Any, ...]:
+def place_args(args: tuple[object, ...], mesh: Mesh | AbstractMesh) -> tuple[object, ...]:
     """`args` with every array leaf a ShapeDtypeStruct sharded on `mesh`: a leaf without a sharding
     is replicated; a NamedSharding must use the mesh's axes, each dividing the dimension it splits.
     Checked before tracing, so a wrong spec is named by input and dimension."""
 
-    def place(path: Any, leaf: Any) -> Any:
+    def place(path: tuple[KeyEntry, ...], leaf: Any) -> object:  # Any: an array leaf's shape and dtype
         if not is_array_leaf(leaf):
             return leaf
         name = "args" + jax.tree_util.keystr(path)
@@ -117,7 +118,9 @@ def place_args(args: tuple[Any, ...], mesh: Mesh | AbstractMesh) -> tuple[Any, .
     return tuple(jax.tree_util.tree_map_with_path(place, args, is_leaf=is_array_leaf))
 
 
-def _check_spec(name: str, shape: tuple[int, ...], spec: Any, mesh: Mesh | AbstractMesh, sharding: Any) -> None:
+def _check_spec(
+    name: str, shape: tuple[int, ...], spec: PartitionSpec, mesh: Mesh | AbstractMesh, sharding: Sharding | None
+) -> None:
     sizes = dict(mesh.shape)
     own = getattr(sharding, "mesh", None)
     if own is not None and tuple(own.axis_names) != tuple(sizes):
@@ -168,9 +171,11 @@ def per_device(traced: Traced, analysis: Analysis, mesh: Mesh | AbstractMesh) ->
                 "use --shardings compiled; real TE partitions only on GPUs (see the README), its CPU stand-in "
                 "on virtual CPU devices",
             )
-        out_shardings = [getattr(getattr(v, "aval", None), "sharding", None) for v in closed.jaxpr.outvars]
+        out_shardings: list[Sharding | None] = [
+            getattr(getattr(v, "aval", None), "sharding", None) for v in closed.jaxpr.outvars
+        ]
     else:
-        out_shardings = _compiled_shardings(closed, traced, result.policy, mesh)
+        out_shardings = list(_compiled_shardings(closed, traced, result.policy, mesh))
     residuals = []
     for r, (var, kind, i) in zip(result.residuals, outputs, strict=True):
         if kind is ResidualKind.LITERAL:
@@ -189,7 +194,7 @@ def per_device(traced: Traced, analysis: Analysis, mesh: Mesh | AbstractMesh) ->
     return dataclasses.replace(result, residuals=tuple(residuals), totals=totals)
 
 
-def _compiled_shardings(closed: Any, traced: Traced, policy: str, mesh: Mesh) -> list[Any]:
+def _compiled_shardings(closed: jc.ClosedJaxpr, traced: Traced, policy: str, mesh: Mesh) -> list[Sharding]:
     shardings = tuple(a.sharding for a in traced.avals)
     try:
         with mesh_context(mesh):
@@ -214,18 +219,19 @@ def _cause(exc: BaseException) -> str:
     return errors[-1] if errors else f"{type(exc).__name__}: {lines[0] if lines else ''}"
 
 
-def device_bytes(aval: Any, sharding: Any) -> int:
+def device_bytes(aval: Shaped, sharding: Sharding) -> int:
     """Bytes of one device's shard of `aval`: its shard shape (padded where a dimension does not
     divide, as XLA pads) at the aval's item size (a PRNG key's key data, as for global bytes)."""
-    shape = tuple(int(d) for d in aval.shape)
+    shape = aval_shape(aval)
     try:
         shard = tuple(sharding.shard_shape(shape))
-    except ValueError:  # uneven: every device holds the padded shard
+    except ValueError:  # uneven: every device holds the padded shard (only a NamedSharding splits so)
+        assert isinstance(sharding, NamedSharding)
         shard = _padded_shard(shape, sharding)
-    return aval_bytes(jax.ShapeDtypeStruct(shard, aval.dtype))
+    return aval_bytes(jax.ShapeDtypeStruct(shard, getattr(aval, "dtype", None)))
 
 
-def _padded_shard(shape: tuple[int, ...], sharding: Any) -> tuple[int, ...]:
+def _padded_shard(shape: tuple[int, ...], sharding: NamedSharding) -> tuple[int, ...]:
     sizes = dict(sharding.mesh.shape)
     out = []
     for dim, size in enumerate(shape):
@@ -235,7 +241,7 @@ def _padded_shard(shape: tuple[int, ...], sharding: Any) -> tuple[int, ...]:
     return tuple(out)
 
 
-def sharding_text(sharding: Any, ndim: int) -> str:
+def sharding_text(sharding: Sharding, ndim: int) -> str:
     """The PartitionSpec as JAX prints it, trailing unsharded dimensions dropped: "P('data', None,
     'model')"; "P()" when replicated."""
     if isinstance(sharding, NamedSharding):

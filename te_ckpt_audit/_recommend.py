@@ -24,7 +24,6 @@ import dataclasses
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
 
 from ._heap import without_gc
 from ._session import Session
@@ -57,7 +56,7 @@ def _spec(base: str | None, saved: tuple[str, ...], offloaded: tuple[str, ...]) 
     return names_spec(saved, offloaded, base)
 
 
-def _natural(name: str) -> tuple[Any, ...]:
+def _natural(name: str) -> tuple[int | str, ...]:
     return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
 
 
@@ -107,7 +106,7 @@ class _Evaluator:
         return cand
 
 
-def _rank(c: Candidate) -> tuple[Any, ...]:
+def _rank(c: Candidate) -> tuple[int, int, int, int, str]:
     """Least recompute; then least host traffic, fewest device bytes, simplest spec."""
     return (c.recompute_flops, c.host_bytes, c.activation_bytes, len(c.saved) + len(c.offloaded), c.policy)
 
@@ -210,8 +209,18 @@ def recommend(
         _exhaustive(ev, names, bases, allow_offload)
     elif names:
         _propose(ev, names, bases, kind_of, allow_offload)
+    return _found(ev, names, skipped, allow_offload, max_evals)
 
+
+def _found(
+    ev: _Evaluator, names: tuple[str, ...], skipped: tuple[str, ...], allow_offload: bool, max_evals: int
+) -> Recommendation:
+    """The record of a search: the winner (or the closest), the frontier, and the report of every
+    point shown."""
     evaluated = tuple(ev.done.values())
+    if not evaluated or all(c.error is not None for c in evaluated):
+        first = next((c.error for c in evaluated if c.error), None)
+        raise TargetError(first or "no candidate could be analysed", "rerun with --debug for the traceback")
     winner = best_fit(evaluated)
     closest = None
     if winner is None:
@@ -222,13 +231,10 @@ def recommend(
     for extra in (winner, closest):
         if extra is not None and extra not in shown:
             shown.append(extra)
-    report = session.report_of([ev.results[c.policy] for c in shown if c.policy in ev.results])
-    if not evaluated or all(c.error is not None for c in evaluated):
-        first = next((c.error for c in evaluated if c.error), None)
-        raise TargetError(first or "no candidate could be analysed", "rerun with --debug for the traceback")
+    report = ev.session.report_of([ev.results[c.policy] for c in shown if c.policy in ev.results])
     return Recommendation(
-        target=traced.target,
-        budget_bytes=budget,
+        target=ev.session.traced.target,
+        budget_bytes=ev.budget,
         mesh=report.mesh,
         names=names,
         skipped_names=skipped,

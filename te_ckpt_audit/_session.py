@@ -32,7 +32,7 @@ from ._warnings import NOTHING_SAVEABLE, warnings_for
 from .config import Defines
 from .errors import TargetError
 from .records import AuditReport, MeshSpec, PolicyResult, Scope, ShardingSource, TeKind
-from .specs import Custom, PolicySpec, Preset, policy_specs
+from .specs import Custom, PolicyLike, PolicySpec, Preset, policy_specs
 
 Progress = Callable[[str], None]
 Placement = jax.sharding.Mesh | jax.sharding.AbstractMesh | None
@@ -183,7 +183,7 @@ class Session:
     @without_gc
     def report(
         self,
-        policies: Sequence[str | PolicySpec | Callable[..., Any]],
+        policies: Sequence[PolicyLike],
         *,
         warnings: bool = True,
         compile: bool = False,

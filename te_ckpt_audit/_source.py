@@ -11,7 +11,6 @@ import sys
 import traceback
 import types
 from pathlib import Path
-from typing import Any
 
 from . import _jax_compat as jc
 from .records import SourceLocation
@@ -25,7 +24,7 @@ class Origin:
     frame: SourceLocation | None  # innermost frame overall (JAX's own frames left out)
 
 
-def module_path(prefix: tuple[str, ...], eqn: Any, merged: dict[int, tuple[str, ...]]) -> tuple[str, ...]:
+def module_path(prefix: tuple[str, ...], eqn: jc.JaxprEqn, merged: dict[int, tuple[str, ...]]) -> tuple[str, ...]:
     """The enclosing scopes (`prefix`, from the equations whose bodies hold this one) and the
     equation's own: Flax module paths, Keras layer names, `jax.named_scope`s. An equation of a
     body shared by several layers has its scopes `merged` across them ("block_*")."""
@@ -74,7 +73,7 @@ def raised_in_user_code(exc: BaseException) -> bool:
     return bool(frames) and not is_library_file(frames[-1].filename)
 
 
-def module_globals(module: object) -> dict[str, Any]:
+def module_globals(module: object) -> dict[str, object]:
     """A module's own namespace, read without running any of its code: `getattr` on a module can
     call its PEP 562 `__getattr__` (transformers 5 imports torch that way), and `sys.modules` may
     hold objects that are not modules at all."""
@@ -108,7 +107,7 @@ class SourceFinder:
 
     def __init__(self) -> None:
         self._library = _library_files()
-        self._cache: dict[int, tuple[Any, Origin]] = {}
+        self._cache: dict[int, tuple[jc.Traceback | None, Origin]] = {}
         self._files: dict[str, bool] = {}  # file name -> a library's; a trace has few files
 
     def _is_library(self, filename: str) -> bool:
@@ -116,7 +115,7 @@ class SourceFinder:
             self._files[filename] = is_library_file(filename, self._library)
         return self._files[filename]
 
-    def __call__(self, eqn: Any) -> Origin:
+    def __call__(self, eqn: jc.JaxprEqn) -> Origin:
         tb = eqn.source_info.traceback
         key = id(tb)
         if key in self._cache:
@@ -133,7 +132,7 @@ class SourceFinder:
         return origin
 
 
-def _location(frame: Any) -> SourceLocation | None:
+def _location(frame: jc.Frame | None) -> SourceLocation | None:
     if frame is None:
         return None
     return SourceLocation(_display_path(frame.file_name), int(frame.start_line), frame.function_name)

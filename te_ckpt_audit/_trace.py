@@ -10,15 +10,17 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeAlias
 
 import jax
 import numpy as np
+from jax.tree_util import KeyEntry
 
 from . import _jax_compat as jc
 from ._heap import without_gc
 from ._intern import intern_bodies
 from ._jaxpr import (
+    AnyJaxpr,
     aval_dtype,
     aval_shape,
     has_body,
@@ -29,7 +31,7 @@ from ._jaxpr import (
 )
 from ._source import Origin, SourceFinder, module_path, user_location
 from .errors import TargetError, UsageError, first_line
-from .policies import is_te_gemm, is_te_standin
+from .policies import Policy, is_te_gemm, is_te_standin
 from .records import Equation
 
 
@@ -42,8 +44,8 @@ class Row:
     """
 
     equation: Equation
-    eqn: Any
-    remat_policy: Callable[..., Any] | None  # policy of the innermost enclosing checkpoint
+    eqn: jc.JaxprEqn
+    remat_policy: Policy | None  # policy of the innermost enclosing checkpoint
     in_remat: bool
     anchor: str | None = None
 
@@ -57,7 +59,7 @@ class Rows:
         self.names: set[str] = set()
         self.finder = SourceFinder()
         self.uses: dict[str, int] = {}  # equation id -> times it runs, shared bodies included
-        self.memo: dict[int, tuple[Any, Any]] = {}
+        self.memo: dict[int, tuple[AnyJaxpr, AnyJaxpr]] = {}
         self.has_remat = False  # a checkpoint anywhere, custom_vjp forward rules included
         self.scopes: dict[int, tuple[str, ...]] = {}  # merged scopes of shared bodies (_intern)
 
@@ -75,17 +77,24 @@ def id_key(eid: str) -> tuple[tuple[int, str], ...]:
     return tuple((int(p), "") if p.isdigit() else (1 << 30, p) for p in eid.split("."))
 
 
+# The jit calls `_apply` makes of the work no policy touches, by (first, last, length, outputs) of
+# the run of equations each holds; the entry keeps those equations alive, so their ids stay unique.
+Segments: TypeAlias = dict[
+    tuple[int, int, int, tuple[int, ...]], tuple[jc.JaxprEqn, jc.JaxprEqn, list[jc.Var], jc.JaxprEqn | None]
+]
+
+
 @dataclasses.dataclass(frozen=True)
 class Traced:
     """One trace of the user's function; every policy is analysed from it. `segments` holds the
     jit calls of the work no policy touches (`_apply`), built once and shared by every policy."""
 
-    jaxpr: Any  # ClosedJaxpr, tagged
+    jaxpr: jc.ClosedJaxpr  # tagged
     avals: tuple[jax.ShapeDtypeStruct, ...]  # the array inputs, flattened
     arg_names: tuple[str, ...]
     rows: Rows
     target: str
-    segments: dict[tuple[int, ...], Any] = dataclasses.field(default_factory=dict, compare=False, repr=False)
+    segments: Segments = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     @property
     def has_remat(self) -> bool:
@@ -103,16 +112,16 @@ class Traced:
         return tuple(f"{n}: {a.dtype}{list(a.shape)}" for n, a in zip(self.arg_names, self.avals, strict=True))
 
 
-def is_array_leaf(x: Any) -> bool:
+def is_array_leaf(x: object) -> bool:
     return isinstance(x, jax.ShapeDtypeStruct | jax.Array | np.ndarray | np.generic)
 
 
-def _describe(x: Any) -> str:
+def _describe(x: jax.ShapeDtypeStruct) -> str:
     return f"{np.dtype(x.dtype).name}{list(x.shape)}"
 
 
 @without_gc
-def trace(fn: Callable[..., Any], args: tuple[Any, ...], target: str = "") -> Traced:
+def trace(fn: Callable[..., Any], args: tuple[object, ...], target: str = "") -> Traced:
     """Trace `fn(*args)` to a tagged jaxpr. Array leaves of `args` (arrays or ShapeDtypeStructs)
     become inputs; any other leaf (ints, strings, config objects) is passed through unchanged.
 
@@ -136,7 +145,7 @@ def trace(fn: Callable[..., Any], args: tuple[Any, ...], target: str = "") -> Tr
             "the inputs callable should return a tuple with jax.ShapeDtypeStruct (or array) leaves",
         )
 
-    def flat_fn(*dyn: Any) -> Any:
+    def flat_fn(*dyn: jax.Array) -> Any:
         full = list(leaves)
         for i, value in zip(dynamic, dyn, strict=True):
             full[i] = value
@@ -169,7 +178,7 @@ def trace(fn: Callable[..., Any], args: tuple[Any, ...], target: str = "") -> Tr
     return Traced(tagged, avals, names, rows, target)
 
 
-def _abstract(leaf: Any, name: str) -> jax.ShapeDtypeStruct:
+def _abstract(leaf: Any, name: str) -> jax.ShapeDtypeStruct:  # an array leaf: shape and dtype
     """The leaf as a ShapeDtypeStruct that keeps what JAX keys on: weak type and sharding."""
     shape = tuple(np.shape(leaf))
     if any(not isinstance(d, int | np.integer) or d < 0 for d in shape):
@@ -184,7 +193,7 @@ def _abstract(leaf: Any, name: str) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(shape, leaf.dtype, weak_type=weak, sharding=sharding)
 
 
-def _arg_name(path: Any) -> str:
+def _arg_name(path: tuple[KeyEntry, ...]) -> str:
     return "args" + jax.tree_util.keystr(path)
 
 
@@ -193,22 +202,22 @@ def _arg_name(path: Any) -> str:
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Context:
     multiplicity: int = 1
-    remat_policy: Callable[..., Any] | None = None
+    remat_policy: Policy | None = None
     in_remat: bool = False
-    traceback_from: Any = None  # equations of a custom_vjp fwd rule take the call site's source
+    traceback_from: jc.Traceback | None = None  # equations of a custom_vjp fwd rule take the call site's source
     origin: Origin | None = None  # the enclosing equation's, for bodies JAX traced apart (jit)
     module: tuple[str, ...] = ()  # the enclosing equations' scopes (module path)
     out_names: tuple[str | None, ...] = ()  # checkpoint names given to the last outputs outside
     anchor: str | None = None  # the custom_vjp call whose forward rule this is
 
 
-def tag_jaxpr(closed: Any, rows: Rows) -> Any:
+def tag_jaxpr(closed: jc.ClosedJaxpr, rows: Rows) -> jc.ClosedJaxpr:
     tagged = closed.replace(jaxpr=_tag(closed.jaxpr, "", _Context(), rows))
     _count_uses(tagged.jaxpr, 1, rows.uses)
     return tagged
 
 
-def _count_uses(jaxpr: Any, times: int, uses: dict[str, int]) -> None:
+def _count_uses(jaxpr: jc.Jaxpr, times: int, uses: dict[str, int]) -> None:
     """How often each equation runs: shared bodies once per use, scan bodies `length` times."""
     for eqn in jaxpr.eqns:
         tag = jc.eqn_tag(eqn)
@@ -221,7 +230,7 @@ def _count_uses(jaxpr: Any, times: int, uses: dict[str, int]) -> None:
             _count_uses(open_jaxpr(sub), inner, uses)
 
 
-def _tag(jaxpr: Any, prefix: str, ctx: _Context, rows: Rows) -> Any:
+def _tag(jaxpr: jc.Jaxpr, prefix: str, ctx: _Context, rows: Rows) -> jc.Jaxpr:
     consumers_named = {
         e.invars[0]: e.params["name"] for e in jaxpr.eqns if e.primitive is jc.name_p and e.invars
     }
@@ -268,7 +277,9 @@ def _tag(jaxpr: Any, prefix: str, ctx: _Context, rows: Rows) -> Any:
             single = len(list(sub_jaxprs(eqn.params))) == 1
             sub_ctx = dataclasses.replace(_sub_context(eqn, ctx), origin=here, module=module, out_names=())
 
-            def tag_body(j: int, sub: Any, eid: str = eid, single: bool = single, ctx: _Context = sub_ctx) -> Any:
+            def tag_body(
+                j: int, sub: jc.Jaxpr, eid: str = eid, single: bool = single, ctx: _Context = sub_ctx
+            ) -> jc.Jaxpr:
                 return _tag(sub, f"{eid}." if single else f"{eid}.{j}.", ctx, rows)
 
             params = map_sub_jaxprs(params, tag_body, rows.memo)
@@ -287,11 +298,11 @@ def _tag(jaxpr: Any, prefix: str, ctx: _Context, rows: Rows) -> Any:
     return jaxpr.replace(eqns=new_eqns)
 
 
-def _differentiable(aval: Any) -> bool:
+def _differentiable(aval: jc.AbstractValue) -> bool:
     return bool(jax.numpy.issubdtype(getattr(aval, "dtype", np.int32), jax.numpy.inexact))
 
 
-def _tag_all(jaxpr: Any, eid: str, tb: Any) -> Any:
+def _tag_all(jaxpr: jc.Jaxpr, eid: str, tb: jc.Traceback | None) -> jc.Jaxpr:
     """Every equation, nested ones included, tagged `eid` and given the traceback `tb`."""
     eqns = []
     for eqn in jaxpr.eqns:
@@ -301,7 +312,7 @@ def _tag_all(jaxpr: Any, eid: str, tb: Any) -> Any:
     return jaxpr.replace(eqns=eqns)
 
 
-def _sub_context(eqn: Any, ctx: _Context) -> _Context:
+def _sub_context(eqn: jc.JaxprEqn, ctx: _Context) -> _Context:
     if eqn.primitive is jc.remat_p:
         return dataclasses.replace(ctx, remat_policy=eqn.params["policy"], in_remat=True)
     if eqn.primitive is jc.scan_p:
@@ -312,9 +323,9 @@ def _sub_context(eqn: Any, ctx: _Context) -> _Context:
 def _add_row(
     rows: Rows,
     eid: str,
-    eqn: Any,
+    eqn: jc.JaxprEqn,
     ctx: _Context,
-    named: dict[Any, str],
+    named: dict[jc.Atom, str],
     origin: Origin,
     module: tuple[str, ...],
 ) -> None:
@@ -340,7 +351,7 @@ def _add_row(
     rows.by_id[eid] = Row(equation, eqn, ctx.remat_policy, ctx.in_remat, ctx.anchor)
 
 
-def _nested_flops(eqn: Any) -> int:
+def _nested_flops(eqn: jc.JaxprEqn) -> int:
     total = 0
     for _, _, sub in sub_jaxprs(eqn.params):
         for inner in open_jaxpr(sub).eqns:

@@ -102,8 +102,8 @@ def parse_baseline(text: str, folder: Path, shown: str = "baseline") -> Baseline
     raise UsageError(f"baseline {shown} has schema {str(schema)[:80]!r}, expected {schemas.BASELINE!r}", hint)
 
 
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def _no_duplicates(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    out: dict[str, object] = {}
     for key, value in pairs:
         if key in out:
             raise ValueError(f"the key {key[:80]!r} appears twice in one object")
@@ -111,13 +111,13 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _only(doc: Mapping[str, Any], allowed: set[str]) -> None:
+def _only(doc: Mapping[str, object], allowed: set[str]) -> None:
     extra = sorted(set(doc) - allowed)
     if extra:
         raise ValueError(f"unknown key {extra[0][:80]!r} at the top level")
 
 
-def _figures(raw: Any) -> dict[str, int]:
+def _figures(raw: object) -> dict[str, int]:
     if not isinstance(raw, dict) or not all(
         isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in raw.values()
     ):
@@ -125,11 +125,11 @@ def _figures(raw: Any) -> dict[str, int]:
     return raw
 
 
-def _entries(rows: Any, folder: Path) -> Baseline:
+def _entries(rows: object, folder: Path) -> Baseline:
     if not isinstance(rows, list):
         raise ValueError("entries must be a list")
     entries: dict[AuditKey, dict[str, int]] = {}
-    unknown: list[Mapping[str, Any]] = []
+    unknown: list[Mapping[str, object]] = []
     for i, row in enumerate(rows):
         if not isinstance(row, dict):
             raise ValueError(f"entry {i} is not a table")
@@ -147,7 +147,7 @@ def _entries(rows: Any, folder: Path) -> Baseline:
     return Baseline(entries, unknown=tuple(unknown))
 
 
-def _key(row: Mapping[str, Any], folder: Path) -> AuditKey:
+def _key(row: Mapping[str, Any], folder: Path) -> AuditKey:  # Any: JSON, checked field by field
     inputs, defines, scope, mesh = row["inputs"], row["defines"], row["scope"], row["mesh"]
     if not isinstance(row["target"], str) or not (inputs is None or isinstance(inputs, str)):
         raise ValueError("an entry's target and inputs must be strings")
@@ -162,7 +162,7 @@ def _key(row: Mapping[str, Any], folder: Path) -> AuditKey:
     )
 
 
-def _legacy(targets: Any, folder: Path) -> Baseline:
+def _legacy(targets: object, folder: Path) -> Baseline:
     if not isinstance(targets, dict):
         raise ValueError("targets must be a table")
     return Baseline({}, {_resolve(t, folder): _figures(v) for t, v in targets.items()})

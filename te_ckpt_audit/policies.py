@@ -19,9 +19,9 @@ import dataclasses
 import functools
 import importlib
 from collections.abc import Callable
-from typing import Any
 
 import jax
+from jax.extend.core import Primitive
 
 __all__ = [
     "TE_GEMM_NAMES",
@@ -40,9 +40,12 @@ TE_GEMM_NAMES = frozenset(
 )
 SCALED_MATMUL_NAME = "scaled_matmul_wrapper"
 
+# A policy: (prim, *avals, **params) -> True/False, Saveable, Recompute or Offloadable(src, dst).
+Policy = Callable[..., object]
+
 
 @functools.cache
-def _real_te_primitives() -> frozenset[Any] | None:
+def _real_te_primitives() -> frozenset[Primitive] | None:
     """TE's outer GEMM primitives when TE imports, else None (then names decide)."""
     try:  # the module, not the function of the same name that cpp_extensions re-exports
         gemm = importlib.import_module("transformer_engine.jax.cpp_extensions.gemm")
@@ -57,7 +60,7 @@ def _real_te_primitives() -> frozenset[Any] | None:
     return frozenset(prims) or None
 
 
-def is_te_gemm(prim: Any) -> bool:
+def is_te_gemm(prim: object) -> bool:
     """True for TE's GEMM and grouped-GEMM outer primitives (by identity where TE imports)."""
     real = _real_te_primitives()
     if real is not None and prim in real:
@@ -67,12 +70,12 @@ def is_te_gemm(prim: Any) -> bool:
     return getattr(prim, "name", None) in TE_GEMM_NAMES
 
 
-def is_te_standin(prim: Any) -> bool:
+def is_te_standin(prim: object) -> bool:
     """A TE GEMM primitive that is the labelled CPU stand-in of the sample models, not TE's own."""
     return is_te_gemm(prim) and bool(getattr(prim, "te_ckpt_audit_standin", False))
 
 
-def te_gemms_saveable(prim: Any, *_: Any, **__: Any) -> bool:
+def te_gemms_saveable(prim: object, *_: object, **__: object) -> bool:
     """Save the outputs of TE GEMMs and of JAX's ``scaled_matmul_wrapper``; recompute the rest.
 
     >>> import jax
@@ -95,15 +98,15 @@ class SaveFromBoth:
     """
 
     name: str
-    first: Callable[..., Any]
-    second: Callable[..., Any]
-    _both: Callable[..., Any] = dataclasses.field(init=False, repr=False, compare=False)
+    first: Policy
+    second: Policy
+    _both: Policy = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         both = jax.checkpoint_policies.save_from_both_policies(self.first, self.second)
         object.__setattr__(self, "_both", both)
 
-    def __call__(self, prim: Any, *avals: Any, **params: Any) -> Any:
+    def __call__(self, prim: Primitive, *avals: object, **params: object) -> object:
         return self._both(prim, *avals, **params)
 
     @property

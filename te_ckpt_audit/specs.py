@@ -23,10 +23,10 @@ import jax
 
 from . import policies as te_policies
 from .errors import PolicySpecError, UsageError
+from .policies import Policy
 
 _cp = jax.checkpoint_policies
 
-Policy = Callable[..., Any]  # (prim, *avals, **params) -> bool | Saveable | Recompute | Offloadable
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -303,7 +303,10 @@ def resolve_policy(text: str) -> PolicySpec:
     raise PolicySpecError(f"unknown policy {spec!r}", _list_hint(_close_to(spec)))
 
 
-def policy_spec(policy: str | PolicySpec | Policy) -> PolicySpec:
+PolicyLike = str | PolicySpec | Policy  # what an API takes: a spec string, a parsed spec, a callable
+
+
+def policy_spec(policy: PolicyLike) -> PolicySpec:
     """A spec string parsed, a spec as it is, or a policy callable as a `Custom` spec named after it."""
     if isinstance(policy, PolicySpec):
         return policy
@@ -314,7 +317,7 @@ def policy_spec(policy: str | PolicySpec | Policy) -> PolicySpec:
     raise TypeError(f"a policy is a spec string or a callable, not {type(policy).__name__}")
 
 
-def policy_specs(policies: Sequence[str | PolicySpec | Policy]) -> tuple[PolicySpec, ...]:
+def policy_specs(policies: Sequence[PolicyLike]) -> tuple[PolicySpec, ...]:
     return tuple(policy_spec(p) for p in policies)
 
 

@@ -73,8 +73,9 @@ def report() -> AuditReport:
 )
 def test_golden(report: AuditReport, name: str, render: Any) -> None:
     text = render(report)
-    if os.environ.get("UPDATE_GOLDEN"):
+    if os.environ.get("UPDATE_GOLDEN"):  # a rewritten golden is never compared with itself
         (GOLDEN / name).write_text(text, encoding="utf-8")
+        pytest.fail(f"rewrote tests/golden/{name}: review its diff, then run again without UPDATE_GOLDEN")
     assert text == (GOLDEN / name).read_text(encoding="utf-8")
 
 

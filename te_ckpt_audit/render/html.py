@@ -84,18 +84,7 @@ def frontier_svg(points: Sequence[PlotPoint], budget: int | None = None, width: 
 
     out = [f'<svg width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img" '
            'aria-label="activation bytes against recompute FLOPs">']
-    out.append(f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="#fbfcfc" stroke="#d5d8dc"/>')
-    for i in range(5):
-        gx, gy = left + pw * i / 4, top + ph * i / 4
-        out.append(f'<line x1="{gx:.1f}" y1="{top}" x2="{gx:.1f}" y2="{top + ph}" stroke="#eaeded"/>')
-        out.append(f'<line x1="{left}" y1="{gy:.1f}" x2="{left + pw}" y2="{gy:.1f}" stroke="#eaeded"/>')
-        tick = format_bytes(round(x_max * i / 4))
-        out.append(f'<text x="{gx:.1f}" y="{top + ph + 16}" text-anchor="middle">{_e(tick)}</text>')
-        out.append(f'<text x="{left - 6}" y="{gy + 4:.1f}" text-anchor="end">'
-                   f'{_e(format_flops(round(y_max * (4 - i) / 4)))}</text>')
-    out.append(f'<text x="{left + pw / 2}" y="{height - 6}" text-anchor="middle">activation bytes →</text>')
-    out.append(f'<text x="14" y="{top + ph / 2}" transform="rotate(-90 14 {top + ph / 2})" '
-               'text-anchor="middle">recompute FLOPs →</text>')
+    out += _axes(left, top, pw, ph, x_max, y_max, height)
     if budget is not None:
         bx = x(budget)
         out.append(f'<line x1="{bx:.1f}" y1="{top}" x2="{bx:.1f}" y2="{top + ph}" stroke="#e67e22" '
@@ -136,6 +125,23 @@ def frontier_svg(points: Sequence[PlotPoint], budget: int | None = None, width: 
             (any(p.winner for p in points), '<span style="color:#b7950b">★ recommended</span>'),
             (budget is not None, '<span style="color:#e67e22">┊ budget</span>')]
     return "\n".join(out) + '\n<p class="legend">' + "".join(k for shown, k in keys if shown) + "</p>"
+
+
+def _axes(left: int, top: int, pw: int, ph: int, x_max: int, y_max: int, height: int) -> list[str]:
+    """The plot's frame, grid, ticks and axis titles."""
+    out = [f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="#fbfcfc" stroke="#d5d8dc"/>']
+    for i in range(5):
+        gx, gy = left + pw * i / 4, top + ph * i / 4
+        out.append(f'<line x1="{gx:.1f}" y1="{top}" x2="{gx:.1f}" y2="{top + ph}" stroke="#eaeded"/>')
+        out.append(f'<line x1="{left}" y1="{gy:.1f}" x2="{left + pw}" y2="{gy:.1f}" stroke="#eaeded"/>')
+        tick = format_bytes(round(x_max * i / 4))
+        out.append(f'<text x="{gx:.1f}" y="{top + ph + 16}" text-anchor="middle">{_e(tick)}</text>')
+        out.append(f'<text x="{left - 6}" y="{gy + 4:.1f}" text-anchor="end">'
+                   f'{_e(format_flops(round(y_max * (4 - i) / 4)))}</text>')
+    out.append(f'<text x="{left + pw / 2}" y="{height - 6}" text-anchor="middle">activation bytes →</text>')
+    out.append(f'<text x="14" y="{top + ph / 2}" transform="rotate(-90 14 {top + ph / 2})" '
+               'text-anchor="middle">recompute FLOPs →</text>')
+    return out
 
 
 def _star(cx: float, cy: float, r: float) -> str:

@@ -210,8 +210,8 @@ def render_check_table(runs: Sequence[Run], width: int = 80) -> str:
     return buffer.getvalue()
 
 
-def render_table(report: AuditReport, view: TableView = TableView()) -> str:
-    """The comparison, the hotspots, the per-equation table (if asked), then the warnings."""
+def _sections(report: AuditReport, view: TableView) -> list[list[RenderableType]]:
+    """The report's parts, in order: each a list of renderables printed one below the other."""
     sections: list[list[RenderableType]] = [
         [_header(report)],
         [
@@ -259,6 +259,12 @@ def render_table(report: AuditReport, view: TableView = TableView()) -> str:
         sections.append([Text(f"Note: {mesh_note(report)}", style="dim")])
     if report.emulated_device:
         sections.append([Text(f"Note: {EMULATED_NOTE.format(device=report.emulated_device)}", style="dim")])
+    return sections
+
+
+def render_table(report: AuditReport, view: TableView = TableView()) -> str:
+    """The comparison, the hotspots, the per-equation table (if asked), then the warnings."""
+    sections = _sections(report, view)
     out = io.StringIO()
     console = Console(
         file=out,

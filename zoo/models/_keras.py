@@ -28,6 +28,17 @@ from keras.src import backend as keras_backend  # noqa: E402
 LAYERS, SEQ, BATCH, VOCAB = 2, 16, 2, 128
 
 
+def causal_lm(family: str, **config: Any) -> tuple[Callable[..., jax.Array], Callable[..., Any], Callable[[], Any]]:
+    """KerasHub's `{family}CausalLM` over its `{family}Backbone` (two layers, dropout 0.1, the
+    zoo's vocabulary), as the zoo's three callables: `loss`, `make_loss` and `loss_inputs`."""
+    import keras_hub
+
+    backbone = getattr(keras_hub.models, f"{family}Backbone")
+    lm = getattr(keras_hub.models, f"{family}CausalLM")
+    model = build(lambda: backbone(vocabulary_size=VOCAB, num_layers=LAYERS, dropout=0.1, **config), lm)
+    return targets(model)
+
+
 def build(make_backbone: Callable[[], Any], causal_lm: Any) -> Any:
     """The causal LM, its activations under Keras' remat."""
     with keras.RematScope(mode="activations"):

@@ -3,7 +3,7 @@
 # CI runs as root) loads the `recommend` and `audit` pages with no network, must log no console
 # message, must render their SVG, and saves a screenshot of each.
 #
-#   bash ci/browser_check.sh          # pages, logs and screenshots in build/browser-check/
+#   bash .ci/browser_check.sh          # pages, logs and screenshots in build/browser-check/
 #
 # Exit 0 when both pages load clean; the screenshots' paths are printed either way.
 set -euo pipefail

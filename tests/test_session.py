@@ -1,0 +1,83 @@
+"""The session: one JAX linearization per policy and run, whatever steps reuse it (per-device bytes
+on a mesh, warnings, a search), and one report made the same way for every client."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import te_ckpt_audit._jax_compat as jc
+from te_ckpt_audit import (
+    Session,
+    ShardingSource,
+    TargetError,
+    audit_target,
+    parse_mesh,
+    recommend,
+    recommend_target,
+)
+from te_ckpt_audit.specs import resolve_policy
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def linearizations(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
+    """Every call of the linearization `jax.vjp` uses (one per analysed policy, if nothing repeats)."""
+    calls: list[int] = []
+    real = jc.linearize_for_vjp
+    monkeypatch.setattr(jc, "linearize_for_vjp", lambda *a, **k: calls.append(1) or real(*a, **k))
+    yield calls
+
+
+@pytest.fixture(autouse=True)
+def _in_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)
+
+
+def test_audit_linearizes_each_policy_once(linearizations: list[int]) -> None:
+    report = audit_target("sample_models/gpt.py:loss", defines={"layers": 2})
+    assert len(report.results) == 6
+    assert len(linearizations) == 6  # nothing_saveable, in the set, is the warnings' baseline too
+
+
+def test_the_mesh_reuses_the_analysis(linearizations: list[int]) -> None:
+    report = audit_target("sample_models/megatron_tp.py:loss", mesh="data=2,model=4")
+    assert report.mesh == parse_mesh("data=2,model=4") and report.sharding_source is ShardingSource.COMPILED
+    assert all(r.totals.activation_bytes_per_device is not None for r in report.results)
+    assert len(linearizations) == len(report.results) == 6  # before the session: 12
+
+
+def test_recommend_linearizes_each_candidate_once(linearizations: list[int]) -> None:
+    rec = recommend_target("sample_models/megatron_tp.py:loss", 1 << 20, mesh="data=2,model=4")
+    assert len(linearizations) == len(rec.evaluated)  # before the session: twice as many on a mesh
+    assert rec.report.sharding_source is ShardingSource.COMPILED and rec.report.mesh == rec.mesh
+
+
+def test_a_session_keeps_every_analysis(linearizations: list[int]) -> None:
+    session = Session.of_target("sample_models/eight_names.py:loss", defines={"layers": "4"})
+    first = session.report(["nothing_saveable", "checkpoint_dots"])
+    again = session.report(["checkpoint_dots", "nothing_saveable"])
+    assert len(linearizations) == 2
+    assert first.results == tuple(reversed(again.results))
+    rec = recommend(session, 3328)  # the search reuses what the audits analysed
+    assert len(linearizations) == len(rec.evaluated)
+    assert session.result(resolve_policy("checkpoint_dots")) is session.result(resolve_policy("checkpoint_dots"))
+
+
+def test_a_policy_jax_cannot_differentiate_under_is_tried_once(linearizations: list[int]) -> None:
+    import jax
+    import jax.numpy as jnp
+
+    def loss(x: jax.Array) -> jax.Array:  # remat's reduce_precision refuses complex values
+        z = jnp.exp(1j * x.astype(jnp.complex64))
+        return jnp.real(jnp.sum(z * z))
+
+    session = Session.of_function(loss, jax.ShapeDtypeStruct((4,), jnp.float32))
+    report = session.report(["everything_saveable", "none"])
+    assert report.results[0].error is not None and report.results[1].error is None
+    with pytest.raises(TargetError, match="reduce_precision"):  # under no policy at all: the target fails
+        session.report(["everything_saveable"])
+    assert len(linearizations) == 2
