@@ -53,6 +53,11 @@ class _Producer:
     name: str | None
     multiplicity: int
     argument: int | None  # index of a top-level input, when the value is an input
+    tags: frozenset[str] = frozenset()  # the tags on its path: they name the call sites it was made at
+
+    def inside(self, call: jc.JaxprEqn) -> _Producer:
+        """This producer, found inside the body `call` calls."""
+        return dataclasses.replace(self, tags=self.tags | jc.eqn_tags(call)) if self.eqn is not None else self
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -194,6 +199,10 @@ def _residuals(traced: Traced, jaxpr: jc.Jaxpr) -> list[Residual]:
         name = producer.name if producer else None
         if name is None and m.row is not None:
             name = m.row.equation.name
+        module, origin = m.row.equation.module if m.row else None, m.origin
+        if m.row is not None and producer is not None and m.equation is not None:  # at its own call site
+            scopes, origin = traced.rows.sites.at(m.equation, producer.tags)
+            module = "/".join(scopes) or None
         category = m.category or (Category.NAMED if name is not None else Category.OTHER)
         argument = None
         if kind is ResidualKind.ARGUMENT:
@@ -214,9 +223,9 @@ def _residuals(traced: Traced, jaxpr: jc.Jaxpr) -> list[Residual]:
                 primitive=m.primitive,
                 name=name,
                 equation=m.equation,
-                source=m.origin.source,
-                frame=m.origin.frame,
-                module=m.row.equation.module if m.row else None,
+                source=origin.source,
+                frame=origin.frame,
+                module=module,
                 multiplicity=producer.multiplicity if producer else 1,
                 argument=argument,
                 standin=m.standin,
@@ -228,7 +237,10 @@ def _residuals(traced: Traced, jaxpr: jc.Jaxpr) -> list[Residual]:
 def _origin(traced: Traced, row: Row | None, eqn: jc.JaxprEqn | None) -> Origin:
     if row is not None:
         return Origin(row.equation.source, row.equation.frame)
-    return traced.rows.finder(eqn) if eqn is not None else Origin(None, None)
+    if eqn is None:
+        return Origin(None, None)
+    found = traced.rows.finder(eqn)
+    return Origin(found.source or found.frame, found.frame)
 
 
 def _on_host(aval: jc.AbstractValue) -> bool:
@@ -301,8 +313,8 @@ class _Resolver:
                 at = None if isinstance(out, jc.Literal) else self._input_map(body).get(out)
                 if inner.eqn is None and at is not None and len(body.invars) == len(eqn.invars):
                     return self._resolve(jaxpr, eqn.invars[at], inner.name, mult, depth + 1, top)
-                return inner
-        return _Producer(eqn, name, mult, None)
+                return inner.inside(eqn)
+        return _Producer(eqn, name, mult, None, jc.eqn_tags(eqn))
 
     def _through_scan(
         self, jaxpr: jc.Jaxpr, eqn: jc.JaxprEqn, i: int, name: str | None, mult: int, depth: int, top: bool
@@ -315,16 +327,16 @@ class _Resolver:
         out = body.outvars[i]
         for _ in range(2):  # a carried value: follow the carry-out that feeds it
             inner = self._resolve(body, out, name, inner_mult, depth + 1)
-            if inner.eqn is not None or out not in body.invars:
-                return inner
-            j = body.invars.index(out)
+            j = None if isinstance(out, jc.Literal) else self._input_map(body).get(out)
+            if inner.eqn is not None or j is None:
+                return inner.inside(eqn)
             if n_consts <= j < n_consts + n_carry and body.outvars[j - n_consts] is not out:
                 out = body.outvars[j - n_consts]
                 continue
             # a loop-invariant or per-iteration input: its producer is outside the scan (stacked,
             # it is still one value per layer)
             return self._resolve(jaxpr, eqn.invars[j], inner.name, inner_mult, depth + 1, top)
-        return _Producer(eqn, name, inner_mult, None)
+        return _Producer(eqn, name, inner_mult, None, jc.eqn_tags(eqn))
 
 
 def _recomputed(traced: Traced, tangent: jc.Jaxpr) -> tuple[set[str], int]:

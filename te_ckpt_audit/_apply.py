@@ -183,8 +183,8 @@ class _Swap:
                     params["policy"] = self.policy
                 eqn = eqn.replace(params=params)
                 site = self._site(eqn, inline=self.policy is None) if direct else None
-                if site is not None:
-                    eqn = site.replace(invars=eqn.invars, outvars=eqn.outvars)
+                if site is not None:  # the call keeps this checkpoint's name stack: its tag names the site
+                    eqn = site.replace(invars=eqn.invars, outvars=eqn.outvars, source_info=eqn.source_info)
                 elif self.policy is None:
                     eqns.extend(_inline(eqn, params["jaxpr"], alias))
                     changed = True
@@ -303,9 +303,9 @@ def _inline(eqn: jc.JaxprEqn, body: jc.Jaxpr, alias: dict[jc.Var, jc.Atom]) -> l
         return fresh
 
     out = []
-    for inner in body.eqns:
+    for inner in body.eqns:  # under the checkpoint's name stack: its scopes and tag stay on the path
         invars = [v if isinstance(v, jc.Literal) else env[v] for v in inner.invars]
-        out.append(inner.replace(invars=invars, outvars=[bind(v) for v in inner.outvars]))
+        out.append(jc.under(eqn, inner).replace(invars=invars, outvars=[bind(v) for v in inner.outvars]))
     for body_v, outer_v in zip(body.outvars, eqn.outvars, strict=True):
         src = body_v if isinstance(body_v, jc.Literal) else env[body_v]
         if src is not outer_v and not isinstance(outer_v, jc.DropVar):

@@ -6,38 +6,35 @@ and so do the later stages here; with one object per distinct body, each policy 
 layer once instead of once per layer. Residuals are unchanged: the bodies are equal.
 
 Bodies are compared by their printed form, which shows structure, shapes, dtypes, parameters and
-literals, not variable identities, source lines or name stacks. The name stacks of the merged
-bodies' equations are kept merged: a scope that differs between layers ("block_0", "block_1")
-reads "block_*".
+literals, not variable identities, source lines or name stacks. What the shared object cannot hold
+is kept beside it: each call site's own scope names of the body's equations (`_sites`), so a layer's
+residuals keep their layer's module path.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Sequence
 from typing import cast
 
 from . import _jax_compat as jc
 from ._jaxpr import AnyJaxpr, map_sub_jaxprs, open_jaxpr, sub_jaxprs
 
+# id of a checkpoint equation whose body is now shared -> (the equation, kept alive so the id stays
+# unique; the scope names of each of its original body's equations)
+SiteScopes = dict[int, tuple[jc.JaxprEqn, tuple[tuple[str, ...], ...]]]
 
-def intern_bodies(jaxpr: jc.Jaxpr) -> tuple[jc.Jaxpr, dict[int, tuple[str, ...]]]:
-    """`jaxpr` with equal checkpoint bodies shared, and the merged scope names of the equations
-    of every shared body, keyed by id of the (kept-alive) equation."""
+
+def intern_bodies(jaxpr: jc.Jaxpr) -> tuple[jc.Jaxpr, SiteScopes]:
+    """`jaxpr` with equal checkpoint bodies shared, and, for each checkpoint equation calling a
+    shared body, its own body's scope names."""
     groups: dict[str, list[jc.Jaxpr]] = {}
     keys: dict[int, str] = {}
     _collect(jaxpr, groups, keys, set())
     shared = {key: bodies for key, bodies in groups.items() if len(bodies) > 1}
     if not shared:
         return jaxpr, {}
-    scopes: dict[int, tuple[str, ...]] = {}
-    canonical: dict[str, jc.Jaxpr] = {}
-    for key, bodies in shared.items():
-        first = bodies[0]
-        canonical[key] = first
-        for j, eqn in enumerate(first.eqns):
-            scopes[id(eqn)] = _merged([jc.scope_names(b.eqns[j]) for b in bodies])
-    return _rewrite(jaxpr, canonical, keys, {}), scopes
+    canonical = {key: bodies[0] for key, bodies in shared.items()}
+    sites: SiteScopes = {}
+    return _rewrite(jaxpr, canonical, keys, {}, sites), sites
 
 
 def _collect(jaxpr: jc.Jaxpr, groups: dict[str, list[jc.Jaxpr]], keys: dict[int, str], visited: set[int]) -> None:
@@ -55,36 +52,30 @@ def _collect(jaxpr: jc.Jaxpr, groups: dict[str, list[jc.Jaxpr]], keys: dict[int,
 
 
 def _rewrite(
-    jaxpr: jc.Jaxpr, canonical: dict[str, jc.Jaxpr], keys: dict[int, str], memo: dict[int, tuple[AnyJaxpr, AnyJaxpr]]
+    jaxpr: jc.Jaxpr,
+    canonical: dict[str, jc.Jaxpr],
+    keys: dict[int, str],
+    memo: dict[int, tuple[AnyJaxpr, AnyJaxpr]],
+    sites: SiteScopes,
 ) -> jc.Jaxpr:
     if id(jaxpr) in memo:
         return cast(jc.Jaxpr, memo[id(jaxpr)][1])  # keyed by an open jaxpr: its rewrite is one too
     eqns = []
     for eqn in jaxpr.eqns:
         params = dict(eqn.params)
+        own = None
         if eqn.primitive is jc.remat_p:
             body = params["jaxpr"]
-            params["jaxpr"] = canonical.get(keys.get(id(body), ""), body)
-        params = map_sub_jaxprs(params, lambda _, sub: _rewrite(sub, canonical, keys, memo), memo)
+            if keys.get(id(body), "") in canonical:
+                params["jaxpr"] = canonical[keys[id(body)]]
+                own = tuple(jc.scope_names(e) for e in body.eqns)
+        params = map_sub_jaxprs(params, lambda _, sub: _rewrite(sub, canonical, keys, memo, sites), memo)
         same = all(params[k] is v for k, v in eqn.params.items())
-        eqns.append(eqn if same else eqn.replace(params=params))
-    # Unchanged jaxprs stay the same objects: the merged scopes are keyed by their equations.
+        new = eqn if same else eqn.replace(params=params)
+        if own is not None:
+            sites[id(new)] = (new, own)
+        eqns.append(new)
+    # Unchanged jaxprs stay the same objects: JAX's caches, and the sites above, know them by id.
     out = jaxpr if all(a is b for a, b in zip(eqns, jaxpr.eqns, strict=True)) else jaxpr.replace(eqns=eqns)
     memo[id(jaxpr)] = (jaxpr, out)
     return out
-
-
-def _merged(stacks: Sequence[tuple[str, ...]]) -> tuple[str, ...]:
-    """Scope names equal in every stack stay; ones that differ read as their common prefix and
-    suffix around a `*` ("block_0", "block_1" -> "block_*")."""
-    if len({len(s) for s in stacks}) != 1:
-        return stacks[0]
-    out = []
-    for names in zip(*stacks, strict=True):
-        if len(set(names)) == 1:
-            out.append(names[0])
-            continue
-        head = os.path.commonprefix(list(names))
-        tail = os.path.commonprefix([n[len(head) :][::-1] for n in names])[::-1]
-        out.append(f"{head}*{tail}")
-    return tuple(out)

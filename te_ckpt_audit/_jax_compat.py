@@ -136,6 +136,23 @@ def eqn_tag(eqn: JaxprEqn) -> str | None:
     return None
 
 
+def eqn_tags(eqn: JaxprEqn) -> frozenset[str]:
+    """Every te-ckpt-audit tag in an equation's name stack: an equation JAX derived inside a call
+    carries the call's tag too."""
+    return frozenset(
+        e.name[len(TAG_PREFIX) :]
+        for e in eqn.source_info.name_stack.stack
+        if isinstance(e, _siu.Scope) and e.name.startswith(TAG_PREFIX)
+    )
+
+
+def under(outer: JaxprEqn, eqn: JaxprEqn) -> JaxprEqn:
+    """`eqn` with `outer`'s name stack before its own: a body's equation moved out to its caller's
+    level (a checkpoint inlined) keeps the call's scopes and tag."""
+    info = eqn.source_info
+    return eqn.replace(source_info=info.replace(name_stack=outer.source_info.name_stack + info.name_stack))
+
+
 def scope_names(eqn: JaxprEqn) -> tuple[str, ...]:
     """The `jax.named_scope`s on the equation's name stack (transformations and our tags left out)."""
     return tuple(

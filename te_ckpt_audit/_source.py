@@ -24,14 +24,6 @@ class Origin:
     frame: SourceLocation | None  # innermost frame overall (JAX's own frames left out)
 
 
-def module_path(prefix: tuple[str, ...], eqn: jc.JaxprEqn, merged: dict[int, tuple[str, ...]]) -> tuple[str, ...]:
-    """The enclosing scopes (`prefix`, from the equations whose bodies hold this one) and the
-    equation's own: Flax module paths, Keras layer names, `jax.named_scope`s. An equation of a
-    body shared by several layers has its scopes `merged` across them ("block_*")."""
-    own = merged.get(id(eqn))
-    return prefix + (own if own is not None else jc.scope_names(eqn))
-
-
 def is_library_file(filename: str, marked: frozenset[str] = frozenset()) -> bool:
     """Not the user's own code: te-ckpt-audit itself, installed packages, the standard library, or a
     module `marked` as library code (`__te_ckpt_audit_library__ = True`, as the TE stand-in is)."""
@@ -98,11 +90,11 @@ def _library_files() -> frozenset[str]:
 
 
 class SourceFinder:
-    """Picks, for an equation, the innermost frame of the user's own code and the innermost frame.
+    """Picks, for an equation, the innermost frame of the user's own code (None when its
+    traceback holds none) and the innermost frame.
 
     Frames in installed packages (site-packages), in te-ckpt-audit itself, and in modules that set
-    `__te_ckpt_audit_library__ = True` (the TE stand-in) are not the user's; if only those are
-    left, the innermost frame stands for both.
+    `__te_ckpt_audit_library__ = True` (the TE stand-in) are not the user's.
     """
 
     def __init__(self) -> None:
@@ -127,7 +119,7 @@ class SourceFinder:
             if not self._is_library(frame.file_name):
                 chosen = frame
                 break
-        origin = Origin(_location(chosen or first), _location(first))
+        origin = Origin(_location(chosen), _location(first))
         self._cache[key] = (tb, origin)  # the traceback is kept alive so its id stays unique
         return origin
 

@@ -18,7 +18,7 @@ from jax.tree_util import KeyEntry
 
 from . import _jax_compat as jc
 from ._heap import without_gc
-from ._intern import intern_bodies
+from ._intern import SiteScopes, intern_bodies
 from ._jaxpr import (
     AnyJaxpr,
     aval_dtype,
@@ -29,7 +29,8 @@ from ._jaxpr import (
     open_jaxpr,
     sub_jaxprs,
 )
-from ._source import Origin, SourceFinder, module_path, user_location
+from ._sites import Sites
+from ._source import Origin, SourceFinder, user_location
 from .errors import TargetError, UsageError, first_line
 from .policies import Policy, is_te_gemm, is_te_standin
 from .records import Equation
@@ -61,7 +62,9 @@ class Rows:
         self.uses: dict[str, int] = {}  # equation id -> times it runs, shared bodies included
         self.memo: dict[int, tuple[AnyJaxpr, AnyJaxpr]] = {}
         self.has_remat = False  # a checkpoint anywhere, custom_vjp forward rules included
-        self.scopes: dict[int, tuple[str, ...]] = {}  # merged scopes of shared bodies (_intern)
+        self.sites = Sites()  # where each equation is, call site by call site (_sites)
+        self.prefix_of: dict[int, str] = {}  # id of a body -> the prefix it was tagged under
+        self.interned: SiteScopes = {}  # checkpoints whose body _intern shared: their own scopes
 
     def equation(self, eid: str) -> Equation:
         row = self.by_id[eid]
@@ -173,7 +176,7 @@ def trace(fn: Callable[..., Any], args: tuple[object, ...], target: str = "") ->
                 "return a floating-point loss (drop integer or boolean outputs)",
             )
     rows = Rows()
-    interned, rows.scopes = intern_bodies(closed.jaxpr)
+    interned, rows.interned = intern_bodies(closed.jaxpr)
     tagged = tag_jaxpr(closed.replace(jaxpr=interned), rows)
     return Traced(tagged, avals, names, rows, target)
 
@@ -206,7 +209,6 @@ class _Context:
     in_remat: bool = False
     traceback_from: jc.Traceback | None = None  # equations of a custom_vjp fwd rule take the call site's source
     origin: Origin | None = None  # the enclosing equation's, for bodies JAX traced apart (jit)
-    module: tuple[str, ...] = ()  # the enclosing equations' scopes (module path)
     out_names: tuple[str | None, ...] = ()  # checkpoint names given to the last outputs outside
     anchor: str | None = None  # the custom_vjp call whose forward rule this is
 
@@ -214,6 +216,8 @@ class _Context:
 def tag_jaxpr(closed: jc.ClosedJaxpr, rows: Rows) -> jc.ClosedJaxpr:
     tagged = closed.replace(jaxpr=_tag(closed.jaxpr, "", _Context(), rows))
     _count_uses(tagged.jaxpr, 1, rows.uses)
+    for eid, row in rows.by_id.items():  # every call site of a shared body is known now
+        row.equation = dataclasses.replace(row.equation, module=rows.sites.merged_module(eid))
     return tagged
 
 
@@ -240,49 +244,23 @@ def _tag(jaxpr: jc.Jaxpr, prefix: str, ctx: _Context, rows: Rows) -> jc.Jaxpr:
     new_eqns = []
     for i, eqn in enumerate(jaxpr.eqns):
         eid = f"{prefix}{i}"
-        module = module_path(ctx.module, eqn, rows.scopes)
+        interned = rows.interned.get(id(eqn))
+        if interned is not None:
+            rows.sites.scopes_at[eid] = interned[1]
         if ctx.traceback_from is not None:
             eqn = eqn.replace(source_info=eqn.source_info.replace(traceback=ctx.traceback_from))
-        params = dict(eqn.params)
-        found = rows.finder(eqn)
-        here = found if found.source is not None or ctx.origin is None else ctx.origin
+        here = _origin(rows.finder(eqn), ctx.origin)
+        rows.sites.enter(eid, prefix, jc.scope_names(eqn), here)
         if eqn.primitive is jc.custom_vjp_call_p:
-            names = tuple(consumers_named.get(v) for v in eqn.outvars)
-            inner = _Context(
-                remat_policy=ctx.remat_policy,
-                in_remat=ctx.in_remat,
-                traceback_from=eqn.source_info.traceback,
-                origin=here,
-                module=module,
-                out_names=names,
-                anchor=eid,
-            )
-            params["fwd_jaxpr_thunk"] = jc.wrap_jaxpr_thunk(
-                params["fwd_jaxpr_thunk"], functools.partial(_tag, prefix=f"{eid}.fwd.", ctx=inner, rows=rows)
-            )
-            # JAX traces a forward rule lazily, when it first differentiates; trace it now, for the
-            # tangents a differentiation will have (floating inputs), so that its rows and any
-            # checkpoint inside it are known before the first policy is analysed. Not inside a
-            # forward rule: that runs undifferentiated, and one that calls its own custom_vjp
-            # function would trace itself forever.
-            if ctx.anchor is None:
-                call_avals = params["call_jaxpr"].in_avals[params["num_consts"] :]
-                params["fwd_jaxpr_thunk"].call_wrapped(*(_differentiable(a) for a in call_avals))
+            params = _tag_custom_vjp(eqn, eid, here, ctx, consumers_named, rows)
         elif eqn.primitive is jc.custom_jvp_call_p:  # one row; its jvp rule's equations map to it
+            params = dict(eqn.params)
             tb = eqn.source_info.traceback if ctx.traceback_from is None else ctx.traceback_from
             params["jvp_jaxpr_fun"] = jc.wrap_jaxpr_thunk(
                 params["jvp_jaxpr_fun"], functools.partial(_tag_all, eid=eid, tb=tb)
             )
         else:
-            single = len(list(sub_jaxprs(eqn.params))) == 1
-            sub_ctx = dataclasses.replace(_sub_context(eqn, ctx), origin=here, module=module, out_names=())
-
-            def tag_body(
-                j: int, sub: jc.Jaxpr, eid: str = eid, single: bool = single, ctx: _Context = sub_ctx
-            ) -> jc.Jaxpr:
-                return _tag(sub, f"{eid}." if single else f"{eid}.{j}.", ctx, rows)
-
-            params = map_sub_jaxprs(params, tag_body, rows.memo)
+            params = _tag_bodies(eqn, eid, dataclasses.replace(_sub_context(eqn, ctx), origin=here, out_names=()), rows)
         tagged = jc.with_tag(eqn, eid, params)
         new_eqns.append(tagged)
         if eqn.primitive is jc.remat_p:
@@ -294,8 +272,62 @@ def _tag(jaxpr: jc.Jaxpr, prefix: str, ctx: _Context, rows: Rows) -> jc.Jaxpr:
         ):
             continue  # structural: its body's equations are the rows
         else:
-            _add_row(rows, eid, tagged, ctx, consumers_named, here, module)
+            _add_row(rows, eid, tagged, ctx, consumers_named, here)
     return jaxpr.replace(eqns=new_eqns)
+
+
+def _origin(found: Origin, outer: Origin | None) -> Origin:
+    """Where an equation comes from: its traceback's innermost frame of the user's code, else its
+    enclosing equation's (JAX may cut a body's traceback at the body: a library's jitted function
+    then shows no frame of the user's), else the innermost frame of any code."""
+    if outer is None:
+        return Origin(found.source or found.frame, found.frame)
+    return Origin(found.source or outer.source or found.frame, found.frame or outer.frame)
+
+
+def _tag_bodies(eqn: jc.JaxprEqn, eid: str, ctx: _Context, rows: Rows) -> jc.Params:
+    """The equation's params with each body tagged; a body another equation already called (one
+    jit traced once, a shared checkpoint body) keeps its tags and this equation is one more call."""
+    subs = list(sub_jaxprs(eqn.params))
+    for j, (_, _, sub) in enumerate(subs):
+        body = f"{eid}." if len(subs) == 1 else f"{eid}.{j}."
+        first = id(sub) not in rows.prefix_of
+        if first:
+            rows.prefix_of[id(sub)] = body
+        rows.sites.call(eid, rows.prefix_of[id(sub)], first)
+
+    def tag_body(j: int, sub: jc.Jaxpr) -> jc.Jaxpr:
+        return _tag(sub, f"{eid}." if len(subs) == 1 else f"{eid}.{j}.", ctx, rows)
+
+    return map_sub_jaxprs(eqn.params, tag_body, rows.memo)
+
+
+def _tag_custom_vjp(
+    eqn: jc.JaxprEqn, eid: str, here: Origin, ctx: _Context, named: dict[jc.Atom, str], rows: Rows
+) -> jc.Params:
+    """The custom_vjp call's params, its forward rule tagged (under `{eid}.fwd.`) when JAX traces it."""
+    params = dict(eqn.params)
+    inner = _Context(
+        remat_policy=ctx.remat_policy,
+        in_remat=ctx.in_remat,
+        traceback_from=eqn.source_info.traceback,
+        origin=here,
+        out_names=tuple(named.get(v) for v in eqn.outvars),
+        anchor=eid,
+    )
+    rows.sites.call(eid, f"{eid}.fwd.", first=True)
+    params["fwd_jaxpr_thunk"] = jc.wrap_jaxpr_thunk(
+        params["fwd_jaxpr_thunk"], functools.partial(_tag, prefix=f"{eid}.fwd.", ctx=inner, rows=rows)
+    )
+    # JAX traces a forward rule lazily, when it first differentiates; trace it now, for the
+    # tangents a differentiation will have (floating inputs), so that its rows and any checkpoint
+    # inside it are known before the first policy is analysed. Not inside a forward rule: that
+    # runs undifferentiated, and one that calls its own custom_vjp function would trace itself
+    # forever.
+    if ctx.anchor is None:
+        call_avals = params["call_jaxpr"].in_avals[params["num_consts"] :]
+        params["fwd_jaxpr_thunk"].call_wrapped(*(_differentiable(a) for a in call_avals))
+    return params
 
 
 def _differentiable(aval: jc.AbstractValue) -> bool:
@@ -321,13 +353,7 @@ def _sub_context(eqn: jc.JaxprEqn, ctx: _Context) -> _Context:
 
 
 def _add_row(
-    rows: Rows,
-    eid: str,
-    eqn: jc.JaxprEqn,
-    ctx: _Context,
-    named: dict[jc.Atom, str],
-    origin: Origin,
-    module: tuple[str, ...],
+    rows: Rows, eid: str, eqn: jc.JaxprEqn, ctx: _Context, named: dict[jc.Atom, str], origin: Origin
 ) -> None:
     if eid in rows.by_id:
         return
@@ -342,7 +368,7 @@ def _add_row(
         name=next((named[v] for v in eqn.outvars if v in named), None),
         source=origin.source,
         frame=origin.frame,
-        module="/".join(module) or None,
+        module=rows.sites.merged_module(eid),  # again once every call site is known (tag_jaxpr)
         is_te_gemm=te,
         standin=is_te_standin(eqn.primitive),
         flops=flops,
