@@ -206,7 +206,10 @@ def _residuals(traced: Traced, jaxpr: jc.Jaxpr) -> list[Residual]:
         category = m.category or (Category.NAMED if name is not None else Category.OTHER)
         argument = None
         if kind is ResidualKind.ARGUMENT:
-            argument = traced.arg_names[position[cast(jc.Var, var)]]
+            at = position[cast(jc.Var, var)]
+            argument = traced.arg_names[at]
+            if traced.rows.input_modules:  # a parameter kept alive: the module it belongs to
+                module = traced.rows.input_modules[at]
         elif producer is not None and producer.argument is not None:
             argument = traced.arg_names[producer.argument]
         aval = var.aval

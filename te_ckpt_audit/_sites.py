@@ -33,7 +33,11 @@ class Sites:
     rel: dict[str, Scopes] = dataclasses.field(default_factory=dict)  # eid -> own scopes in its body
     origin: dict[str, Origin] = dataclasses.field(default_factory=dict)  # eid -> as tagged
     scopes_at: dict[str, tuple[Scopes, ...]] = dataclasses.field(default_factory=dict)  # interned site
-    _memo: dict[tuple[str, frozenset[str]], tuple[Scopes, Origin]] = dataclasses.field(default_factory=dict)
+    # modules from parameter names, by (eid, its calls), where the name stack names none (_params)
+    param: dict[tuple[str, tuple[str, ...]], Scopes] = dataclasses.field(default_factory=dict)
+    _memo: dict[tuple[str, frozenset[str]], tuple[Scopes, Origin, tuple[str, ...]]] = dataclasses.field(
+        default_factory=dict
+    )
 
     def enter(self, eid: str, prefix: str, rel: Scopes, origin: Origin) -> None:
         """An equation tagged `eid` in the body tagged under `prefix` ("" at the top level)."""
@@ -68,44 +72,55 @@ class Sites:
 
     def at(self, eid: str, tags: frozenset[str]) -> tuple[Scopes, Origin]:
         """The module path and origin of equation `eid` at the call the tags name."""
-        key = (eid, tags)
-        if key not in self._memo:
-            self._memo[key] = self._at(eid, tags)
-        return self._memo[key]
+        scopes, origin, calls = self._at(eid, tags)
+        return self.module(eid, calls, scopes), origin
 
-    def _at(self, eid: str, tags: frozenset[str]) -> tuple[Scopes, Origin]:
+    def module(self, eid: str, calls: tuple[str, ...], scopes: Scopes) -> Scopes:
+        """The module path of `eid` reached through `calls`: its name-stack `scopes`, after the
+        module its parameters name where the name stack names none."""
+        named = self.param.get((eid, calls))
+        return named + scopes if named else scopes
+
+    def _at(self, eid: str, tags: frozenset[str]) -> tuple[Scopes, Origin, tuple[str, ...]]:
+        key = (eid, tags)
+        if key in self._memo:
+            return self._memo[key]
         base = self.origin.get(eid, Origin(None, None))
         prefix = self.body_of.get(eid)
+        found: tuple[Scopes, Origin, tuple[str, ...]]
         if prefix is None:
-            return self.rel.get(eid, ()), base
-        site = self._site(prefix, tags)
-        outer_module, outer_origin = self.at(site, tags)
-        # A body equation whose line is its caller's (a library's jitted function, seen from the
-        # user's code) was made at whichever call the tags name: its line is that call's.
-        first = self.origin.get(self.owner[prefix], Origin(None, None))
-        origin = Origin(
-            outer_origin.source if base.source == first.source else base.source,
-            outer_origin.frame if base.frame == first.frame else base.frame,
-        )
-        return outer_module + self._own(eid, prefix, site), origin
+            found = self.rel.get(eid, ()), base, ()
+        else:
+            site = self._site(prefix, tags)
+            outer_scopes, outer_origin, calls = self._at(site, tags)
+            # A body equation whose line is its caller's (a library's jitted function, seen from
+            # the user's code) was made at whichever call the tags name: its line is that call's.
+            first = self.origin.get(self.owner[prefix], Origin(None, None))
+            origin = Origin(
+                outer_origin.source if base.source == first.source else base.source,
+                outer_origin.frame if base.frame == first.frame else base.frame,
+            )
+            found = outer_scopes + self._own(eid, prefix, site), origin, calls + (site,)
+        self._memo[key] = found
+        return found
 
-    def modules(self, eid: str) -> list[Scopes]:
-        """The module path of `eid` at each of its call sites (a row stands for all of them)."""
+    def calls(self, eid: str) -> list[tuple[Scopes, tuple[str, ...]]]:
+        """(name-stack path, calls from the top) of `eid` at each of its call sites."""
         prefix = self.body_of.get(eid)
         if prefix is None:
-            return [self.rel.get(eid, ())]
-        out: dict[Scopes, None] = {}
+            return [(self.rel.get(eid, ()), ())]
+        out: dict[tuple[Scopes, tuple[str, ...]], None] = {}
         for site in [self.owner[prefix], *sorted(self.aliases.get(prefix, ()))]:
             own = self._own(eid, prefix, site)
-            for outer in self.modules(site):
-                out[outer + own] = None
+            for outer, path in self.calls(site):
+                out[(outer + own, path + (site,))] = None
                 if len(out) >= _MOST_SITES:
                     return list(out)
         return list(out)
 
     def merged_module(self, eid: str) -> str | None:
         """The row's module path: equal at every call site, or with what differs read as `*`."""
-        return "/".join(merged(self.modules(eid))) or None
+        return "/".join(merged([self.module(eid, path, scopes) for scopes, path in self.calls(eid)])) or None
 
 
 def merged(stacks: Sequence[Scopes]) -> Scopes:

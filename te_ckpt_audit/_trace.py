@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeAlias
 
 import jax
@@ -29,6 +29,7 @@ from ._jaxpr import (
     open_jaxpr,
     sub_jaxprs,
 )
+from ._params import Scopes, flow, name_modules, names_own_modules, param_module
 from ._sites import Sites
 from ._source import Origin, SourceFinder, user_location
 from .errors import TargetError, UsageError, first_line
@@ -65,6 +66,7 @@ class Rows:
         self.sites = Sites()  # where each equation is, call site by call site (_sites)
         self.prefix_of: dict[int, str] = {}  # id of a body -> the prefix it was tagged under
         self.interned: SiteScopes = {}  # checkpoints whose body _intern shared: their own scopes
+        self.input_modules: tuple[str | None, ...] = ()  # each input's module, where parameters name them
 
     def equation(self, eid: str) -> Equation:
         row = self.by_id[eid]
@@ -177,7 +179,8 @@ def trace(fn: Callable[..., Any], args: tuple[object, ...], target: str = "") ->
             )
     rows = Rows()
     interned, rows.interned = intern_bodies(closed.jaxpr)
-    tagged = tag_jaxpr(closed.replace(jaxpr=interned), rows)
+    params = [param_module(leaves_with_path[i][0]) for i in dynamic]
+    tagged = tag_jaxpr(closed.replace(jaxpr=interned), rows, params)
     return Traced(tagged, avals, names, rows, target)
 
 
@@ -213,9 +216,17 @@ class _Context:
     anchor: str | None = None  # the custom_vjp call whose forward rule this is
 
 
-def tag_jaxpr(closed: jc.ClosedJaxpr, rows: Rows) -> jc.ClosedJaxpr:
+def tag_jaxpr(closed: jc.ClosedJaxpr, rows: Rows, params: Sequence[Scopes | None] = ()) -> jc.ClosedJaxpr:
+    """The trace with every equation tagged, its rows in `rows`. `params`: the module of each
+    input that is a named parameter (`_params`), for module paths where the name stack has none."""
     tagged = closed.replace(jaxpr=_tag(closed.jaxpr, "", _Context(), rows))
     _count_uses(tagged.jaxpr, 1, rows.uses)
+    if name_modules(params):
+        found, direct = flow(tagged.jaxpr, params)
+        pairs = [(module, rows.sites.at(eid, frozenset(calls))[0]) for (eid, calls), module in direct.items()]
+        if not names_own_modules(pairs):
+            rows.sites.param = found
+            rows.input_modules = tuple("/".join(m) if m else None for m in params)
     for eid, row in rows.by_id.items():  # every call site of a shared body is known now
         row.equation = dataclasses.replace(row.equation, module=rows.sites.merged_module(eid))
     return tagged
