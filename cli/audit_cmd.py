@@ -105,7 +105,7 @@ def audit(
     policies = tuple(policy or ())
     # Bad limits and baselines fail before the user's code runs.
     percent_limit(gate.tolerance, "--tolerance")
-    check_budget_policies(gate.budgets, policies or DEFAULT_POLICIES)
+    check_budget_policies(gate.budgets, policies or ("as-is", *DEFAULT_POLICIES))
     reference = load_baseline(gate.baseline) if gate.baseline is not None else None
     key = audit_key(what.target, what.inputs, what.defines, what.scope, where.mesh)
     if emulate_gpu is not None:
@@ -116,7 +116,7 @@ def audit(
     # redirect: it swaps sys.stdout too while it runs, and must restore the redirect, not stdout.
     with stdout_kept_for_the_report(), progress_on_stderr() as progress:
         report = audit_target(
-            what.target, policies or DEFAULT_POLICIES, inputs=what.inputs, defines=what.defines,
+            what.target, policies or None, inputs=what.inputs, defines=what.defines,
             scope=what.scope, progress=progress, compile=compile, mesh=where.mesh, shardings=where.shardings,
         )
     figures = None if reference is None else reference.figures(key)

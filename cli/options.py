@@ -139,7 +139,7 @@ Policies = Annotated[
         "-p",
         metavar="SPEC",
         help="A checkpoint policy to compare; repeat for several. `te-ckpt-audit policies` lists "
-        f"the specs. Default: {', '.join(DEFAULT_POLICIES)}.",
+        f"the specs. Default: {', '.join(DEFAULT_POLICIES)}; as-is first for a model with checkpoints.",
         show_default=False,
     ),
 ]

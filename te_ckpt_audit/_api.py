@@ -28,12 +28,19 @@ DEFAULT_POLICIES = (
 )
 
 Policies = Sequence[PolicyLike]
+AS_IS = "as-is"
+
+
+def default_policies(session: Session) -> tuple[str, ...]:
+    """The default comparison: for a model with checkpoints of its own, what its own policy keeps
+    comes first (`as-is`), then the set every model gets."""
+    return (AS_IS, *DEFAULT_POLICIES) if session.traced.has_remat else DEFAULT_POLICIES
 
 
 def audit(
     fn: Callable[..., Any],
     *args: Any,
-    policies: Policies = DEFAULT_POLICIES,
+    policies: Policies | None = None,
     scope: Scope | str = Scope.AUTO,
     compile: bool = False,
     mesh: jax.sharding.Mesh | jax.sharding.AbstractMesh | None = None,
@@ -42,7 +49,8 @@ def audit(
 
     Array leaves of `args` may be `jax.ShapeDtypeStruct`s (nothing is allocated); other leaves are
     passed through as static values. With `mesh`, their NamedShardings place them on it (an input
-    without one is replicated) and every figure also comes per device.
+    without one is replicated) and every figure also comes per device. Without `policies`, the
+    default comparison (`as-is` first where the function has checkpoints of its own).
 
     >>> import jax, jax.numpy as jnp
     >>> from te_ckpt_audit import audit
@@ -52,9 +60,9 @@ def audit(
     0
     """
     with user_code(getattr(fn, "__name__", "fn")):  # a custom policy's module is user code too
-        specs = policy_specs(policies)
+        specs = None if policies is None else policy_specs(policies)
     session = Session.of_function(fn, *args, scope=Scope(scope), mesh=mesh)
-    return session.report(specs, compile=compile)
+    return session.report(default_policies(session) if specs is None else specs, compile=compile)
 
 
 def as_defines(defines: Mapping[str, Any] | Sequence[str] | None) -> Defines:
@@ -68,7 +76,7 @@ def as_defines(defines: Mapping[str, Any] | Sequence[str] | None) -> Defines:
 
 def audit_target(
     target: str,
-    policies: Policies = DEFAULT_POLICIES,
+    policies: Policies | None = None,
     *,
     inputs: str | None = None,
     defines: Mapping[str, Any] | Sequence[str] | None = None,
@@ -89,12 +97,12 @@ def audit_target(
     """
     placement = parse_mesh(mesh) if isinstance(mesh, str) else mesh
     with user_code(target):  # a custom policy's module is user code too
-        specs = policy_specs(policies)  # bad specs fail before the target's code runs
+        specs = None if policies is None else policy_specs(policies)  # bad specs fail before the target runs
     session = Session.of_target(
         target, inputs=inputs, defines=as_defines(defines), scope=Scope(scope), mesh=placement,
         shardings=ShardingSource(shardings), progress=progress,
     )
-    return session.report(specs, compile=compile, progress=progress)
+    return session.report(default_policies(session) if specs is None else specs, compile=compile, progress=progress)
 
 
 def check_target(
@@ -111,14 +119,14 @@ def check_target(
     >>> from te_ckpt_audit import TargetConfig, check_target, parse_budget
     >>> report, result = check_target(TargetConfig("model.py:loss", budgets=(parse_budget("6GiB"),)))  # doctest: +SKIP
     """
-    policies = config.policies or DEFAULT_POLICIES
+    policies = config.policies or (AS_IS, *DEFAULT_POLICIES)  # as-is: in the defaults with checkpoints
     key = audit_key(config.target, config.inputs, config.defines, config.scope, config.mesh)
     percent_limit(tolerance, "--tolerance")
     if config.max_recompute is not None:
         percent_limit(config.max_recompute, "--max-recompute")
     check_budget_policies(config.budgets, policies)  # before the user's code runs
     report = audit_target(
-        config.target, policies, inputs=config.inputs, defines=config.defines, scope=config.scope,
+        config.target, config.policies or None, inputs=config.inputs, defines=config.defines, scope=config.scope,
         progress=progress, compile=config.compile, mesh=config.mesh, shardings=config.shardings,
     )
     figures = None if baseline is None else baseline.figures(key)

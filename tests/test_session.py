@@ -39,8 +39,15 @@ def _in_root(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_audit_linearizes_each_policy_once(linearizations: list[int]) -> None:
     report = audit_target("sample_models/gpt.py:loss", defines={"layers": 2})
-    assert len(report.results) == 6
-    assert len(linearizations) == 6  # nothing_saveable, in the set, is the warnings' baseline too
+    assert [r.policy for r in report.results][:2] == ["as-is", "none"]  # its own checkpoints come first
+    assert len(report.results) == 7
+    assert len(linearizations) == 7  # nothing_saveable, in the set, is the warnings' baseline too
+
+
+def test_the_default_set_puts_as_is_first_only_where_the_model_has_checkpoints() -> None:
+    assert audit_target("sample_models/mlp.py:loss").results[0].policy == "none"  # no checkpoints of its own
+    with_own = audit_target("sample_models/flax_model.py:loss").results
+    assert [r.policy for r in with_own][:2] == ["as-is", "none"]
 
 
 def test_the_mesh_reuses_the_analysis(linearizations: list[int]) -> None:
