@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, TypeAlias
 
+import jax
+
 from . import _jax_compat as jc
 from ._jaxpr import AnyJaxpr, map_sub_jaxprs, open_jaxpr
 from ._trace import Row, Segments, Traced
@@ -55,7 +57,20 @@ def policy_function(traced: Traced, spec: PolicySpec, scope: Scope) -> jc.ArrayF
     policy = _guarded(spec)
     if scope is Scope.INNER:
         return jc.jaxpr_as_fun(closed.replace(jaxpr=swap_policies(closed.jaxpr, policy, traced.segments)))
-    return jc.checkpoint(jc.jaxpr_as_fun(closed), policy=policy)  # type: ignore[arg-type]  # any verdict
+    wrapped = _wrapped(traced)
+    (outer,) = wrapped.jaxpr.eqns
+    return jc.jaxpr_as_fun(wrapped.replace(jaxpr=wrapped.jaxpr.replace(eqns=[outer.replace(
+        params={**outer.params, "policy": policy})])))
+
+
+def _wrapped(traced: Traced) -> jc.ClosedJaxpr:
+    """The traced function inside one checkpoint, made once per trace: every policy applied around
+    the whole function swaps the policy of this one equation, so its body stays one object and
+    JAX's per-body caches (the body's JVP) serve every policy after the first."""
+    if "outer" not in traced.wrapped:
+        fun = jc.checkpoint(jc.jaxpr_as_fun(traced.jaxpr), policy=jax.checkpoint_policies.nothing_saveable)
+        traced.wrapped["outer"] = jax.make_jaxpr(fun)(*traced.avals)
+    return traced.wrapped["outer"]
 
 
 def _guarded(spec: PolicySpec) -> Policy:

@@ -92,7 +92,8 @@ Segments: TypeAlias = dict[
 @dataclasses.dataclass(frozen=True)
 class Traced:
     """One trace of the user's function; every policy is analysed from it. `segments` holds the
-    jit calls of the work no policy touches (`_apply`), built once and shared by every policy."""
+    jit calls of the work no policy touches, and `wrapped` the function inside one checkpoint
+    (`_apply`): each built once and shared by every policy."""
 
     jaxpr: jc.ClosedJaxpr  # tagged
     avals: tuple[jax.ShapeDtypeStruct, ...]  # the array inputs, flattened
@@ -100,6 +101,7 @@ class Traced:
     rows: Rows
     target: str
     segments: Segments = dataclasses.field(default_factory=dict, compare=False, repr=False)
+    wrapped: dict[str, jc.ClosedJaxpr] = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     @property
     def has_remat(self) -> bool:
