@@ -1,11 +1,21 @@
-"""The console script's entry point: the launcher, which owns the process. te-ckpt-audit refuses
-a jax outside its supported range while importing (`te_ckpt_audit._jax_compat`); here, before any
-command exists, that refusal becomes the command line's one-line error and exit 2 (bad input),
-not an ImportError traceback."""
+"""The console script's entry point: the launcher, which owns the process.
+
+- Standard streams closed at start (`>&-`, `2>&-`) are opened on /dev/null, so that no file the
+  command opens later takes their number and receives what XLA or the model writes there; Python
+  still knows them as closed (`sys.stdout is None`), and the command says so or stays quiet.
+- te-ckpt-audit refuses a jax outside its supported range while importing
+  (`te_ckpt_audit._jax_compat`); here, before any command exists, that refusal becomes the command
+  line's one-line error and exit 2 (bad input), not an ImportError traceback.
+- When the command is done, the process ends with its code, even where the model's code left a
+  thread running that Python would otherwise wait for forever.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
+import threading
 
 _USAGE = 2  # ExitCode.USAGE; options.py cannot be imported before the version check passes
 
@@ -23,10 +33,37 @@ def _version() -> str:
         return f"te-ckpt-audit {__version__}"
 
 
+def _hold_closed_streams() -> None:
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:  # closed: /dev/null holds its number
+            with contextlib.suppress(OSError):
+                opened = os.open(os.devnull, os.O_RDWR)
+                if opened != fd:
+                    os.dup2(opened, fd)
+                    os.close(opened)
+
+
+def _end(code: int) -> None:
+    """Exit with `code`; where a thread the model's code started would keep the process alive,
+    flush what is buffered and end it now."""
+    lingering = [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon]
+    if not lingering:
+        sys.exit(code)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            if stream is not None:
+                stream.flush()
+    os._exit(code)
+
+
 def main() -> None:
     """Run `te-ckpt-audit`, or say in one line on stderr which jax versions it supports."""
+    _hold_closed_streams()
     if sys.argv[1:] == ["--version"]:
-        print(_version())
+        if sys.stdout is not None:
+            print(_version())
         return
     try:
         from .app import run
@@ -35,6 +72,7 @@ def main() -> None:
         if getattr(err, "supported", None) is None or message is None:
             raise  # not the version check: a broken install, shown as it is
         hint = getattr(err, "hint", "")
-        print(f"te-ckpt-audit: error: {message}" + (f" (hint: {hint})" if hint else ""), file=sys.stderr)
+        if sys.stderr is not None:
+            print(f"te-ckpt-audit: error: {message}" + (f" (hint: {hint})" if hint else ""), file=sys.stderr)
         sys.exit(_USAGE)
-    sys.exit(run(sys.argv[1:]))
+    _end(run(sys.argv[1:]))

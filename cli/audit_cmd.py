@@ -9,7 +9,15 @@ from typing import assert_never
 
 from rich.console import Console
 
-from te_ckpt_audit import DEFAULT_POLICIES, AuditReport, CheckResult, Scope, ShardingSource, audit_target
+from te_ckpt_audit import (
+    DEFAULT_POLICIES,
+    AuditReport,
+    CheckResult,
+    Scope,
+    ShardingSource,
+    UsageError,
+    audit_target,
+)
 from te_ckpt_audit.baselines import audit_key, load_baseline
 from te_ckpt_audit.gating import check, check_budget_policies
 from te_ckpt_audit.render import (
@@ -25,7 +33,7 @@ from te_ckpt_audit.sizes import percent_limit
 
 from . import options as opt
 from . import process
-from .files import save_baseline
+from .files import check_baseline_file, same_file, save_baseline
 from .options import GateOptions, MeshOptions, OutputFormat, OutputOptions, TargetOptions
 from .terminal import (
     at_the_edge,
@@ -33,6 +41,7 @@ from .terminal import (
     progress_on_stderr,
     report_gate,
     report_policy_errors,
+    report_to,
     stdout_kept_for_the_report,
 )
 
@@ -102,6 +111,12 @@ def audit(
     where = MeshOptions.parse(mesh, shardings)
     gate = GateOptions.parse(budget, max_recompute, baseline, tolerance, require_baseline, save_baseline_to)
     out = OutputOptions(format, None if output is None else Path(output), top, by, equations)
+    report_to(out.output)
+    if out.output is not None and gate.save_baseline is not None and same_file(out.output, gate.save_baseline):
+        raise UsageError(f"--output and --save-baseline both name {out.output}",
+                         "write the report and the baseline to two files")
+    if gate.save_baseline is not None:
+        check_baseline_file(gate.save_baseline)
     policies = tuple(policy or ())
     # Bad limits and baselines fail before the user's code runs.
     percent_limit(gate.tolerance, "--tolerance")

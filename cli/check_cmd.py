@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Sequence
 from typing import Annotated, assert_never
 
@@ -16,7 +15,7 @@ from te_ckpt_audit.render import render_check_github, render_check_json, render_
 
 from . import options as opt
 from . import process
-from .files import save_baseline
+from .files import check_baseline_file, same_file, save_baseline
 from .options import OutputFormat
 from .terminal import (
     PROG,
@@ -25,6 +24,8 @@ from .terminal import (
     progress_on_stderr,
     report_gate,
     report_policy_errors,
+    report_to,
+    say,
     stdout_kept_for_the_report,
 )
 
@@ -72,11 +73,16 @@ def check(
     --format github prints annotations."""
     render = check_renderer(format)  # --format html fails here, before any target runs
     written = output
+    report_to(written)
     cfg = load_config(config)
     baseline = cfg.baseline
     reference = None
     if save_baseline_flag and baseline is None:
         raise UsageError(f"{config} names no baseline file", 'add baseline = "ckpt-baseline.json"')
+    if save_baseline_flag and written is not None and baseline is not None and same_file(written, baseline):
+        raise UsageError(f"--output names the baseline file {baseline}", "write the summary to another file")
+    if save_baseline_flag and baseline is not None:
+        check_baseline_file(baseline)
     if baseline is not None and not save_baseline_flag:
         if not baseline.exists():
             raise UsageError(
@@ -100,6 +106,6 @@ def check(
     if save_baseline_flag:
         assert baseline is not None
         save_baseline(baseline, [(result.key, report) for report, result in runs if result.key is not None])
-        print(f"{PROG}: baseline written to {cfg.baseline}", file=sys.stderr)
+        say(f"{PROG}: baseline written to {cfg.baseline}")
     code = report_gate([result for _, result in runs], cfg.baseline)
     return report_policy_errors([report for report, _ in runs], code)

@@ -7,10 +7,12 @@ device or FIFO (`/dev/null`, a pipe) is written into, never replaced; anything e
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import stat
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from te_ckpt_audit import AuditReport, UsageError
@@ -41,12 +43,17 @@ def check_writable(path: str | Path) -> Path:
     return real
 
 
+def same_file(a: str | Path, b: str | Path) -> bool:
+    """Whether two paths name one file (symlinks followed; neither need exist yet)."""
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
 def write_output(path: str | Path, text: str) -> None:
     """Write `text` to `path` (see the module's docstring)."""
     real = check_writable(path)
     if real.exists() and not real.is_file():  # a device or a FIFO: a rename would replace it
         try:
-            with open(real, "w", encoding="utf-8") as f:
+            with open(real, "w", encoding="utf-8", errors="backslashreplace") as f:
                 f.write(text)
         except OSError as exc:
             raise UsageError(f"cannot write {path}: {exc.strerror or exc}", "choose a writable path") from exc
@@ -67,7 +74,7 @@ def _write_atomically(path: Path, text: str, shown: str | Path) -> None:
             os.umask(umask)
             mode = 0o666 & ~umask  # like open(): mkstemp's 0600 would surprise a CI artifact
         os.fchmod(fd, mode)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
+        with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace") as f:
             f.write(text)
         os.replace(tmp, path)
     except OSError as exc:
@@ -78,16 +85,49 @@ def _write_atomically(path: Path, text: str, shown: str | Path) -> None:
         raise
 
 
-def save_baseline(path: str | Path, runs: Iterable[tuple[AuditKey, AuditReport]]) -> Baseline:
-    """Merge the runs' figures into the baseline at `path` (other entries, and other policies of the
-    same entry, are kept) and write it; an unreadable file there is replaced."""
+def check_baseline_file(path: str | Path) -> None:
+    """Before any work: `path` can take a saved baseline (a new file, a device, or a baseline this
+    version reads), so that a run is not lost at the end, nor a file that is something else."""
     real = check_writable(path)
-    current = Baseline({})
-    if real.is_file():  # never read a FIFO or a device: nothing may be writing to it
-        try:
-            current = load_baseline(real)
-        except UsageError:
-            pass
-    new = merged(current, runs)
-    write_output(path, baseline_text(new, real.parent))
+    if real.is_file():
+        _readable(real, path)
+
+
+def _readable(real: Path, shown: str | Path) -> Baseline:
+    try:
+        return load_baseline(real)
+    except UsageError as err:
+        raise UsageError(
+            f"{shown} is not a baseline this version can read, so it is left as it is: {err.message}",
+            "save the baseline to another file, or remove this one if it should be replaced",
+        ) from None
+
+
+def save_baseline(path: str | Path, runs: Iterable[tuple[AuditKey, AuditReport]]) -> Baseline:
+    """Merge the runs' figures into the baseline at `path` and write it: other entries, other
+    policies of the same entry, and entries of a newer version are kept. A file there that is not
+    a baseline this version can read is refused (UsageError) and left as it is. Writers of one
+    file take turns: the folder is locked from reading to writing, so none loses another's entry."""
+    real = check_writable(path)
+    with _locked(real.parent):
+        current = Baseline({})
+        if real.is_file():  # never read a FIFO or a device: nothing may be writing to it
+            current = _readable(real, path)
+        new = merged(current, runs)
+        write_output(path, baseline_text(new, real.parent))
     return new
+
+
+@contextlib.contextmanager
+def _locked(folder: Path) -> Iterator[None]:
+    """An exclusive lock on `folder` (flock on the folder itself: no lock file left behind)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:  # a folder we cannot open: no lock to take, the write still fails or works alone
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock

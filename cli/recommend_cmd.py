@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import enum
-import sys
 from collections.abc import Callable
 from typing import Annotated, assert_never
 
@@ -16,7 +15,7 @@ from te_ckpt_audit.sizes import count_at_least_one, parse_size, positive_bytes
 from . import options as opt
 from . import process
 from .options import MeshOptions, TargetOptions
-from .terminal import PROG, at_the_edge, emit, progress_on_stderr, stdout_kept_for_the_report
+from .terminal import PROG, at_the_edge, emit, progress_on_stderr, report_to, say, stdout_kept_for_the_report
 
 
 class RecommendFormat(enum.StrEnum):
@@ -93,6 +92,7 @@ def recommend(
     what = TargetOptions.parse(target, inputs, define, scope)
     where = MeshOptions.parse(mesh, ShardingSource.COMPILED)
     written = output
+    report_to(written)
     if emulate_gpu is not None:
         process.emulate_gpu(emulate_gpu)
     if where.devices:
@@ -114,6 +114,6 @@ def recommend(
     if rec.recommended is None:
         closest = rec.closest
         near = f"; closest: {closest.policy} at {format_bytes(closest.activation_bytes)}" if closest else ""
-        print(f"{PROG}: nothing fits {format_bytes(size)}{near}", file=sys.stderr)
+        say(f"{PROG}: nothing fits {format_bytes(size)}{near}")
         return ExitCode.CHECK_FAILED
     return ExitCode.OK

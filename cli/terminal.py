@@ -1,5 +1,9 @@
 """The CLI's edge with the outside: errors as one line and an exit code, the report written to
-stdout or to a file, and a spinner on stderr while the audit runs."""
+stdout or to a file, and a spinner on stderr while the audit runs.
+
+Standard output carries the report and nothing else; every other line goes to standard error, or
+nowhere when it is closed (never to standard output instead). A closed pipe ends the command
+quietly, as Unix tools end (exit 141); a report that cannot be written is exit 2, naming why."""
 
 from __future__ import annotations
 
@@ -15,22 +19,43 @@ from typing import Any
 
 from rich.console import Console
 
-from te_ckpt_audit import AuditError, AuditReport, CheckResult, ExitCode
-from te_ckpt_audit.render import policy_errors, violation_message
+from te_ckpt_audit import AuditError, AuditReport, CheckResult, ExitCode, UsageError
+from te_ckpt_audit.render import policy_errors, printable, violation_message
 
 from .files import write_output
 
 PROG = "te-ckpt-audit"
 
 
+class PipeClosed(Exception):  # noqa: N818 (what happened, not an error of ours)
+    """Whoever read standard output stopped reading (`te-ckpt-audit ... | head`)."""
+
+
+def say(line: str) -> None:
+    """One line on standard error, its control characters escaped; nothing when it is closed."""
+    stream = sys.stderr
+    if stream is None:
+        return
+    with contextlib.suppress(OSError, ValueError):
+        stream.write(printable(line) + "\n")
+        stream.flush()
+
+
 def error_line(message: str, hint: str = "") -> str:
     text = f"{PROG}: error: {message}" + (f" (hint: {hint})" if hint else "")
-    return " ".join(text.splitlines())  # one line, whatever the message holds
+    return printable(" ".join(text.splitlines()))  # one line, whatever the message holds
 
 
 def fail(message: str, hint: str, code: int) -> int:
-    print(error_line(message, hint), file=sys.stderr)
+    say(error_line(message, hint))
     return code
+
+
+def report_to(output: str | Path | None) -> None:
+    """Before any work: the report must have somewhere to go."""
+    if output is None and sys.stdout is None:
+        raise UsageError("standard output is closed: the report has nowhere to go",
+                         "redirect standard output, or write the report with -o FILE")
 
 
 def at_the_edge(command: Callable[..., int]) -> Callable[..., int]:
@@ -47,6 +72,8 @@ def at_the_edge(command: Callable[..., int]) -> Callable[..., int]:
             return fail(err.message, err.hint, err.exit_code)
         except KeyboardInterrupt:
             return fail("interrupted", "", ExitCode.INTERRUPTED)
+        except PipeClosed:
+            return ExitCode.PIPE_CLOSED
         except Exception as err:
             if kwargs.get("debug"):
                 traceback.print_exc()
@@ -64,10 +91,10 @@ def report_gate(results: Sequence[CheckResult], baseline: str | Path | None) -> 
     for result in results:
         missing = [p for p in result.not_in_baseline if p not in {v.policy for v in result.violations}]
         if missing:
-            print(f"{PROG}: note: {result.target} [{', '.join(missing)}]: not in baseline {baseline}", file=sys.stderr)
+            say(f"{PROG}: note: {result.target} [{', '.join(missing)}]: not in baseline {baseline}")
     failed = [v for result in results for v in result.violations]
     for v in failed:
-        print(f"{PROG}: check failed: {violation_message(v)}", file=sys.stderr)
+        say(f"{PROG}: check failed: {violation_message(v)}")
     return ExitCode.CHECK_FAILED if failed else ExitCode.OK
 
 
@@ -76,18 +103,29 @@ def report_policy_errors(reports: Sequence[AuditReport], code: int) -> int:
     unless `code` already says worse. A gate never passes over a policy it could not measure."""
     errors = [(report.target, policy, why) for report in reports for policy, why in policy_errors(report)]
     for target, policy, why in errors:
-        print(f"{PROG}: error: {target} [{policy}]: not differentiable under this policy: {why}", file=sys.stderr)
+        say(f"{PROG}: error: {target} [{policy}]: not differentiable under this policy: {why}")
     return ExitCode.TARGET if errors and code in (ExitCode.OK, ExitCode.CHECK_FAILED) else code
 
 
 def emit(text: str, output: str | Path | None) -> None:
     """The report goes to `output` (a regular file written atomically: on any failure no file is
     left; a device or FIFO written into), else to stdout as plain text."""
-    if output is None:
-        sys.stdout.write(text)
-        sys.stdout.flush()
-    else:
+    if output is not None:
         write_output(output, text)
+        return
+    report_to(None)
+    data = text.encode("utf-8", "backslashreplace")  # a lone surrogate (an undecodable name) as \udcff
+    try:
+        sys.stdout.flush()
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        with contextlib.suppress(OSError):  # nothing more can go there: not even Python's flush at exit
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise PipeClosed from None
+    except OSError as exc:
+        raise UsageError(f"cannot write the report to standard output: {exc.strerror or exc}",
+                         "write it to a file with -o FILE") from None
 
 
 @contextlib.contextmanager

@@ -12,7 +12,7 @@ import jax
 from ._loading import user_code
 from ._session import Progress, Session, quiet
 from .baselines import audit_key
-from .config import Defines, TargetConfig, parse_defines, parse_mesh
+from .config import TargetConfig, as_defines, parse_mesh
 from .gating import check, check_budget_policies
 from .records import AuditReport, Baseline, CheckResult, MeshSpec, Scope, ShardingSource
 from .sizes import percent_limit
@@ -63,15 +63,6 @@ def audit(
         specs = None if policies is None else policy_specs(policies)
     session = Session.of_function(fn, *args, scope=Scope(scope), mesh=mesh)
     return session.report(default_policies(session) if specs is None else specs, compile=compile)
-
-
-def as_defines(defines: Mapping[str, Any] | Sequence[str] | None) -> Defines:
-    """`{key: value}` as given, or `["key=value", ...]` parsed, as -D defines."""
-    if defines is None:
-        return {}
-    if isinstance(defines, Mapping):
-        return parse_defines([f"{k}={v}" for k, v in defines.items()])
-    return parse_defines(list(defines))
 
 
 def audit_target(

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeAlias
 
 import jax
+import jax.ad_checkpoint as _ad_checkpoint
 import jax.extend.core as jex
 from jax.extend.core import primitives as _prims
 
@@ -89,6 +90,20 @@ def scan_counts(params: Params) -> tuple[int, int]:
 # Captured when te-ckpt-audit is imported, before any user code runs: what the audit applies stays
 # JAX's own checkpoint even where a model replaces `jax.checkpoint` (`replaced_jax_functions`).
 checkpoint = jax.checkpoint
+_GUARDED = {  # what a model's checkpointing code calls: replaced, its checkpoints are not JAX's
+    "jax.checkpoint": (jax, "checkpoint"),
+    "jax.remat": (jax, "remat"),
+    "jax.ad_checkpoint.checkpoint": (_ad_checkpoint, "checkpoint"),
+    "jax.ad_checkpoint.remat": (_ad_checkpoint, "remat"),
+    "jax.ad_checkpoint.checkpoint_name": (_ad_checkpoint, "checkpoint_name"),
+}
+_ORIGINALS = {name: vars(module).get(attr) for name, (module, attr) in _GUARDED.items()}
+
+
+def replaced_jax_functions() -> list[str]:
+    """JAX's checkpointing functions that something (the model's code) replaced since te-ckpt-audit
+    was imported."""
+    return [name for name, (module, attr) in _GUARDED.items() if vars(module).get(attr) is not _ORIGINALS[name]]
 
 # Public names re-exported so the rest of the package imports JAX's jaxpr types from one place.
 Jaxpr = jex.Jaxpr

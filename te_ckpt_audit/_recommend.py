@@ -21,13 +21,14 @@ JAX's own linearization; estimates only choose what to analyse next.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 from ._heap import without_gc
 from ._session import Session
-from .config import Defines, parse_mesh
+from .config import as_defines, parse_mesh
 from .errors import TargetError, UsageError
 from .records import PRESETS, Candidate, CandidateKind, MeshSpec, PolicyResult, Recommendation, Scope
 from .sizes import count_at_least_one, positive_bytes
@@ -137,20 +138,33 @@ def _estimated_frontier(
     base_bytes: int, base_flops: int, names: Sequence[str], marginal: Mapping[str, _Marginal], cap: int = 4096
 ) -> list[tuple[int, int, frozenset[str]]]:
     """The Pareto frontier of (bytes, recompute) over every subset, under the additive model: a
-    knapsack solved exactly by dynamic programming over non-dominated partial subsets."""
-    states: list[tuple[int, int, frozenset[str]]] = [(base_bytes, base_flops, frozenset())]
-    for n in names:
-        m = marginal[n]
-        grown = states + [(b + m.bytes, f - m.flops, s | {n}) for b, f, s in states]
-        grown.sort(key=lambda t: (t[0], t[1], sorted(t[2], key=_natural)))
+    knapsack solved exactly by dynamic programming over non-dominated partial subsets (at most
+    `cap` of them), each a bit mask over `names`. Among equal estimates the subset whose names come
+    first wins. Its cost is names x cap, whatever the analyses left."""
+    states: list[tuple[int, int, int]] = [(base_bytes, base_flops, 0)]
+    for i, n in enumerate(names):
+        m, bit = marginal[n], 1 << i
+        grown = states + [(b + m.bytes, f - m.flops, s | bit) for b, f, s in states]
+        grown.sort(key=lambda t: (t[0], t[1]))
         states = []
-        for st in grown:
-            if not states or st[1] < states[-1][1]:
-                states.append(st)
+        for b, f, group in _runs(grown):
+            if not states or f < states[-1][1]:
+                states.append((b, f, min(group, key=_first_names)))
         if len(states) > cap:  # thin evenly, keeping both ends
             step = len(states) / cap
             states = [states[int(i * step)] for i in range(cap - 1)] + [states[-1]]
-    return states
+    return [(b, f, frozenset(names[j] for j in range(len(names)) if s >> j & 1)) for b, f, s in states]
+
+
+def _runs(states: list[tuple[int, int, int]]) -> Iterator[tuple[int, int, list[int]]]:
+    """(bytes, flops, masks) of each run of equal estimates in sorted `states`."""
+    for (b, f), run in itertools.groupby(states, key=lambda t: (t[0], t[1])):
+        yield b, f, [s for _, _, s in run]
+
+
+def _first_names(mask: int) -> list[int]:
+    """A subset's sort key: its name positions, in order (names come in natural order)."""
+    return [j for j in range(mask.bit_length()) if mask >> j & 1]
 
 
 def _ordered(names: Iterable[str], order: Sequence[str]) -> tuple[str, ...]:
@@ -407,7 +421,7 @@ def recommend_target(
     budget_bytes: float,
     *,
     inputs: str | None = None,
-    defines: Defines | None = None,
+    defines: Mapping[str, object] | Sequence[str] | None = None,
     allow_offload: bool = False,
     max_evals: int = DEFAULT_MAX_EVALS,
     scope: Scope = Scope.AUTO,
@@ -422,7 +436,7 @@ def recommend_target(
     positive_bytes(budget_bytes)
     count_at_least_one(max_evals, "max evaluations", "e.g. --max-evals 64")
     session = Session.of_target(
-        target, inputs=inputs, defines=defines, scope=Scope(scope), mesh=mesh, progress=progress
+        target, inputs=inputs, defines=as_defines(defines), scope=Scope(scope), mesh=mesh, progress=progress
     )
     return recommend(
         session, budget_bytes, allow_offload=allow_offload, max_evals=max_evals, presets=presets,

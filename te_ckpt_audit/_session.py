@@ -20,6 +20,7 @@ from typing import Any
 
 import jax
 
+from . import _jax_compat as jc
 from ._analysis import Analysis, analyse_policy, failed
 from ._apply import resolve_scope
 from ._compile import compiled_memory
@@ -40,6 +41,17 @@ Placement = jax.sharding.Mesh | jax.sharding.AbstractMesh | None
 
 def quiet(_: str) -> None:
     """A progress callback that says nothing."""
+
+
+def _jax_is_jax(target: str) -> None:
+    """The model's checkpoints are JAX's own: code that replaced JAX's checkpointing functions
+    would make the figures of another program than the one the user runs."""
+    replaced = jc.replaced_jax_functions()
+    if replaced:
+        raise TargetError(
+            f"{target}: the model's code replaced {', '.join(replaced)}; its checkpoints are not JAX's",
+            "audit the model with JAX's own functions (remove the replacement)",
+        )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -78,6 +90,7 @@ class Session:
         name = getattr(fn, "__name__", "fn")
         with user_code(name), mesh_context(mesh):
             traced = trace(fn, args if mesh is None else place_args(args, mesh), name)
+        _jax_is_jax(name)
         return cls(traced, scope, mesh)
 
     @classmethod
@@ -106,6 +119,7 @@ class Session:
                 args = load_inputs(loaded, inputs, defines or {}, mesh=placement).args
                 progress(f"tracing {target}")
                 traced = trace(loaded.fn, args if placement is None else place_args(args, placement), target)
+        _jax_is_jax(target)
         return cls(traced, scope, placement)
 
     # --- the steps --------------------------------------------------------------------------------

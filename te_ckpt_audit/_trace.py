@@ -137,7 +137,14 @@ def trace(fn: Callable[..., Any], args: tuple[object, ...], target: str = "") ->
     >>> [e.primitive for e in t.rows.equations()]
     ['sin', 'reduce_sum']
     """
-    leaves_with_path, treedef = jax.tree_util.tree_flatten_with_path(args)
+    try:
+        leaves_with_path, treedef = jax.tree_util.tree_flatten_with_path(args)
+    except (RecursionError, SystemError) as exc:  # JAX's C++ flattening gives up on deep nesting
+        raise UsageError(
+            f"the inputs of {target or 'the function'} are nested too deeply for JAX to flatten "
+            f"({type(exc).__name__})",
+            "return a pytree a few levels deep from the inputs callable",
+        ) from None
     dynamic = [i for i, (_, leaf) in enumerate(leaves_with_path) if is_array_leaf(leaf)]
     leaves = [leaf for _, leaf in leaves_with_path]
     for _, leaf in leaves_with_path:

@@ -111,6 +111,20 @@ def parse_defines(pairs: Sequence[str]) -> dict[str, str]:
     return out
 
 
+def as_defines(defines: Mapping[str, object] | Sequence[str] | None) -> Defines:
+    """`{key: value}` as given, or `["key=value", ...]`, as -D defines (the library's entry points
+    take either).
+
+    >>> as_defines({"seq": 8192}), as_defines(["seq=8192"])
+    ({'seq': '8192'}, {'seq': '8192'})
+    """
+    if defines is None:
+        return {}
+    if isinstance(defines, Mapping):
+        return parse_defines([f"{k}={v}" for k, v in defines.items()])
+    return parse_defines(list(defines))
+
+
 def parse_mesh(text: str) -> MeshSpec:
     """`AXIS=SIZE[,AXIS=SIZE...]`: axis names are identifiers, each once; sizes are ints >= 1.
 

@@ -14,6 +14,7 @@ class ExitCode(enum.IntEnum):
     TARGET = 3  # the user's code failed to load, trace or differentiate
     INTERNAL = 4  # a bug in te-ckpt-audit
     INTERRUPTED = 130  # Ctrl-C, as shells report SIGINT
+    PIPE_CLOSED = 141  # whoever read standard output stopped reading, as shells report SIGPIPE
 
 
 class AuditError(Exception):

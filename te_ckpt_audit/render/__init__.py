@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 from ._common import format_bytes, format_flops, format_percent, hotspots, policy_errors, warning_message
+from ._text import printable, printable_records
 from .check import (
     render_audit_check_markdown,
     render_check_github,
@@ -34,6 +35,8 @@ __all__ = [
     "hotspots",
     "maxtext_config",
     "policy_errors",
+    "printable",
+    "printable_records",
     "python_snippet",
     "render_audit_check_markdown",
     "render_audit_html",

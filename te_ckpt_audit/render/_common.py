@@ -24,6 +24,7 @@ from ..records import (
     ShardingSource,
     WarningCode,
 )
+from ._text import printable_records
 
 # --- units ------------------------------------------------------------------------------------
 
@@ -67,6 +68,7 @@ class Column:
 
 def warning_message(w: AuditWarning) -> str:
     """The words for a warning, from its code and fields."""
+    w = printable_records(w)
     match w.code:
         case WarningCode.TE_GEMMS_RECOMPUTED:
             return (

@@ -21,11 +21,13 @@ from ..records import (
     check_document,
 )
 from ._common import format_bytes, format_percent, warning_message
-from .markdown import md_table, render_markdown
+from ._text import printable_records
+from .markdown import md_table, md_text, render_markdown
 
 
 def violation_message(v: Violation) -> str:
     """The words for a broken limit, naming target, policy, figure and limit."""
+    v = printable_records(v)
     where = f"{v.target} [{v.policy}]"
     match v.figure:
         case Figure.ACTIVATION_BYTES:
@@ -92,6 +94,7 @@ SUMMARY_NUMERIC = [False, False, True, True, True, False]
 
 def render_check_markdown(runs: Sequence[Run]) -> str:
     """A summary for `$GITHUB_STEP_SUMMARY`: the verdict, one table, the violations."""
+    runs = printable_records(tuple(runs))
     failed = [v for _, result in runs for v in result.violations]
     lines = [
         "## te-ckpt-audit check",
@@ -101,7 +104,7 @@ def render_check_markdown(runs: Sequence[Run]) -> str:
         *md_table(SUMMARY_HEADERS, summary_rows(runs), SUMMARY_NUMERIC),
     ]
     if failed:
-        lines += ["", "### Violations", ""] + [f"- {violation_message(v)}" for v in failed]
+        lines += ["", "### Violations", ""] + [f"- {md_text(violation_message(v))}" for v in failed]
     return "\n".join(lines) + "\n"
 
 
@@ -137,6 +140,7 @@ def github_annotation(report: AuditReport, v: Violation) -> str:
 def render_check_github(runs: Sequence[Run]) -> str:
     """GitHub Actions workflow commands: an error per violation, a warning per audit warning, a
     notice per target and policy with its figures."""
+    runs = printable_records(tuple(runs))
     lines = [github_annotation(report, v) for report, result in runs for v in result.violations]
     lines += [
         f"::notice title={_escape('te-ckpt-audit: ' + report.target, True)}::"

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 from ..records import AuditReport, Category, HotspotKey, Outcome, PolicyResult, Recommendation, ResidualKind
 from ._common import HOTSPOT_TITLES, format_bytes, format_flops, format_percent, hotspots
+from ._text import printable
 from .plot import PlotPoint, recommendation_points, report_points
 from .recommend import maxtext_config, python_snippet
 
@@ -51,7 +52,12 @@ svg text{font:11px system-ui,sans-serif;fill:#1c2833}
 
 
 def _e(text: object) -> str:
-    return html.escape(str(text), quote=True)
+    return html.escape(printable(str(text)), quote=True)
+
+
+def _lines(text: str) -> str:
+    """A block of lines (a `<pre>`): each line escaped, the line breaks kept."""
+    return "\n".join(_e(line) for line in text.split("\n"))
 
 
 def _page(title: str, body: Sequence[str]) -> str:
@@ -325,8 +331,8 @@ def render_recommend_html(rec: Recommendation) -> str:
             f"{_e(format_flops(shown.recompute_flops))} ({_e(format_percent(shown.recompute_percent))} of the "
             "forward pass)</div>"
         )
-        body += ["<h2>Python</h2>", f"<pre>{_e(python_snippet(shown))}</pre>",
-                 "<h2>MaxText remat settings</h2>", f"<pre>{_e(maxtext_config(shown, rec.names))}</pre>"]
+        body += ["<h2>Python</h2>", f"<pre>{_lines(python_snippet(shown))}</pre>",
+                 "<h2>MaxText remat settings</h2>", f"<pre>{_lines(maxtext_config(shown, rec.names))}</pre>"]
     rows = "".join(
         f"<tr><td>{'★' if c == rec.recommended else ''}</td><td><code>{_e(c.policy)}</code></td>"
         f"<td class=\"num\">{_e(format_bytes(c.activation_bytes))}</td>"

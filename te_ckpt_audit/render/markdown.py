@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from ..records import AuditReport, HotspotKey, TeKind
 from ._common import (
     COLUMNS,
@@ -19,12 +21,26 @@ from ._common import (
     policy_errors,
     warning_message,
 )
+from ._text import printable_records
 
 # --- Markdown -----------------------------------------------------------------------------------
 
 
+def md_text(text: str) -> str:
+    """Text as Markdown shows it, not as it would read it: no HTML tag (`<img>`), no cell break (`|`)."""
+    return text.replace("<", "&lt;").replace("|", "\\|")
+
+
+def md_code(text: str) -> str:
+    """`text` as a code span whatever backticks it holds (CommonMark: a longer fence)."""
+    longest = max((len(run) for run in re.findall("`+", text)), default=0)
+    fence = "`" * (longest + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
 def md_row(cells: list[str]) -> str:
-    return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
+    return "| " + " | ".join(md_text(c) for c in cells) + " |"
 
 
 def md_table(headers: list[str], rows: list[list[str]], numeric: list[bool]) -> list[str]:
@@ -35,6 +51,7 @@ def md_table(headers: list[str], rows: list[list[str]], numeric: list[bool]) -> 
 def render_markdown(report: AuditReport, top: int = 10, by: HotspotKey | None = None) -> str:
     """The comparison, the largest residuals and the warnings as GitHub tables, for a pull-request
     or CI summary."""
+    report = printable_records(report)
     compiled = any(r.compiled is not None for r in report.results)
     columns = [
         c
@@ -42,7 +59,7 @@ def render_markdown(report: AuditReport, top: int = 10, by: HotspotKey | None = 
         if (compiled or not c.header.startswith("XLA")) and (report.mesh is not None or c.header != PER_DEVICE)
     ]
     lines = [
-        f"## te-ckpt-audit: `{report.target}`",
+        f"## te-ckpt-audit: {md_code(report.target)}",
         "",
         f"Forward pass: {format_flops(report.forward_flops)}; jax {report.jax_version}. "
         "Bytes are residuals kept for the backward pass; TE GEMM, dot, named and other split "
@@ -60,13 +77,14 @@ def render_markdown(report: AuditReport, top: int = 10, by: HotspotKey | None = 
     if report.mesh is not None:
         lines += [f"> {mesh_note(report)}", ""]
     if report.emulated_device:
-        lines += [f"> {EMULATED_NOTE.format(device=report.emulated_device)}", ""]
+        lines += [f"> {md_text(EMULATED_NOTE.format(device=report.emulated_device))}", ""]
     if policy_errors(report):
-        lines += [f"> {policy}: not differentiable under this policy: {why}" for policy, why in policy_errors(report)]
+        errors = [f"{policy}: not differentiable under this policy: {why}" for policy, why in policy_errors(report)]
+        lines += [f"> {md_text(e)}" for e in errors]
         lines += [""]
     if compiled:
         lines += [f"> XLA columns: {COMPILED_NOTE}", ""]
-        lines += [f"> {policy}: not compiled: {why}" for policy, why in compiled_errors(report)]
+        lines += [f"> {md_text(f'{policy}: not compiled: {why}')}" for policy, why in compiled_errors(report)]
         lines += [""] if compiled_errors(report) else []
     if top:
         key = hotspot_key(report, by)

@@ -15,6 +15,7 @@ import json
 
 from ..records import Candidate, CandidateKind, Recommendation
 from ._common import format_bytes, format_flops
+from ._text import printable_records
 from .plot import render_frontier_plot
 
 # The per-tensor keys of MaxText's `remat_policy: 'custom'` (src/MaxText/configs/base.yml), each
@@ -109,6 +110,7 @@ def _indent(text: str) -> str:
 
 def render_recommend_text(rec: Recommendation, width: int = 80) -> str:
     """The terminal report, plain text within `width` columns (the plot is 80 wide at most)."""
+    rec = printable_records(rec)
     out = [f"recommend {rec.target or 'function'}: budget {format_bytes(rec.budget_bytes)}"
            + (" per device" if rec.mesh is not None else ""),
            f"{len(rec.evaluated)} policies analysed (at most {rec.max_evals}), each by JAX's own linearization"]

@@ -38,6 +38,7 @@ from ._common import (
     shown_columns,
     warning_message,
 )
+from ._text import printable_records
 from .check import SUMMARY_HEADERS, SUMMARY_NUMERIC, summary_rows
 
 MARK_STYLES = {
@@ -187,6 +188,7 @@ def _warnings(report: AuditReport) -> list[RenderableType]:
 
 def render_check_table(runs: Sequence[Run], width: int = 80) -> str:
     """The gate's summary: one row per target and policy (the target named once), then the verdict."""
+    runs = printable_records(tuple(runs))
     table = _table()
     rows = summary_rows(runs)
     table.add_column("target", overflow="fold")
@@ -264,7 +266,7 @@ def _sections(report: AuditReport, view: TableView) -> list[list[RenderableType]
 
 def render_table(report: AuditReport, view: TableView = TableView()) -> str:
     """The comparison, the hotspots, the per-equation table (if asked), then the warnings."""
-    sections = _sections(report, view)
+    sections = _sections(printable_records(report), view)
     out = io.StringIO()
     console = Console(
         file=out,
