@@ -123,10 +123,7 @@ def audit(
     check_budget_policies(gate.budgets, policies or ("as-is", *DEFAULT_POLICIES))
     reference = load_baseline(gate.baseline) if gate.baseline is not None else None
     key = audit_key(what.target, what.inputs, what.defines, what.scope, where.mesh)
-    if emulate_gpu is not None:
-        process.emulate_gpu(emulate_gpu)
-    if where.devices:
-        process.provide_cpu_devices(where.devices)
+    process.prepare(emulate_gpu, where.devices)
     # The user's code may print, but stdout carries only the report. The spinner nests inside the
     # redirect: it swaps sys.stdout too while it runs, and must restore the redirect, not stdout.
     with stdout_kept_for_the_report(), progress_on_stderr() as progress:

@@ -90,11 +90,9 @@ def check(
                 f"create it with `{PROG} check --save-baseline`, and commit it",
             )
         reference = load_baseline(baseline)
-    if emulate_gpu is not None:
-        process.emulate_gpu(emulate_gpu)
     meshes = [t.mesh.devices for t in cfg.targets if t.mesh is not None and t.shardings is ShardingSource.COMPILED]
-    if meshes:  # JAX reads its device count once: enough for the largest mesh, before the first
-        process.provide_cpu_devices(max(meshes))
+    # JAX reads its device count once: enough for the largest mesh, before the first target
+    process.prepare(emulate_gpu, max(meshes, default=0))
     runs: list[Run] = []
     with stdout_kept_for_the_report(), progress_on_stderr() as progress:
         for t in cfg.targets:

@@ -62,3 +62,12 @@ def emulate_gpu(text: str) -> None:
     if emulate.emulating():
         return
     emulate.exec_emulated(emulate.parse_gpu(text), rerun_argv())
+
+
+def prepare(gpu: str | None, devices: int | None) -> None:
+    """The process a command needs before its first trace: on the emulated GPU `gpu` where one is
+    asked for, with `devices` CPU devices for a compiled mesh (each may run the command again)."""
+    if gpu is not None:
+        emulate_gpu(gpu)
+    if devices:
+        provide_cpu_devices(devices)

@@ -93,10 +93,7 @@ def recommend(
     where = MeshOptions.parse(mesh, ShardingSource.COMPILED)
     written = output
     report_to(written)
-    if emulate_gpu is not None:
-        process.emulate_gpu(emulate_gpu)
-    if where.devices:
-        process.provide_cpu_devices(where.devices)
+    process.prepare(emulate_gpu, where.devices)
     with stdout_kept_for_the_report(), progress_on_stderr() as progress:
         rec = recommend_target(
             what.target,

@@ -6,7 +6,10 @@ paths are the attribute paths of the module graph (`['blocks'][0]['attn']['query
 `.layers[0].attention.query_proj.weight`). An equation that uses a parameter belongs to the module
 that owns it (`blocks/0/attn/query`). An equation that uses none belongs with what it feeds (the
 deepest module all its consumers share: a norm's statistics belong to the norm whose scale they
-meet, a softmax to its attention), else with what it computes from (the loss's tail).
+meet, a softmax to its attention), else with what it computes from (the loss's tail). Where a
+library names its calls (`jax.named_scope("rms_norm")` on a norm's `__call__`), what a call computes
+after using its parameter stays with that call's module: a norm's `x * scale / rms` is the norm's,
+not the layer's it feeds.
 
 A trace is read this way only where its name stack does not already name the parameters' modules
 (`names_own_modules`); the name stack's own scopes (a library's named scopes, an einsum's spec)
@@ -75,6 +78,8 @@ class _Walk:
         self.found: Flow = {}
         self.direct: set[_Key] = set()  # equations that use a parameter themselves
         self.consumers: dict[_Key, list[_Key]] = {}
+        self.producers: dict[_Key, list[_Key]] = {}
+        self.scopes: dict[_Key, tuple[str, ...]] = {}  # the named scopes of each equation
         self.order: list[_Key] = []  # every equation walked, in program order
 
     def body(self, jaxpr: jc.Jaxpr, ins: Sequence[_Value], chain: tuple[str, ...]) -> list[_Value]:
@@ -109,9 +114,11 @@ class _Walk:
                 self.found[key] = module
             if params:
                 self.direct.add(key)
-            for v in eqn.invars:  # who feeds whom: the refinement's way back
+            self.scopes[key] = jc.scope_names(eqn)
+            for v in eqn.invars:  # who feeds whom: the refinements' ways back and forth
                 if not isinstance(v, jc.Literal) and v in producer:
                     self.consumers.setdefault(producer[v], []).append(key)
+                    self.producers.setdefault(key, []).append(producer[v])
             for v in eqn.outvars:
                 producer[v] = key
         view = eqn.primitive.name in _VIEWS and bool(args) and args[0][1]
@@ -140,12 +147,29 @@ def flow(jaxpr: jc.Jaxpr, inputs: Sequence[Scopes | None]) -> tuple[Flow, Flow]:
     walk = _Walk()
     walk.body(jaxpr, [(m, m is not None) for m in inputs], ())
     direct = {k: walk.found[k] for k in walk.direct if k in walk.found}
+    fixed = walk.direct | _same_call(walk)
     for key in reversed(walk.order):  # consumers first: each takes the module of what it feeds
-        if key not in walk.direct:
+        if key not in fixed:
             theirs = _common(walk.found[c] for c in walk.consumers.get(key, ()) if c in walk.found)
             if theirs:
                 walk.found[key] = theirs
     return walk.found, direct
+
+
+def _same_call(walk: _Walk) -> set[_Key]:
+    """An equation in the same named scope as a producer that used a parameter there (or follows
+    one that did) belongs to that producer's module: the rest of one scoped call of a module."""
+    rooted = set(walk.direct)
+    for key in walk.order:
+        scopes = walk.scopes.get(key)
+        if key in walk.direct or not scopes:
+            continue
+        same = [p for p in walk.producers.get(key, ()) if p in rooted and walk.scopes.get(p) == scopes]
+        module = _common(walk.found[p] for p in same if p in walk.found)
+        if module:
+            walk.found[key] = module
+            rooted.add(key)
+    return rooted - walk.direct
 
 
 MOST_PER_MODULE = 4  # arrays a module owns, typically: a linear's kernel and bias, a norm's scale and bias

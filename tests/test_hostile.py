@@ -203,6 +203,36 @@ def test_a_lingering_thread_does_not_hold_the_command(folder: Path) -> None:
     assert run.returncode == 0 and b"none" in run.stdout
 
 
+LAZY_MODULES = """\
+import sys, types
+
+
+class Lazy(types.ModuleType):
+    \"\"\"transformers 5's kind of module: any attribute not yet loaded imports something that fails.\"\"\"
+
+    def __getattr__(self, name):
+        raise RuntimeError(f"importing {name} needs torch")
+
+
+class NotAModule:
+    def __getattribute__(self, name):
+        raise RuntimeError("touched")
+
+
+sys.modules["lazy_library"] = Lazy("lazy_library")
+sys.modules["not_a_module"] = NotAModule()
+"""
+
+
+def test_lazy_and_odd_modules_in_sys_modules_are_never_touched(folder: Path) -> None:
+    """A library's lazy module (PEP 562 `__getattr__` that imports, as transformers 5's does) and
+    an object in sys.modules that is not a module: the audit reads neither's attributes."""
+    (folder / "model.py").write_text(LAZY_MODULES + MODEL)
+    run = _run(["model.py:loss", "-p", "none", "--format", "json"], folder, capture_output=True)
+    assert run.returncode == 0, run.stderr
+    assert [r["policy"] for r in json.loads(run.stdout)["results"]] == ["none"]
+
+
 def test_no_report_is_written_when_the_model_ends_the_process(folder: Path) -> None:
     """`os._exit` in the model ends everything: a gate must check that its report was written."""
     (folder / "model.py").write_text(

@@ -73,6 +73,41 @@ def test_nnx_rows_merge_the_layers(report: AuditReport) -> None:
     assert "blocks/*/up" in dots and "blocks/*/down" in dots and "head" in dots
 
 
+class ScopedNorm(nnx.Module):
+    """A norm whose call is a named scope and whose last step comes after its scale (Tunix's RMSNorm)."""
+
+    def __init__(self, rngs: nnx.Rngs) -> None:
+        self.scale = nnx.Param(jnp.ones((WIDTH,)))
+
+    @jax.named_scope("rms_norm")
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.scale * x / jnp.sqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-6)
+
+
+class NormedHead(nnx.Module):
+    def __init__(self, rngs: nnx.Rngs) -> None:
+        self.norm = ScopedNorm(rngs)
+        self.head = nnx.Linear(WIDTH, FF, rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return jnp.sum(jnp.tanh(self.head(self.norm(x))))
+
+
+def test_a_scoped_call_keeps_what_it_computes_after_its_parameter() -> None:
+    """`scale * x / rms` uses the scale first: the division, in the same named scope, is still the
+    norm's, not the head's it feeds; the head's own dot stays the head's."""
+    graphdef, state = nnx.split(nnx.eval_shape(lambda: NormedHead(nnx.Rngs(0))))
+
+    def f(state: nnx.State, x: jax.Array) -> jax.Array:
+        return nnx.merge(graphdef, state)(x)
+
+    report = audit(f, state, jax.ShapeDtypeStruct((4, WIDTH), jnp.float32), policies=["none"])
+    modules = {(e.primitive, e.module) for e in report.equations}
+    assert ("div", "norm/rms_norm") in modules and ("sqrt", "norm/rms_norm") in modules
+    assert not any(m and m.startswith("head/rms_norm") for _, m in modules)
+    assert ("dot_general", "head") in modules
+
+
 def test_a_dict_of_a_layers_weights_names_no_modules() -> None:
     """A plain parameter table ({'w_qkv': ..., 'w_ff': ...} per layer) names no modules: source
     lines stay the grouping, as before."""

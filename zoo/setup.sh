@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The model zoo's environment: real models from JAX libraries (Flax NNX, Equinox, KerasHub on the JAX
-# backend, RecurrentGemma, MaxText on Python >= 3.12), with te-ckpt-audit installed editable from
+# backend, RecurrentGemma, Tunix, transformers' Flax BERT where MaxText is not, MaxText on
+# Python >= 3.12), with te-ckpt-audit installed editable from
 # this checkout with its test extras. One command; idempotent; cached, keyed by versions.
 #
 #   bash zoo/setup.sh                                         # python3, jax 0.10.2
@@ -24,6 +25,10 @@ EQUINOX_VERSION="${EQUINOX_VERSION:-0.13.8}"
 KERAS_VERSION="${KERAS_VERSION:-3.15.1}"
 KERAS_HUB_VERSION="${KERAS_HUB_VERSION:-0.32.0}"
 RECURRENTGEMMA_VERSION="${RECURRENTGEMMA_VERSION:-1.0.1}"
+TUNIX_VERSION="${TUNIX_VERSION:-0.1.7}"
+# transformers' Flax models end with 4.57 (5.x has none); MaxText's lanes keep the transformers 5
+# MaxText imports, and transformers' BERT skips there.
+TRANSFORMERS_VERSION="${TRANSFORMERS_VERSION:-4.57.6}"
 # MaxText needs Python >= 3.12 in every release; 0.2.5 needs jax >= 0.11, 0.2.4 runs on jax 0.10.
 if [ "$PYV" -ge 312 ]; then
   case "$JAX_VERSION" in
@@ -33,11 +38,13 @@ if [ "$PYV" -ge 312 ]; then
 else
   MAXTEXT_VERSION="${MAXTEXT_VERSION:-}"
 fi
+if [ -n "$MAXTEXT_VERSION" ]; then TRANSFORMERS_VERSION=""; fi
 # Flax: the newest release for this Python (Flax 0.12.9+ needs Python >= 3.12), unless pinned.
 FLAX_SPEC="flax${FLAX_VERSION:+==$FLAX_VERSION}"
 
 KEY="jax-$JAX_VERSION-py$PYV-eqx$EQUINOX_VERSION-keras$KERAS_VERSION-hub$KERAS_HUB_VERSION"
-KEY="$KEY-rg$RECURRENTGEMMA_VERSION${FLAX_VERSION:+-flax$FLAX_VERSION}${MAXTEXT_VERSION:+-maxtext$MAXTEXT_VERSION}"
+KEY="$KEY-rg$RECURRENTGEMMA_VERSION-tunix$TUNIX_VERSION${TRANSFORMERS_VERSION:+-tf$TRANSFORMERS_VERSION}"
+KEY="$KEY${FLAX_VERSION:+-flax$FLAX_VERSION}${MAXTEXT_VERSION:+-maxtext$MAXTEXT_VERSION}"
 ENV="$CACHE/zoo-$KEY"
 STAMP="$ENV/.complete"
 
@@ -59,6 +66,13 @@ if [ ! -f "$STAMP" ]; then
   log "installing keras-hub $KERAS_HUB_VERSION without TensorFlow (--no-deps, plus what it imports)"
   "${PIP[@]}" --no-deps "keras-hub==$KERAS_HUB_VERSION"
   "${PIP[@]}" regex packaging tokenizers
+  log "installing tunix $TUNIX_VERSION (--no-deps, plus what its Llama 3 imports: not TensorFlow Datasets)"
+  "${PIP[@]}" --no-deps "google-tunix==$TUNIX_VERSION"
+  "${PIP[@]}" google-metrax perfetto jaxtyping pillow pandas
+  if [ -n "$TRANSFORMERS_VERSION" ]; then
+    log "installing transformers $TRANSFORMERS_VERSION (its Flax models)"
+    "${PIP[@]}" "transformers==$TRANSFORMERS_VERSION"
+  fi
   if [ -n "$MAXTEXT_VERSION" ]; then
     log "installing maxtext $MAXTEXT_VERSION (--no-deps, plus what its decoder imports)"
     "${PIP[@]}" --no-deps "maxtext==$MAXTEXT_VERSION"

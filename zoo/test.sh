@@ -2,7 +2,8 @@
 # The zoo lane: real models from JAX libraries, in training mode, each audited under six policies
 # and compared with JAX's own saved_residuals (zoo/test_zoo.py). Three cached environments
 # (zoo/setup.sh), one pytest run each; arguments go to pytest:
-#   1. python3 (3.11 here) with jax 0.10.2: Flax NNX, Equinox, KerasHub, RecurrentGemma
+#   1. python3 (3.11 here) with jax 0.10.2: Flax NNX, Equinox, KerasHub, RecurrentGemma, Tunix,
+#      transformers 4.57's Flax BERT (transformers 5 has no Flax: it skips in the MaxText lanes)
 #      (MaxText skips: every MaxText release needs Python >= 3.12);
 #   2. Python 3.12 with jax 0.10.2: MaxText 0.2.4, the last release that runs on jax 0.10;
 #   3. Python 3.12 with the newest jax (ZOO_NEWEST_JAX): MaxText 0.2.5 and every other model.

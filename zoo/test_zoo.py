@@ -43,7 +43,7 @@ def _model(name: str) -> Any:
         return importlib.import_module(f"zoo.models.{name}")
     except ModuleNotFoundError as err:
         required = _required(name)
-        if err.name and err.name.split(".")[0] == required:
+        if err.name and (required == err.name or required.startswith(err.name + ".")):
             pytest.skip(f"{required} is not installed here (see zoo/setup.sh)")
         raise
 
