@@ -1,4 +1,5 @@
-"""Benchmark: `recommend`'s search against exhaustive search, on a model with 8 checkpoint names.
+"""Benchmark: `recommend`'s search against exhaustive search, on a model with 8 checkpoint names;
+and the search's estimator on 160 names against one analysis.
 
     python bench/recommend.py              # budgets across the whole frontier
     python bench/recommend.py --quick      # three budgets
@@ -8,12 +9,19 @@ alone and with each dot/TE GEMM preset: about a thousand JAX linearizations), on
 any budget is then the least recompute among its points that fit. The search runs once per budget.
 For each budget it must find the same optimum (the same recompute FLOPs; its spec may differ only
 where two policies tie); the run prints both times and their ratio, and exits 1 on any mismatch.
+Each search gets a session of its own (the trace shared), so no search reuses another's analyses.
+
+The estimator (the exact knapsack over each name's additive estimate, on bit masks) runs once per
+base policy before any analysis; with 160 names its time is printed against one JAX analysis of
+the same 8-layer model (the baseline: JAX's own `saved_residuals` of it under `checkpoint_dots`,
+what one verified point costs at the least).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import random
 import sys
 import time
 from pathlib import Path
@@ -23,7 +31,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from sample_models import eight_names  # noqa: E402
-from te_ckpt_audit._recommend import recommend  # noqa: E402
+from te_ckpt_audit._jax_compat import saved_residuals  # noqa: E402
+from te_ckpt_audit._recommend import _estimated_frontier, _Marginal, recommend  # noqa: E402
+from te_ckpt_audit._session import Session  # noqa: E402
 from te_ckpt_audit._trace import trace  # noqa: E402
 
 
@@ -35,7 +45,7 @@ def main() -> int:
     print(f"model: {traced.target}, names: {', '.join(sorted(traced.rows.names))}")
 
     start = time.perf_counter()
-    every = recommend(traced, 10**15, exhaustive=True)
+    every = recommend(Session(traced), 10**15, exhaustive=True)
     exhaustive_s = time.perf_counter() - start
     points = [c for c in every.evaluated if c.error is None]
     print(f"exhaustive: {len(every.evaluated)} policies analysed in {exhaustive_s:.1f} s")
@@ -52,7 +62,7 @@ def main() -> int:
     print(f"{'budget B':>9}  {'evals':>5}  {'search s':>8}  {'recompute':>10}  {'exhaustive':>10}  policy")
     for budget in budgets:
         start = time.perf_counter()
-        rec = recommend(traced, budget)
+        rec = recommend(Session(traced), budget)
         took = time.perf_counter() - start
         search_s += took
         evals += len(rec.evaluated)
@@ -69,7 +79,27 @@ def main() -> int:
     print(f"exhaustive search: {exhaustive_s:.1f} s ({len(every.evaluated)} analyses, all budgets at once)")
     print(f"search:            {per_search:.2f} s per budget on average ({evals / len(budgets):.0f} analyses)")
     print(f"ratio:             exhaustive / search = {exhaustive_s / per_search:.1f}x")
+    estimator()
     return 1 if mismatches else 0
+
+
+def estimator(names: int = 160) -> None:
+    """The estimator's frontier over `names` names (random marginals, fixed seed), against JAX's
+    `saved_residuals` of the 8-layer model under checkpoint_dots."""
+    import jax
+
+    fn = jax.checkpoint(eight_names.loss, policy=jax.checkpoint_policies.checkpoint_dots)
+    start = time.perf_counter()
+    saved_residuals(fn, *eight_names.loss_inputs(layers=8))
+    one_analysis = time.perf_counter() - start
+    rng = random.Random(0)
+    labels = [f"n{i}" for i in range(names)]
+    marginal = {n: _Marginal(rng.randrange(1, 1 << 20), rng.randrange(1, 1 << 30)) for n in labels}
+    start = time.perf_counter()
+    front = _estimated_frontier(1 << 30, 1 << 40, labels, marginal)
+    took = time.perf_counter() - start
+    print(f"\nestimator, {names} names: {took:.2f} s ({len(front)} frontier points); "
+          f"one analysis (baseline): {one_analysis:.3f} s; ratio {took / one_analysis:.1f}x")
 
 
 if __name__ == "__main__":
