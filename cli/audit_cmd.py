@@ -17,6 +17,7 @@ from te_ckpt_audit import (
     ShardingSource,
     UsageError,
     audit_target,
+    parse_policies,
 )
 from te_ckpt_audit.baselines import audit_key, load_baseline
 from te_ckpt_audit.gating import check, check_budget_policies
@@ -117,10 +118,10 @@ def audit(
                          "write the report and the baseline to two files")
     if gate.save_baseline is not None:
         check_baseline_file(gate.save_baseline)
-    policies = tuple(policy or ())
+    specs = parse_policies(policy, what.target) if policy else None  # once, here
     # Bad limits and baselines fail before the user's code runs.
     percent_limit(gate.tolerance, "--tolerance")
-    check_budget_policies(gate.budgets, policies or ("as-is", *DEFAULT_POLICIES))
+    check_budget_policies(gate.budgets, [s.text for s in specs] if specs else ("as-is", *DEFAULT_POLICIES))
     reference = load_baseline(gate.baseline) if gate.baseline is not None else None
     key = audit_key(what.target, what.inputs, what.defines, what.scope, where.mesh)
     process.prepare(emulate_gpu, where.devices)
@@ -128,7 +129,7 @@ def audit(
     # redirect: it swaps sys.stdout too while it runs, and must restore the redirect, not stdout.
     with stdout_kept_for_the_report(), progress_on_stderr() as progress:
         report = audit_target(
-            what.target, policies or None, inputs=what.inputs, defines=what.defines,
+            what.target, specs, inputs=what.inputs, defines=what.defines,
             scope=what.scope, progress=progress, compile=compile, mesh=where.mesh, shardings=where.shardings,
         )
     figures = None if reference is None else reference.figures(key)

@@ -43,7 +43,7 @@ from .records import (
     WarningCode,
 )
 from .sizes import parse_budget, parse_size
-from .specs import PolicySpec, resolve_policy
+from .specs import PolicySpec, parse_policies, resolve_policy
 
 __version__ = "0.1.0"
 
@@ -94,6 +94,7 @@ __all__ = [
     "dots_and_te_gemms_with_no_batch_dims",
     "parse_budget",
     "parse_mesh",
+    "parse_policies",
     "parse_size",
     "recommend",
     "recommend_target",

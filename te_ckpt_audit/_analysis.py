@@ -15,13 +15,13 @@ from typing import cast
 import jax
 
 from . import _jax_compat as jc
-from ._apply import ask_policy, policy_function, resolve_scope, row_policy
+from ._apply import policy_function, resolve_scope, row_verdict
 from ._heap import without_gc
 from ._jaxpr import AnyJaxpr, aval_bytes, aval_dtype, aval_shape, is_gemm, open_jaxpr, sub_jaxprs
 from ._source import Origin, user_location
 from ._trace import Row, Traced, id_key
 from .errors import AuditError, TargetError, first_line
-from .policies import Policy, is_te_gemm, is_te_standin
+from .policies import is_te_gemm, is_te_standin
 from .records import (
     Category,
     EquationMark,
@@ -31,20 +31,8 @@ from .records import (
     ResidualKind,
     Scope,
     Totals,
-    Verdict,
 )
 from .specs import PolicySpec
-
-
-def verdict_of(policy: Policy | None, eqn: jc.JaxprEqn, spec_text: str) -> Verdict:
-    if policy is None:
-        return Verdict.NONE
-    answer = ask_policy(policy, spec_text, eqn.primitive, [v.aval for v in eqn.invars], eqn.params)
-    if answer is True or isinstance(answer, jc.SaveableType):
-        return Verdict.SAVE
-    if answer is False or isinstance(answer, jc.RecomputeType):
-        return Verdict.RECOMPUTE
-    return Verdict.OFFLOAD
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -104,7 +92,7 @@ def analyse_policy(traced: Traced, spec: PolicySpec, scope: Scope = Scope.AUTO) 
     marks = []
     for eid in sorted(rows, key=id_key):
         row = rows[eid]
-        verdict = verdict_of(row_policy(row, spec, scope), row.eqn, spec.text)
+        verdict = row_verdict(row, spec, scope)
         outcome = saved.get(eid) or (Outcome.RECOMPUTED if eid in recomputed else Outcome.NOT_NEEDED)
         marks.append(EquationMark(eid, verdict, outcome))
     result = PolicyResult(

@@ -9,14 +9,13 @@ from typing import Any
 
 import jax
 
-from ._loading import user_code
 from ._session import Progress, Session, quiet
 from .baselines import audit_key
 from .config import TargetConfig, as_defines, parse_mesh
 from .gating import check, check_budget_policies
 from .records import AuditReport, Baseline, CheckResult, MeshSpec, Scope, ShardingSource
 from .sizes import percent_limit
-from .specs import PolicyLike, policy_specs
+from .specs import PolicyLike, parse_policies
 
 DEFAULT_POLICIES = (
     "none",
@@ -59,8 +58,7 @@ def audit(
     >>> report.result("nothing_saveable").totals.activation_bytes
     0
     """
-    with user_code(getattr(fn, "__name__", "fn")):  # a custom policy's module is user code too
-        specs = None if policies is None else policy_specs(policies)
+    specs = None if policies is None else parse_policies(policies, getattr(fn, "__name__", "fn"))
     session = Session.of_function(fn, *args, scope=Scope(scope), mesh=mesh)
     return session.report(default_policies(session) if specs is None else specs, compile=compile)
 
@@ -87,8 +85,7 @@ def audit_target(
     >>> report = audit_target("sample_models/mlp.py:loss", ["nothing_saveable"])  # doctest: +SKIP
     """
     placement = parse_mesh(mesh) if isinstance(mesh, str) else mesh
-    with user_code(target):  # a custom policy's module is user code too
-        specs = None if policies is None else policy_specs(policies)  # bad specs fail before the target runs
+    specs = None if policies is None else parse_policies(policies, target)  # bad specs fail before the target runs
     session = Session.of_target(
         target, inputs=inputs, defines=as_defines(defines), scope=Scope(scope), mesh=placement,
         shardings=ShardingSource(shardings), progress=progress,

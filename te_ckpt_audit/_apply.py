@@ -19,7 +19,7 @@ from ._jaxpr import AnyJaxpr, map_sub_jaxprs, open_jaxpr
 from ._trace import Row, Segments, Traced
 from .errors import PolicyError
 from .policies import Policy
-from .records import Scope
+from .records import Scope, Verdict
 from .specs import AsIs, NoCheckpoint, PolicySpec
 
 # --- the scope rules: where a policy goes ---------------------------------------------------------
@@ -44,6 +44,23 @@ def row_policy(row: Row, spec: PolicySpec, scope: Scope) -> Policy | None:
     if scope is Scope.INNER and not row.in_remat:
         return None
     return spec.policy
+
+
+def verdict_of(policy: Policy | None, eqn: jc.JaxprEqn, spec_text: str) -> Verdict:
+    """What `policy` says of `eqn`: save, recompute or offload (NONE outside any checkpoint)."""
+    if policy is None:
+        return Verdict.NONE
+    answer = ask_policy(policy, spec_text, eqn.primitive, [v.aval for v in eqn.invars], eqn.params)
+    if answer is True or isinstance(answer, jc.SaveableType):
+        return Verdict.SAVE
+    if answer is False or isinstance(answer, jc.RecomputeType):
+        return Verdict.RECOMPUTE
+    return Verdict.OFFLOAD
+
+
+def row_verdict(row: Row, spec: PolicySpec, scope: Scope) -> Verdict:
+    """What `spec` at the resolved `scope` says of this row's equation."""
+    return verdict_of(row_policy(row, spec, scope), row.eqn, spec.text)
 
 
 def policy_function(traced: Traced, spec: PolicySpec, scope: Scope) -> jc.ArrayFn:

@@ -11,8 +11,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from ._analysis import verdict_of
-from ._apply import row_policy
+from ._apply import row_policy, verdict_of
 from ._trace import Traced
 from .records import AuditWarning, Outcome, PolicyResult, Scope, Verdict, WarningCode
 from .specs import AsIs, NoCheckpoint, PolicySpec

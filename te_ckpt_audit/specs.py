@@ -321,6 +321,16 @@ def policy_specs(policies: Sequence[PolicyLike]) -> tuple[PolicySpec, ...]:
     return tuple(policy_spec(p) for p in policies)
 
 
+def parse_policies(policies: Sequence[PolicyLike], what: str) -> tuple[PolicySpec, ...]:
+    """Policy specs parsed once, at the edge: a spec already parsed passes as it is. A custom
+    policy's module (`file.py:attr`) is the user's code, as `what` (the target) is: its failure is
+    a TargetError naming it."""
+    from ._loading import user_code  # the user's module runs under its rule
+
+    with user_code(what):
+        return policy_specs(policies)
+
+
 def _close_to(spec: str) -> str | None:
     known = list(_SPECIAL) + list(_PRESETS) + list(_PARAMETRIC)
     close = difflib.get_close_matches(spec.partition(":")[0], known, n=1, cutoff=0.5)
