@@ -4,7 +4,7 @@
 #
 #   bash .ci/lane.sh py311-jax0.10.2     # the README's test command, lint, typing, memory gate
 #   bash .ci/lane.sh py312-newest        # the whole suite on Python 3.12 with the newest jax
-#   bash .ci/lane.sh te-jax0.10.2 | te-newest | zoo | browser
+#   bash .ci/lane.sh te-jax0.10.2 | te-newest | gpu-target | zoo | browser
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,6 +26,12 @@ case "$name" in
     PY="$(bash .ci/venv.sh "$NEWEST_PYTHON" "$JAX_NEWEST" | tail -n 1)"
     "$PY" -c 'import sys, jax; print(f"python {sys.version.split()[0]}, jax {jax.__version__}")'
     "$PY" -m pytest "$@"
+    ;;
+  gpu-target)
+    # --gpu: steps compiled for GPU models through JAX's CUDA plugin (the [gpu] extra, ~0.6 GB more);
+    # here every compile test must run: a missing piece fails the lane instead of skipping
+    PY="$(bash .ci/venv.sh "$NEWEST_PYTHON" "$JAX_NEWEST" test,gpu | tail -n 1)"
+    TE_CKPT_AUDIT_GPU_LANE=1 TE_CKPT_AUDIT_CACHE="$(mktemp -d)" "$PY" -m pytest tests/test_gpu.py "$@"
     ;;
   te-jax0.10.2)
     bash te_cpu/test.sh -q "$@"

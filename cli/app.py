@@ -15,6 +15,7 @@ from te_ckpt_audit import ExitCode
 
 from .audit_cmd import audit
 from .check_cmd import check
+from .gpus_cmd import gpus
 from .policies_cmd import policies
 from .recommend_cmd import recommend
 from .terminal import PROG, fail
@@ -64,6 +65,7 @@ app = typer.Typer(
 app.command(DEFAULT_COMMAND, short_help="Compare checkpoint policies on TARGET (the default command).")(audit)
 app.command("check", short_help="Gate CI: audit every target of [tool.te-ckpt-audit].")(check)
 app.command("policies", short_help="List every policy spec --policy understands.")(policies)
+app.command("gpus", short_help="List the GPU models --gpu compiles a training step for.")(gpus)
 app.command("recommend", short_help="Find the policy that fits --budget with the least recompute.")(recommend)
 
 

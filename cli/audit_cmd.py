@@ -21,6 +21,7 @@ from te_ckpt_audit import (
 )
 from te_ckpt_audit.baselines import audit_key, load_baseline
 from te_ckpt_audit.gating import check, check_budget_policies
+from te_ckpt_audit.gpus import DEFAULT_GPUS_PER_HOST, DEFAULT_MEM_FRACTION
 from te_ckpt_audit.render import (
     TableView,
     render_audit_check_markdown,
@@ -34,8 +35,8 @@ from te_ckpt_audit.sizes import percent_limit
 
 from . import options as opt
 from . import process
-from .files import check_baseline_file, same_file, save_baseline
-from .options import GateOptions, MeshOptions, OutputFormat, OutputOptions, TargetOptions
+from .files import check_baseline_file, compile_cache, same_file, save_baseline
+from .options import GateOptions, GpuOptions, MeshOptions, OutputFormat, OutputOptions, TargetOptions
 from .terminal import (
     at_the_edge,
     emit,
@@ -98,6 +99,13 @@ def audit(
     compile: opt.Compile = False,  # noqa: A002 (the option's name)
     mesh: opt.MeshOption = None,
     shardings: opt.Shardings = ShardingSource.COMPILED,
+    gpu: opt.GpuName = None,
+    gpu_config: opt.GpuConfig = None,
+    gpus_per_host: opt.GpusPerHost = DEFAULT_GPUS_PER_HOST,
+    optimizer: opt.OptimizerOption = None,
+    mem_fraction: opt.MemFraction = DEFAULT_MEM_FRACTION,
+    fit: opt.Fit = False,
+    peak_budget: opt.PeakBudgets = None,
     debug: opt.Debug = False,
     version: opt.Version = False,
     emulate_gpu: opt.EmulateGpu = None,
@@ -111,6 +119,9 @@ def audit(
     what = TargetOptions.parse(target, inputs, define, scope)
     where = MeshOptions.parse(mesh, shardings)
     gate = GateOptions.parse(budget, max_recompute, baseline, tolerance, require_baseline, save_baseline_to)
+    on_gpu = GpuOptions.parse(
+        gpu, gpu_config, gpus_per_host, optimizer, mem_fraction, fit, peak_budget, compile_cache()
+    )
     out = OutputOptions(format, None if output is None else Path(output), top, by, equations)
     report_to(out.output)
     if out.output is not None and gate.save_baseline is not None and same_file(out.output, gate.save_baseline):
@@ -121,21 +132,26 @@ def audit(
     specs = parse_policies(policy, what.target) if policy else None  # once, here
     # Bad limits and baselines fail before the user's code runs.
     percent_limit(gate.tolerance, "--tolerance")
-    check_budget_policies(gate.budgets, [s.text for s in specs] if specs else ("as-is", *DEFAULT_POLICIES))
+    audited = [s.text for s in specs] if specs else ("as-is", *DEFAULT_POLICIES)
+    check_budget_policies(gate.budgets, audited)
+    check_budget_policies(on_gpu.peak.budgets, audited)
     reference = load_baseline(gate.baseline) if gate.baseline is not None else None
-    key = audit_key(what.target, what.inputs, what.defines, what.scope, where.mesh)
-    process.prepare(emulate_gpu, where.devices)
+    key = audit_key(what.target, what.inputs, what.defines, what.scope, where.mesh, on_gpu.request)
+    process.prepare(emulate_gpu, where.devices, None if on_gpu.request is None else on_gpu.request.model)
     # The user's code may print, but stdout carries only the report. The spinner nests inside the
     # redirect: it swaps sys.stdout too while it runs, and must restore the redirect, not stdout.
     with stdout_kept_for_the_report(), progress_on_stderr() as progress:
         report = audit_target(
             what.target, specs, inputs=what.inputs, defines=what.defines,
             scope=what.scope, progress=progress, compile=compile, mesh=where.mesh, shardings=where.shardings,
+            gpu=on_gpu.request,
         )
     figures = None if reference is None else reference.figures(key)
-    result = check(report, gate.budgets, gate.max_recompute, figures, gate.tolerance, gate.require_baseline)
+    result = check(report, gate.budgets, gate.max_recompute, figures, gate.tolerance, gate.require_baseline,
+                   on_gpu.peak)
     result = dataclasses.replace(result, key=key)
-    emit(renderer(out.format, table_view(out))(report, result if gate.gating else None), out.output)
+    gated = gate.gating or on_gpu.peak.active
+    emit(renderer(out.format, table_view(out))(report, result if gated else None), out.output)
     if gate.save_baseline is not None:
         save_baseline(gate.save_baseline, [(key, report)])
     return report_policy_errors([report], report_gate([result], gate.baseline))

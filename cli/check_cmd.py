@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Annotated, assert_never
 
@@ -15,7 +16,7 @@ from te_ckpt_audit.render import render_check_github, render_check_json, render_
 
 from . import options as opt
 from . import process
-from .files import check_baseline_file, same_file, save_baseline
+from .files import check_baseline_file, compile_cache, same_file, save_baseline
 from .options import OutputFormat
 from .terminal import (
     PROG,
@@ -92,10 +93,13 @@ def check(
         reference = load_baseline(baseline)
     meshes = [t.mesh.devices for t in cfg.targets if t.mesh is not None and t.shardings is ShardingSource.COMPILED]
     # JAX reads its device count once: enough for the largest mesh, before the first target
-    process.prepare(emulate_gpu, max(meshes, default=0))
+    gpus = [t.gpu.model for t in cfg.targets if t.gpu is not None]
+    process.prepare(emulate_gpu, max(meshes, default=0), gpus[0] if gpus else None)
+    targets = [t if t.gpu is None else dataclasses.replace(t, gpu=dataclasses.replace(t.gpu, cache=compile_cache()))
+               for t in cfg.targets]
     runs: list[Run] = []
     with stdout_kept_for_the_report(), progress_on_stderr() as progress:
-        for t in cfg.targets:
+        for t in targets:
             runs.append(
                 check_target(t, baseline=reference, tolerance=cfg.tolerance, require_baseline=require_baseline,
                              progress=progress)

@@ -69,6 +69,15 @@ def find_fakecuda() -> Path:
     )
 
 
+def has_fakecuda() -> bool:
+    """Whether this environment has the emulated driver (`bash te_cpu/setup.sh` built it)."""
+    try:
+        find_fakecuda()
+    except UsageError:
+        return False
+    return True
+
+
 def _nvidia_lib_dirs() -> list[str]:
     dirs = []
     for root in [*site.getsitepackages(), site.getusersitepackages()]:

@@ -131,3 +131,12 @@ def _locked(folder: Path) -> Iterator[None]:
         yield
     finally:
         os.close(fd)  # closing releases the lock
+
+
+def compile_cache() -> Path:
+    """Where GPU compiles are kept (`--gpu`): the tool's cache folder (TE_CKPT_AUDIT_CACHE, else
+    XDG's, else ~/.cache/te-ckpt-audit), under gpu-compiles/."""
+    root = os.environ.get("TE_CKPT_AUDIT_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "te-ckpt-audit"
+    )
+    return Path(root) / "gpu-compiles"

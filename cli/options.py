@@ -15,6 +15,15 @@ import typer
 from te_ckpt_audit import DEFAULT_POLICIES, MeshSpec, Scope, ShardingSource, UsageError, __version__, parse_mesh
 from te_ckpt_audit.config import Defines as DefineMap
 from te_ckpt_audit.config import parse_defines
+from te_ckpt_audit.gating import PeakGate
+from te_ckpt_audit.gpus import (
+    DEFAULT_GPUS_PER_HOST,
+    DEFAULT_MEM_FRACTION,
+    GpuRequest,
+    Optimizer,
+    gpu_model,
+    model_of_config,
+)
 from te_ckpt_audit.records import Budget, HotspotKey
 from te_ckpt_audit.sizes import parse_budget
 
@@ -107,6 +116,34 @@ class GateOptions:
     def gating(self) -> bool:
         """Whether any limit is set (a report then also says pass or fail)."""
         return bool(self.budgets) or self.max_recompute is not None or self.baseline is not None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GpuOptions:
+    """`--gpu`: the GPU each policy's training step is compiled for, and the peak gate."""
+
+    request: GpuRequest | None
+    peak: PeakGate
+
+    @classmethod
+    def parse(
+        cls, gpu: str | None, gpu_config: str | None, gpus_per_host: int, optimizer: Optimizer | None,
+        mem_fraction: float, fit: bool, peak_budget: list[str] | None, cache: Path | None,
+    ) -> GpuOptions:
+        if gpu is not None and gpu_config is not None:
+            raise UsageError("--gpu and --gpu-config both name a GPU", "give one of them")
+        peak = PeakGate(fit, tuple(parse_budget(b) for b in peak_budget or []))
+        if gpu is None and gpu_config is None:
+            given = [o for o, on in (("--optimizer", optimizer is not None), ("--fit", fit),
+                                     ("--peak-budget", bool(peak_budget)),
+                                     ("--gpus-per-host", gpus_per_host != DEFAULT_GPUS_PER_HOST),
+                                     ("--mem-fraction", mem_fraction != DEFAULT_MEM_FRACTION)) if on]
+            if given:
+                hint = "add --gpu NAME (`te-ckpt-audit gpus` lists them)"
+                raise UsageError(f"{given[0]} is about the step compiled for a GPU", hint)
+            return cls(None, peak)
+        model = gpu_model(gpu) if gpu is not None else model_of_config(str(gpu_config))
+        return cls(GpuRequest(model, optimizer, gpus_per_host, mem_fraction, cache), peak)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -322,6 +359,64 @@ EmulateGpu = Annotated[
         help="Trace real Transformer Engine on a machine without a GPU: run on an emulated device "
         "of compute capability CC with SMS multiprocessors (e.g. 9.0:132), after `bash "
         "te_cpu/setup.sh`. Handled before the other options.",
+        show_default=False,
+    ),
+]
+
+
+GpuName = Annotated[
+    str | None,
+    typer.Option(
+        "--gpu",
+        metavar="NAME",
+        help="Also compile each policy's training step for this GPU with XLA:GPU (no GPU needed) and "
+        "show its peak memory per device: h100-sxm, h100-pcie, h200, a100-40gb, a100-80gb, l40s, b200 "
+        "(`te-ckpt-audit gpus`). Needs the [gpu] extra (Linux x86_64, Python >= 3.12).",
+        show_default=False,
+    ),
+]
+GpuConfig = Annotated[
+    str | None,
+    typer.Option(
+        "--gpu-config",
+        metavar="FILE",
+        help="As --gpu, for the GPU a GpuTargetConfigProto text file describes (XLA's own GPU specs are such files).",
+        show_default=False,
+    ),
+]
+GpusPerHost = Annotated[
+    int,
+    typer.Option("--gpus-per-host", min=1, metavar="N", help="With --gpu and --mesh: GPUs per host of the topology."),
+]
+OptimizerOption = Annotated[
+    Optimizer | None,
+    typer.Option(
+        "--optimizer",
+        case_sensitive=False,
+        help="With --gpu: add an optax update to the compiled step, its state donated in and out.",
+        show_default=False,
+    ),
+]
+MemFraction = Annotated[
+    float,
+    typer.Option(
+        "--mem-fraction",
+        metavar="F",
+        help="With --gpu: the share of the GPU's memory a process may use (JAX preallocates 0.75: "
+        "XLA_PYTHON_CLIENT_MEM_FRACTION).",
+    ),
+]
+Fit = Annotated[
+    bool,
+    typer.Option("--fit", help="With --gpu: fail (exit 1) when a policy's compiled peak exceeds the usable memory."),
+]
+PeakBudgets = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--peak-budget",
+        metavar="[POLICY=]SIZE",
+        help="With --gpu: fail (exit 1) when the compiled peak per device exceeds SIZE, for every "
+        "policy or, as POLICY=SIZE, for one; repeat for several.",
         show_default=False,
     ),
 ]

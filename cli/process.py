@@ -4,7 +4,10 @@ The library never touches the process; this module owns it:
 - virtual CPU devices for a mesh: XLA's host device count, set before JAX starts its backend, and
   where the backend already started with fewer, this command run again with the flag (once);
 - the emulated GPU for tracing real Transformer Engine: this command run again with the emulated
-  CUDA driver preloaded (`emulate.py`), into that process only.
+  CUDA driver preloaded (`emulate.py`), into that process only; `--gpu NAME` emulates that GPU
+  wherever the emulated driver is set up (the te_cpu environment);
+- JAX kept on its CPU backend where a step is compiled for a GPU (`--gpu`): the CUDA plugin then
+  registers without looking for a local CUDA, and the trace stays on CPU devices.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import sys
 import jax
 
 from te_ckpt_audit import MAX_DEVICES
+from te_ckpt_audit.gpus import GpuModel
 
 from . import emulate
 
@@ -64,10 +68,16 @@ def emulate_gpu(text: str) -> None:
     emulate.exec_emulated(emulate.parse_gpu(text), rerun_argv())
 
 
-def prepare(gpu: str | None, devices: int | None) -> None:
+def prepare(gpu: str | None, devices: int | None, target: GpuModel | None = None) -> None:
     """The process a command needs before its first trace: on the emulated GPU `gpu` where one is
-    asked for, with `devices` CPU devices for a compiled mesh (each may run the command again)."""
+    asked for (else the `target` GPU's, where the emulated driver is set up), with `devices` CPU
+    devices for a compiled mesh (each may run the command again), and with JAX on CPU when a step
+    is compiled for a `target` GPU."""
+    if gpu is None and target is not None and not emulate.emulating() and emulate.has_fakecuda():
+        gpu = target.emulated
     if gpu is not None:
         emulate_gpu(gpu)
     if devices:
         provide_cpu_devices(devices)
+    if target is not None and not os.environ.get("JAX_PLATFORMS"):
+        jax.config.update("jax_platforms", "cpu")

@@ -8,13 +8,23 @@ from typing import Annotated, assert_never
 
 import typer
 
-from te_ckpt_audit import DEFAULT_MAX_EVALS, ExitCode, Recommendation, Scope, ShardingSource, recommend_target
+from te_ckpt_audit import (
+    DEFAULT_MAX_COMPILES,
+    DEFAULT_MAX_EVALS,
+    ExitCode,
+    Recommendation,
+    Scope,
+    ShardingSource,
+    recommend_target,
+)
+from te_ckpt_audit.gpus import DEFAULT_GPUS_PER_HOST, DEFAULT_MEM_FRACTION
 from te_ckpt_audit.render import format_bytes, render_recommend_html, render_recommend_json, render_recommend_text
 from te_ckpt_audit.sizes import count_at_least_one, parse_size, positive_bytes
 
 from . import options as opt
 from . import process
-from .options import MeshOptions, TargetOptions
+from .files import compile_cache
+from .options import GpuOptions, MeshOptions, TargetOptions
 from .terminal import PROG, at_the_edge, emit, progress_on_stderr, report_to, say, stdout_kept_for_the_report
 
 
@@ -37,11 +47,26 @@ def renderer(fmt: RecommendFormat) -> Callable[[Recommendation], str]:
 
 
 Budget = Annotated[
-    str,
+    str | None,
     typer.Option(
         "--budget",
         metavar="SIZE",
-        help="Device memory for activations (B, KB, MB, GB, KiB, MiB, GiB), per device with --mesh.",
+        help="Device memory for activations (B, KB, MB, GB, KiB, MiB, GiB), per device with --mesh. "
+        "With --gpu it only bounds which points are compiled (default: the GPU's usable memory).",
+        show_default=False,
+    ),
+]
+MaxCompiles = Annotated[
+    int,
+    typer.Option("--max-compiles", metavar="N", help="With --gpu: compile at most N policies (two XLA compiles each)."),
+]
+Maximize = Annotated[
+    str | None,
+    typer.Option(
+        "--maximize",
+        metavar="DEFINE",
+        help="With --gpu: also find the largest value of this inputs keyword (e.g. batch) whose step fits "
+        "under the recommended policy, by compiled peak.",
         show_default=False,
     ),
 ]
@@ -66,7 +91,7 @@ RecommendFormatOption = Annotated[
 @at_the_edge
 def recommend(
     target: opt.Target,
-    budget: Budget,
+    budget: Budget = None,
     mesh: opt.MeshOption = None,
     allow_offload: AllowOffload = False,
     max_evals: MaxEvals = DEFAULT_MAX_EVALS,
@@ -76,6 +101,13 @@ def recommend(
     scope: opt.ScopeOption = Scope.AUTO,
     format: RecommendFormatOption = RecommendFormat.TABLE,  # noqa: A002 (the option's name)
     output: opt.Output = None,
+    gpu: opt.GpuName = None,
+    gpu_config: opt.GpuConfig = None,
+    gpus_per_host: opt.GpusPerHost = DEFAULT_GPUS_PER_HOST,
+    optimizer: opt.OptimizerOption = None,
+    mem_fraction: opt.MemFraction = DEFAULT_MEM_FRACTION,
+    max_compiles: MaxCompiles = DEFAULT_MAX_COMPILES,
+    maximize: Maximize = None,
     debug: opt.Debug = False,
     emulate_gpu: opt.EmulateGpu = None,
 ) -> int:
@@ -84,16 +116,19 @@ def recommend(
     Searches the named presets, save_only_these_names over the model's checkpoint names (alone and
     with dots and TE GEMMs) and, with --allow-offload, offloading; every point shown is JAX's own
     linearization. Prints the winner as a --policy spec, Python that builds it, MaxText's remat
-    settings and the Pareto frontier. Exit codes: 0 something fits, 1 nothing fits (the closest is
-    shown), 2 usage or bad input, 3 the target failed to load or trace, 4 internal error.
+    settings and the Pareto frontier. With --gpu, the winner is the least-recompute frontier point
+    whose training step, compiled for that GPU, fits its usable memory. Exit codes: 0 something
+    fits, 1 nothing fits (the closest is shown), 2 usage or bad input, 3 the target failed to load or
+    trace, 4 internal error.
     """
-    size = positive_bytes(parse_size(budget))  # a bad budget fails before the user's code runs
+    size = None if budget is None else positive_bytes(parse_size(budget))  # fails before the user's code runs
+    on_gpu = GpuOptions.parse(gpu, gpu_config, gpus_per_host, optimizer, mem_fraction, False, None, compile_cache())
     count_at_least_one(max_evals, "max evaluations", "e.g. --max-evals 64")
     what = TargetOptions.parse(target, inputs, define, scope)
     where = MeshOptions.parse(mesh, ShardingSource.COMPILED)
     written = output
     report_to(written)
-    process.prepare(emulate_gpu, where.devices)
+    process.prepare(emulate_gpu, where.devices, None if on_gpu.request is None else on_gpu.request.model)
     with stdout_kept_for_the_report(), progress_on_stderr() as progress:
         rec = recommend_target(
             what.target,
@@ -106,11 +141,15 @@ def recommend(
             presets=() if no_presets else None,
             progress=progress,
             mesh=where.mesh,
+            gpu=on_gpu.request,
+            max_compiles=max_compiles,
+            maximize=maximize,
         )
     emit(renderer(format)(rec), written)
     if rec.recommended is None:
         closest = rec.closest
         near = f"; closest: {closest.policy} at {format_bytes(closest.activation_bytes)}" if closest else ""
-        say(f"{PROG}: nothing fits {format_bytes(size)}{near}")
+        limit = f"the {rec.gpu.name}" if rec.gpu is not None else format_bytes(rec.budget_bytes)
+        say(f"{PROG}: nothing fits {limit}{near}")
         return ExitCode.CHECK_FAILED
     return ExitCode.OK

@@ -8,6 +8,7 @@ starting with `_`) is private.
 from __future__ import annotations
 
 from ._api import DEFAULT_POLICIES, audit, audit_target, check_target
+from ._fit import DEFAULT_MAX_COMPILES
 from ._mesh import MAX_DEVICES
 from ._recommend import DEFAULT_MAX_EVALS, recommend, recommend_target
 from ._session import Session
@@ -48,6 +49,7 @@ from .specs import PolicySpec, parse_policies, resolve_policy
 __version__ = "0.1.0"
 
 __all__ = [
+    "DEFAULT_MAX_COMPILES",
     "DEFAULT_MAX_EVALS",
     "DEFAULT_POLICIES",
     "MAX_DEVICES",

@@ -13,6 +13,7 @@ from ._session import Progress, Session, quiet
 from .baselines import audit_key
 from .config import TargetConfig, as_defines, parse_mesh
 from .gating import check, check_budget_policies
+from .gpus import GpuRequest
 from .records import AuditReport, Baseline, CheckResult, MeshSpec, Scope, ShardingSource
 from .sizes import percent_limit
 from .specs import PolicyLike, parse_policies
@@ -43,8 +44,10 @@ def audit(
     scope: Scope | str = Scope.AUTO,
     compile: bool = False,
     mesh: jax.sharding.Mesh | jax.sharding.AbstractMesh | None = None,
+    gpu: GpuRequest | None = None,
 ) -> AuditReport:
-    """Audit `fn(*args)` under each policy.
+    """Audit `fn(*args)` under each policy; with `gpu`, also compile each policy's training step
+    for that GPU (`te_ckpt_audit.gpus`) and report XLA:GPU's peak per device.
 
     Array leaves of `args` may be `jax.ShapeDtypeStruct`s (nothing is allocated); other leaves are
     passed through as static values. With `mesh`, their NamedShardings place them on it (an input
@@ -60,7 +63,7 @@ def audit(
     """
     specs = None if policies is None else parse_policies(policies, getattr(fn, "__name__", "fn"))
     session = Session.of_function(fn, *args, scope=Scope(scope), mesh=mesh)
-    return session.report(default_policies(session) if specs is None else specs, compile=compile)
+    return session.report(default_policies(session) if specs is None else specs, compile=compile, gpu=gpu)
 
 
 def audit_target(
@@ -74,6 +77,7 @@ def audit_target(
     compile: bool = False,
     mesh: MeshSpec | str | None = None,
     shardings: ShardingSource | str = ShardingSource.COMPILED,
+    gpu: GpuRequest | None = None,
 ) -> AuditReport:
     """Load `file.py:fn` (or `package.module:fn`) and its example inputs, then audit it. `defines`
     set keyword parameters of the inputs callable (`{"seq": 8192}` or `["seq=8192"]`). With `mesh`
@@ -90,7 +94,9 @@ def audit_target(
         target, inputs=inputs, defines=as_defines(defines), scope=Scope(scope), mesh=placement,
         shardings=ShardingSource(shardings), progress=progress,
     )
-    return session.report(default_policies(session) if specs is None else specs, compile=compile, progress=progress)
+    return session.report(
+        default_policies(session) if specs is None else specs, compile=compile, gpu=gpu, progress=progress
+    )
 
 
 def check_target(
@@ -108,15 +114,16 @@ def check_target(
     >>> report, result = check_target(TargetConfig("model.py:loss", budgets=(parse_budget("6GiB"),)))  # doctest: +SKIP
     """
     policies = config.policies or (AS_IS, *DEFAULT_POLICIES)  # as-is: in the defaults with checkpoints
-    key = audit_key(config.target, config.inputs, config.defines, config.scope, config.mesh)
+    key = audit_key(config.target, config.inputs, config.defines, config.scope, config.mesh, config.gpu)
     percent_limit(tolerance, "--tolerance")
     if config.max_recompute is not None:
         percent_limit(config.max_recompute, "--max-recompute")
     check_budget_policies(config.budgets, policies)  # before the user's code runs
+    check_budget_policies(config.peak.budgets, policies)
     report = audit_target(
         config.target, config.policies or None, inputs=config.inputs, defines=config.defines, scope=config.scope,
-        progress=progress, compile=config.compile, mesh=config.mesh, shardings=config.shardings,
+        progress=progress, compile=config.compile, mesh=config.mesh, shardings=config.shardings, gpu=config.gpu,
     )
     figures = None if baseline is None else baseline.figures(key)
-    result = check(report, config.budgets, config.max_recompute, figures, tolerance, require_baseline)
+    result = check(report, config.budgets, config.max_recompute, figures, tolerance, require_baseline, config.peak)
     return report, dataclasses.replace(result, key=key)

@@ -316,3 +316,51 @@ def bind_alone(eqn: JaxprEqn) -> ArrayFn:
             return eqn.primitive.bind(*xs, **eqn.params)
 
     return alone
+
+
+# --- compiling for a GPU that is not here (`--gpu`): jax >= 0.12 with its CUDA plugin -------------
+GPU_TARGET_SINCE = (0, 12, 0)  # the release where a device-less CUDA topology was verified
+
+
+class CudaPluginMissing(ImportError):
+    """jax's CUDA plugin (jax-cuda12-plugin, jax-cuda12-pjrt) is not installed, or not for this jax."""
+
+
+def cuda_topology(config_text: str, shape: str) -> Any:
+    """JAX's description of `shape` ("PARTITIONS x HOSTS x DEVICES") GPUs of the kind
+    `config_text` (a GpuTargetConfigProto) describes: no driver and no device needed. The CUDA
+    plugin is registered first, without its check of the local CUDA installation."""
+    _register_cuda_plugin()
+    from jax.experimental import topologies
+
+    return topologies.get_topology_desc(platform="cuda", target_config=config_text, topology=shape)
+
+
+def _register_cuda_plugin() -> None:
+    """JAX registers its plugins once, when a backend is first asked for. With `jax_platforms`
+    "cpu" the CUDA plugin registers without checking the local CUDA (there is none here): the
+    setting is made only for that discovery and put back. Where the discovery already ran and the
+    plugin's check failed (no GPU), its `initialize` runs again without the check."""
+    from jax._src import xla_bridge as _xb
+
+    if not _xb._plugins_registered:
+        before = jax.config.jax_platforms  # type: ignore[attr-defined, unused-ignore]
+        jax.config.update("jax_platforms", "cpu")
+        try:
+            _xb._discover_and_register_pjrt_plugins()
+        finally:
+            jax.config.update("jax_platforms", before)
+    if "cuda" in _xb._topology_factories:
+        return
+    try:
+        import jax_plugins.xla_cuda12 as _cuda  # type: ignore[import-not-found, unused-ignore]
+    except ImportError as exc:
+        raise CudaPluginMissing(str(exc)) from None
+    check = _cuda._check_cuda_versions
+    _cuda._check_cuda_versions = lambda *_, **__: None
+    try:
+        _cuda.initialize()
+    finally:
+        _cuda._check_cuda_versions = check
+    if "cuda" not in _xb._topology_factories:
+        raise CudaPluginMissing("jax's CUDA plugin did not register a topology for cuda")

@@ -17,7 +17,7 @@ import inspect
 import os
 import sys
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -46,6 +46,7 @@ class Inputs:
     args: tuple[object, ...]
     source: str  # "file.py:callable" that made them
     overrides: tuple[tuple[str, object], ...]
+    keywords: Mapping[str, object] = dataclasses.field(default_factory=dict)  # every keyword it was called with
 
 
 @contextlib.contextmanager
@@ -278,4 +279,12 @@ def load_inputs(
             "fix the inputs callable (rerun with --debug for the traceback)",
         ) from exc
     args = value if isinstance(value, tuple) else (value,)
-    return Inputs(args, source, tuple(sorted(kwargs.items())))
+    return Inputs(args, source, tuple(sorted(kwargs.items())), {**_defaults(fn), **kwargs})
+
+
+def _defaults(fn: Callable[..., object]) -> dict[str, object]:
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return {}
+    return {n: p.default for n, p in params.items() if p.default is not inspect.Parameter.empty}

@@ -26,10 +26,12 @@ import math
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
+from ._fit import DEFAULT_MAX_COMPILES, fit_on_gpu, largest_fitting
 from ._heap import without_gc
 from ._session import Session
 from .config import as_defines, parse_mesh
 from .errors import TargetError, UsageError
+from .gpus import GpuRequest
 from .records import PRESETS, Candidate, CandidateKind, MeshSpec, PolicyResult, Recommendation, Scope
 from .sizes import count_at_least_one, positive_bytes
 from .specs import PolicySpec, names_spec, resolve_policy, spellable
@@ -418,7 +420,7 @@ def _offload(ev: _Evaluator, names: Sequence[str], m: Mapping[str, _Marginal]) -
 
 def recommend_target(
     target: str,
-    budget_bytes: float,
+    budget_bytes: float | None,
     *,
     inputs: str | None = None,
     defines: Mapping[str, object] | Sequence[str] | None = None,
@@ -428,17 +430,46 @@ def recommend_target(
     presets: Sequence[str] | None = None,
     progress: Callable[[str], None] = lambda _: None,
     mesh: MeshSpec | str | None = None,
+    gpu: GpuRequest | None = None,
+    max_compiles: int = DEFAULT_MAX_COMPILES,
+    maximize: str | None = None,
 ) -> Recommendation:
     """Load `file.py:fn` and its example inputs, trace once, and `recommend`. With `mesh` (a
-    MeshSpec or "data=8,model=4") the budget is per device. Bad arguments fail before the
-    target's code runs."""
+    MeshSpec or "data=8,model=4") the budget is per device. With `gpu`, the winner is the
+    least-recompute point whose compiled step fits that GPU (the budget, by default its usable
+    memory, bounds the residual estimates that choose what to compile); with `maximize`, also the
+    largest value of that inputs keyword that fits under it. Bad arguments fail before the target's
+    code runs."""
     mesh = parse_mesh(mesh) if isinstance(mesh, str) else mesh
-    positive_bytes(budget_bytes)
+    if budget_bytes is None and gpu is None:
+        raise UsageError("recommend needs --budget SIZE, or --gpu NAME (its usable memory)", "e.g. --budget 6GiB")
+    if maximize is not None and gpu is None:
+        raise UsageError(f"--maximize {maximize} finds what fits a GPU", "add --gpu NAME")
+    budget = positive_bytes(budget_bytes if budget_bytes is not None else gpu.usable_bytes)  # type: ignore[union-attr]
     count_at_least_one(max_evals, "max evaluations", "e.g. --max-evals 64")
-    session = Session.of_target(
-        target, inputs=inputs, defines=as_defines(defines), scope=Scope(scope), mesh=mesh, progress=progress
+    count_at_least_one(max_compiles, "max compiles", "e.g. --max-compiles 8")
+    given = as_defines(defines)
+
+    def session_with(extra: Mapping[str, str]) -> Session:
+        return Session.of_target(
+            target, inputs=inputs, defines={**given, **extra}, scope=Scope(scope), mesh=mesh, progress=progress
+        )
+
+    session = session_with({})
+    rec = recommend(
+        session, budget, allow_offload=allow_offload, max_evals=max_evals, presets=presets, progress=progress,
     )
-    return recommend(
-        session, budget_bytes, allow_offload=allow_offload, max_evals=max_evals, presets=presets,
-        progress=progress,
-    )
+    if gpu is None:
+        return rec
+    rec = fit_on_gpu(session, rec, gpu, max_compiles, progress)
+    if maximize is None or rec.recommended is None:
+        return rec
+    start = session.keywords.get(maximize)
+    if isinstance(start, bool) or not isinstance(start, int) or start < 1:
+        raise UsageError(
+            f"--maximize {maximize}: the inputs callable's {maximize} is {start!r}, not a positive int",
+            f"give it an int default, or a start with -D {maximize}=N",
+        )
+    found = largest_fitting(lambda v: session_with({maximize: str(v)}), maximize, start, rec.recommended.policy, gpu,
+                         max_compiles, progress)
+    return dataclasses.replace(rec, maximized=found)

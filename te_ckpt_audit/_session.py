@@ -5,6 +5,7 @@ once and kept. `audit`, `recommend`, `check` and the pytest helper are thin clie
         Session.analysis(spec)   apply the policy, one JAX linearization      (_apply, _analysis)
         Session.result(spec)     + bytes per device on the mesh, if placed    (_mesh)
         Session.report(specs)    + warnings, + compiled step if asked         (_warnings, _compile)
+                                 + the step's peak on a GPU model, if asked   (_gpu)
                                  -> AuditReport (records), which renderers draw
 
 Each step reuses the one analysis of its policy: a policy is linearized once per session, whether
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -25,6 +26,7 @@ from ._analysis import Analysis, analyse_policy, failed
 from ._apply import resolve_scope
 from ._compile import compiled_memory
 from ._emulated import emulated_device
+from ._gpu import Compiler, gpu_info, step_info
 from ._heap import without_gc
 from ._loading import anchored, load_inputs, load_target, user_code
 from ._mesh import build_abstract_mesh, build_mesh, mesh_context, per_device, place_args, source_of, spec_of
@@ -32,6 +34,7 @@ from ._trace import Traced, trace
 from ._warnings import NOTHING_SAVEABLE, warnings_for
 from .config import Defines
 from .errors import TargetError
+from .gpus import GpuRequest
 from .records import AuditReport, MeshSpec, PolicyResult, Scope, ShardingSource, TeKind
 from .specs import Custom, PolicyLike, PolicySpec, Preset, policy_specs
 
@@ -79,6 +82,8 @@ class Session:
         self.mesh = mesh
         self.emulated_device = emulated_device()
         self._outcomes: dict[tuple[str, int], _Outcome] = {}
+        self._compilers: dict[GpuRequest, Compiler] = {}
+        self.keywords: Mapping[str, object] = {}  # what the inputs callable was called with (of_target)
 
     # --- building one ---------------------------------------------------------------------------
 
@@ -116,11 +121,14 @@ class Session:
             progress(f"loading {target}")
             loaded = load_target(target)
             with mesh_context(placement):
-                args = load_inputs(loaded, inputs, defines or {}, mesh=placement).args
+                made = load_inputs(loaded, inputs, defines or {}, mesh=placement)
                 progress(f"tracing {target}")
+                args = made.args
                 traced = trace(loaded.fn, args if placement is None else place_args(args, placement), target)
         _jax_is_jax(target)
-        return cls(traced, scope, placement)
+        session = cls(traced, scope, placement)
+        session.keywords = made.keywords
+        return session
 
     # --- the steps --------------------------------------------------------------------------------
 
@@ -194,6 +202,22 @@ class Session:
         with self._running():
             return dataclasses.replace(result, compiled=compiled_memory(self.traced, spec, result.scope))
 
+    def compiler(self, request: GpuRequest) -> Compiler:
+        """The compiler of this trace's training step for `request`'s GPU (one per request)."""
+        if request not in self._compilers:
+            mesh = None if self.mesh is None else spec_of(self.mesh)
+            self._compilers[request] = Compiler(self.traced, request, mesh, request.cache)
+        return self._compilers[request]
+
+    def peaked(self, spec: PolicySpec, result: PolicyResult, request: GpuRequest, progress: Progress = quiet
+               ) -> PolicyResult:
+        """`result` with XLA:GPU's peak per device of the training step under the policy."""
+        if result.error is not None:
+            return result
+        compiler = self.compiler(request)
+        with user_code(self.traced.target or "the function"):
+            return dataclasses.replace(result, peak=compiler.peak(spec, result.scope, progress))
+
     @without_gc
     def report(
         self,
@@ -201,10 +225,12 @@ class Session:
         *,
         warnings: bool = True,
         compile: bool = False,
+        gpu: GpuRequest | None = None,
         progress: Progress = quiet,
     ) -> AuditReport:
-        """Every policy's row, with warnings and (with `compile`) the compiled step, as one report.
-        Under no policy at all is the function's own failure: its error is raised."""
+        """Every policy's row, with warnings, (with `compile`) the compiled step and (with `gpu`)
+        its peak on that GPU, as one report. Under no policy at all is the function's own failure:
+        its error is raised."""
         specs = policy_specs(policies)
         rows = [self.row(spec, progress) for spec in specs]
         errors = [r for r in rows if r.error is not None]
@@ -222,10 +248,13 @@ class Session:
                     progress(f"compiling {spec.text}")
                 compiled.append(self.compiled(spec, row))
             rows = compiled
-        return self.report_of(rows)
+        if gpu is not None:
+            self.compiler(gpu)  # what the machine lacks, or a target with no loss: said before any compile
+            rows = [self.peaked(spec, row, gpu, progress) for spec, row in zip(specs, rows, strict=True)]
+        return self.report_of(rows, gpu)
 
-    def report_of(self, results: Sequence[PolicyResult]) -> AuditReport:
-        """The report of this trace holding `results`."""
+    def report_of(self, results: Sequence[PolicyResult], gpu: GpuRequest | None = None) -> AuditReport:
+        """The report of this trace holding `results` (their peaks compiled for `gpu`)."""
         equations = self.traced.rows.equations()
         return AuditReport(
             target=self.traced.target,
@@ -237,6 +266,8 @@ class Session:
             emulated_device=self.emulated_device,
             mesh=None if self.mesh is None else spec_of(self.mesh),
             sharding_source=None if self.mesh is None else source_of(self.mesh),
+            gpu=None if gpu is None else gpu_info(gpu),
+            step=None if gpu is None else step_info(self.traced, gpu),
         )
 
     def resolved_scope(self, spec: PolicySpec) -> Scope:

@@ -15,9 +15,11 @@ from ._textfile import read_text
 from .config import Defines, parse_mesh, split_target
 from .errors import UsageError
 from .gating import gated_bytes
+from .gpus import GpuRequest
 from .records import AuditKey, AuditReport, Baseline, MeshSpec, Scope, baseline_document, is_file_target, schemas
 
 _ENTRY_KEYS = ("target", "inputs", "defines", "scope", "mesh", "activation_bytes")
+_OPTIONAL_KEYS = ("gpu",)  # written only when set
 
 
 def _resolve(spec: str, folder: Path | None = None, what: str = "target") -> str:
@@ -35,6 +37,7 @@ def audit_key(
     defines: Defines | None = None,
     scope: Scope = Scope.AUTO,
     mesh: MeshSpec | None = None,
+    gpu: GpuRequest | None = None,
 ) -> AuditKey:
     """The canonical key of an audit.
 
@@ -47,7 +50,13 @@ def audit_key(
         tuple(sorted((defines or {}).items())),
         Scope(scope),
         mesh,
+        None if gpu is None else gpu_key(gpu),
     )
+
+
+def gpu_key(gpu: GpuRequest) -> str:
+    """The GPU part of a baseline key: the GPU and, when the step has one, its optimizer."""
+    return gpu.model.name + ("" if gpu.optimizer is None else f"+{gpu.optimizer.value}")
 
 
 def merged(baseline: Baseline, runs: Iterable[tuple[AuditKey, AuditReport]]) -> Baseline:
@@ -136,7 +145,7 @@ def _entries(rows: object, folder: Path) -> Baseline:
         missing = [k for k in _ENTRY_KEYS if k not in row]
         if missing:
             raise ValueError(f"entry {i} has no {missing[0]!r}")
-        if set(row) - set(_ENTRY_KEYS):  # a field of a newer version: kept as it is, never matched
+        if set(row) - {*_ENTRY_KEYS, *_OPTIONAL_KEYS}:  # a field of a newer version: kept as it is, never matched
             _figures(row["activation_bytes"])
             unknown.append(row)
             continue
@@ -148,7 +157,9 @@ def _entries(rows: object, folder: Path) -> Baseline:
 
 
 def _key(row: Mapping[str, Any], folder: Path) -> AuditKey:  # Any: JSON, checked field by field
-    inputs, defines, scope, mesh = row["inputs"], row["defines"], row["scope"], row["mesh"]
+    inputs, defines, scope, mesh, gpu = row["inputs"], row["defines"], row["scope"], row["mesh"], row.get("gpu")
+    if not (gpu is None or isinstance(gpu, str)):
+        raise ValueError("an entry's gpu must be a string")
     if not isinstance(row["target"], str) or not (inputs is None or isinstance(inputs, str)):
         raise ValueError("an entry's target and inputs must be strings")
     if not isinstance(defines, dict) or not isinstance(scope, str) or not (mesh is None or isinstance(mesh, str)):
@@ -159,6 +170,7 @@ def _key(row: Mapping[str, Any], folder: Path) -> AuditKey:  # Any: JSON, checke
         tuple(sorted((str(k), str(v)) for k, v in defines.items())),
         Scope(scope),
         None if mesh is None else parse_mesh(mesh),
+        gpu,
     )
 
 

@@ -16,6 +16,13 @@
     max_recompute = 60.0
     mesh = { data = 8, model = 4 }                # per-device figures on this mesh (like --mesh)
     shardings = "compiled"                        # or "abstract" (like --shardings)
+    gpu = "h100"                                  # compile each policy's step for it (like --gpu)
+    optimizer = "adamw"                           # like --optimizer
+    fit = true                                    # like --fit
+    peak_budget = "60GiB"                         # like --peak-budget (peak_budgets: per policy)
+
+`gpu`, `gpu_config`, `optimizer`, `gpus_per_host`, `mem_fraction` and `fit` may also sit in
+[tool.te-ckpt-audit] itself, for every target that does not set its own.
 
 Unknown keys are errors that name the key: a typo must not turn a gate off.
 """
@@ -32,15 +39,18 @@ from typing import Any
 
 from ._textfile import read_text
 from .errors import UsageError
+from .gating import PeakGate
+from .gpus import DEFAULT_GPUS_PER_HOST, DEFAULT_MEM_FRACTION, GpuRequest, Optimizer, gpu_model, model_of_config
 from .records import Budget, MeshAxis, MeshSpec, Scope, ShardingSource
 from .sizes import parse_size, percent_limit
 
 Defines = Mapping[str, str]  # `-D key=value`: keyword parameters of the inputs callable, raw text
 MAX_DEFINE = 4096  # characters in one -D value: no size or flag is longer
 
-_TOP_KEYS = {"targets", "baseline", "tolerance"}
+_GPU_KEYS = {"gpu", "gpu_config", "optimizer", "gpus_per_host", "mem_fraction", "fit"}
+_TOP_KEYS = {"targets", "baseline", "tolerance", *_GPU_KEYS}
 _TARGET_KEYS = {"target", "inputs", "defines", "policies", "scope", "budget", "budgets", "max_recompute", "mesh",
-                "shardings"}
+                "shardings", "peak_budget", "peak_budgets", *_GPU_KEYS}
 _AXIS_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -59,6 +69,8 @@ class TargetConfig:
     mesh: MeshSpec | None = None  # per-device figures on this mesh (like --mesh)
     shardings: ShardingSource = ShardingSource.COMPILED  # like --shardings
     compile: bool = False  # XLA's memory analysis per policy (like --compile)
+    gpu: GpuRequest | None = None  # each policy's step compiled for this GPU (like --gpu)
+    peak: PeakGate = PeakGate()  # like --fit and --peak-budget
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -197,7 +209,8 @@ def load_config(path: str | Path = "pyproject.toml") -> Config:
     raw_targets = section.get("targets")
     if not isinstance(raw_targets, list) or not raw_targets:
         raise UsageError(f"{p}: [tool.te-ckpt-audit] declares no targets", "add [[tool.te-ckpt-audit.targets]] tables")
-    targets = tuple(_target(t, i, p) for i, t in enumerate(raw_targets))
+    defaults = {k: section[k] for k in _GPU_KEYS if k in section}
+    targets = tuple(_target({**defaults, **t} if isinstance(t, dict) else t, i, p) for i, t in enumerate(raw_targets))
     baseline = section.get("baseline")
     if baseline is not None and (not isinstance(baseline, str) or not baseline.strip()):
         raise UsageError(
@@ -256,4 +269,45 @@ def _target(raw: Any, i: int, p: Path) -> TargetConfig:
         max_recompute=None if max_recompute is None else _number(max_recompute, "max_recompute", where, p),
         mesh=None if mesh is None else mesh_spec(mesh, f"{p}: {where}.mesh"),
         shardings=shardings,
+        gpu=_gpu(raw, where, p),
+        peak=_peak_gate(raw, where, p),
     )
+
+
+def _gpu(raw: Mapping[str, Any], where: str, p: Path) -> GpuRequest | None:
+    """A target's GPU request: `gpu` (a catalog name) or `gpu_config` (a file beside the config)."""
+    if "gpu" in raw and "gpu_config" in raw:
+        raise UsageError(f"{p}: {where} has both gpu and gpu_config", "give one of them")
+    if "gpu" not in raw and "gpu_config" not in raw:
+        given = sorted(set(raw) & (_GPU_KEYS | {"peak_budget", "peak_budgets"}))
+        if given:
+            raise UsageError(f"{p}: {where}.{given[0]} is about the step compiled for a GPU", 'add gpu = "h100"')
+        return None
+    name, config = raw.get("gpu"), raw.get("gpu_config")
+    if not isinstance(name if name is not None else config, str):
+        raise UsageError(f"{p}: {where}.gpu must be a string", 'e.g. gpu = "h100" (`te-ckpt-audit gpus`)')
+    model = gpu_model(name) if isinstance(name, str) else model_of_config(p.parent / str(config))
+    optimizer = raw.get("optimizer")
+    try:
+        chosen = None if optimizer is None else Optimizer(optimizer)
+    except ValueError:
+        raise UsageError(f"{p}: {where}.optimizer {optimizer!r} is not one of sgd, adam, adamw, adafactor",
+                         'e.g. optimizer = "adamw"') from None
+    per_host, fraction = raw.get("gpus_per_host", DEFAULT_GPUS_PER_HOST), raw.get("mem_fraction", DEFAULT_MEM_FRACTION)
+    if isinstance(per_host, bool) or not isinstance(per_host, int):
+        raise UsageError(f"{p}: {where}.gpus_per_host must be an int", "e.g. gpus_per_host = 8")
+    if isinstance(fraction, bool) or not isinstance(fraction, int | float):
+        raise UsageError(f"{p}: {where}.mem_fraction must be a number", "e.g. mem_fraction = 0.9")
+    return GpuRequest(model, chosen, per_host, float(fraction))
+
+
+def _peak_gate(raw: Mapping[str, Any], where: str, p: Path) -> PeakGate:
+    fit = raw.get("fit", False)
+    if not isinstance(fit, bool):
+        raise UsageError(f"{p}: {where}.fit must be true or false", "e.g. fit = true")
+    budgets = [Budget(parse_size(raw["peak_budget"]))] if "peak_budget" in raw else []
+    per_policy = raw.get("peak_budgets", {})
+    if not isinstance(per_policy, dict):
+        hint = 'e.g. peak_budgets = { checkpoint_dots = "60GiB" }'
+        raise UsageError(f"{p}: {where}.peak_budgets must be a table", hint)
+    return PeakGate(fit, tuple(budgets + [Budget(parse_size(v), k) for k, v in per_policy.items()]))

@@ -3,6 +3,7 @@ audit's records. Pure functions; no file is read or written here."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 
@@ -26,6 +27,19 @@ def check_budget_policies(budgets: Sequence[Budget], policies: Sequence[str]) ->
             )
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class PeakGate:
+    """Limits on XLA:GPU's compiled peak per device (`--gpu`): `fit` within the GPU's usable
+    memory, and `budgets` on the peak itself."""
+
+    fit: bool = False
+    budgets: tuple[Budget, ...] = ()
+
+    @property
+    def active(self) -> bool:
+        return self.fit or bool(self.budgets)
+
+
 def check(
     report: AuditReport,
     budgets: Sequence[Budget] = (),
@@ -33,18 +47,25 @@ def check(
     baseline: Mapping[str, int] | None = None,
     tolerance: float = 0.0,
     require_baseline: bool = False,
+    peak: PeakGate = PeakGate(),
 ) -> CheckResult:
     """Every violation of `budgets`, `max_recompute` (% of forward FLOPs) and growth beyond
     `tolerance` percent over `baseline` ({policy: activation bytes} of this audit's entry, or {}
-    when the baseline has none). With `require_baseline`, a policy missing from it is a violation."""
+    when the baseline has none), and of the `peak` gate. With `require_baseline`, a policy missing
+    from the baseline is a violation."""
     tolerance = percent_limit(tolerance, "--tolerance")
     if max_recompute is not None:
         max_recompute = percent_limit(max_recompute, "--max-recompute")
     check_budget_policies(budgets, [r.policy for r in report.results])
+    check_budget_policies(peak.budgets, [r.policy for r in report.results])
+    if peak.active and report.gpu is None:
+        raise UsageError("--fit and --peak-budget limit the compiled peak on a GPU", "add --gpu NAME")
     violations: list[Violation] = []
     changes: list[Change] = []
     target = report.target
     for result in report.results:
+        if peak.active and result.error is None:
+            violations += _peak_violations(report, result, peak)
         act = gated_bytes(result)
         for b in budgets:
             if (b.policy in (None, result.policy)) and act > b.limit_bytes:
@@ -63,6 +84,21 @@ def check(
             if violation is not None:
                 violations.append(violation)
     return CheckResult(target, tuple(violations), tuple(changes))
+
+
+def _peak_violations(report: AuditReport, result: PolicyResult, gate: PeakGate) -> list[Violation]:
+    """The peak gate for one policy: a step that did not compile fails it (a gate is never off)."""
+    assert report.gpu is not None
+    peak = None if result.peak is None else result.peak.bytes_per_device
+    if peak is None:
+        return [Violation(report.target, result.policy, Figure.NOT_COMPILED, 0, 0)]
+    out = []
+    if gate.fit and peak > report.gpu.usable_bytes:
+        out.append(Violation(report.target, result.policy, Figure.DOES_NOT_FIT, peak, report.gpu.usable_bytes, True))
+    for b in gate.budgets:
+        if b.policy in (None, result.policy) and peak > b.limit_bytes:
+            out.append(Violation(report.target, result.policy, Figure.PEAK_BYTES, peak, b.limit_bytes, True))
+    return out
 
 
 def _baseline_violation(change: Change, tolerance: float, required: bool) -> Violation | None:

@@ -14,17 +14,20 @@ from .audit import (
     CompiledMemory,
     Equation,
     EquationMark,
+    GpuInfo,
     Hotspot,
     HotspotKey,
     MeshAxis,
     MeshSpec,
     Outcome,
+    PeakMemory,
     PolicyResult,
     Residual,
     ResidualKind,
     Scope,
     ShardingSource,
     SourceLocation,
+    StepInfo,
     TeKind,
     Totals,
     Verdict,
@@ -33,7 +36,7 @@ from .audit import (
 from .baseline import AuditKey, Baseline, baseline_document, is_file_target
 from .check import Budget, Change, CheckResult, Figure, Run, Violation, check_document
 from .json_schema import JSON_SCHEMA
-from .recommendation import PRESETS, Candidate, CandidateKind, Recommendation
+from .recommendation import PRESETS, Candidate, CandidateKind, Maximized, Recommendation, Trial
 
 __all__ = [
     "JSON_SCHEMA",
@@ -53,11 +56,14 @@ __all__ = [
     "Equation",
     "EquationMark",
     "Figure",
+    "GpuInfo",
     "Hotspot",
     "HotspotKey",
+    "Maximized",
     "MeshAxis",
     "MeshSpec",
     "Outcome",
+    "PeakMemory",
     "PolicyResult",
     "Recommendation",
     "Residual",
@@ -66,7 +72,9 @@ __all__ = [
     "Scope",
     "ShardingSource",
     "SourceLocation",
+    "StepInfo",
     "TeKind",
+    "Trial",
     "Totals",
     "Verdict",
     "Violation",

@@ -1,5 +1,5 @@
 """The audit's records: what one target's trace holds and what each policy keeps, recomputes and
-offloads; `AuditReport.to_dict()` is the versioned JSON document (schema ``te-ckpt-audit/2``)."""
+offloads; `AuditReport.to_dict()` is the versioned JSON document (schema ``te-ckpt-audit/3``)."""
 
 from __future__ import annotations
 
@@ -192,6 +192,44 @@ class CompiledMemory:
     error: str | None  # why it could not be compiled, if so
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class PeakMemory:
+    """XLA:GPU's memory plan for one device of one training step under a policy (`--gpu`),
+    compiled for a GPU model without one: no autotuning, so the peak is a range over both GEMM
+    backends (Triton's fusions, cuBLAS), and gates use its top."""
+
+    bytes_per_device: int | None  # the larger peak of the two compiles
+    bytes_per_device_min: int | None  # the smaller one
+    argument_bytes: int | None  # of the compile with the larger peak
+    output_bytes: int | None
+    alias_bytes: int | None  # outputs written into donated arguments
+    temp_bytes: int | None
+    fits: bool | None  # the larger peak within the usable memory
+    xla_rematerialized: bool  # XLA recomputed values on its own to fit the device
+    needed_bytes: int | None  # with xla_rematerialized: the peak the step plans given all the memory it wants
+    compile_seconds: float  # both compiles, as they ran (kept with a cached result)
+    error: str | None = None  # why it could not be compiled, if so
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GpuInfo:
+    """The GPU a report's peaks were compiled for."""
+
+    name: str
+    memory_bytes: int
+    usable_bytes: int  # memory_bytes times JAX's preallocated fraction
+    gpus_per_host: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StepInfo:
+    """What was compiled for the GPU: `value_and_grad` of the target, its float inputs donated,
+    with an optax update when `optimizer` is set."""
+
+    optimizer: str | None
+    donated: tuple[str, ...]  # the donated inputs' paths
+
+
 class ShardingSource(enum.StrEnum):
     """Where a mesh audit's residual shardings come from."""
 
@@ -263,6 +301,7 @@ class PolicyResult:
     forward_flops: int
     warnings: tuple[AuditWarning, ...]
     compiled: CompiledMemory | None = None  # only with --compile
+    peak: PeakMemory | None = None  # only with --gpu
     # Why JAX could not differentiate the function under this policy; the row is then empty.
     error: str | None = None
 
@@ -291,6 +330,8 @@ class AuditReport:
     # `--mesh`: bytes per device, totals, budgets and baselines are then per device.
     mesh: MeshSpec | None = None
     sharding_source: ShardingSource | None = None
+    gpu: GpuInfo | None = None  # --gpu: the peaks' GPU and the step compiled
+    step: StepInfo | None = None
 
     @property
     def forward_flops(self) -> int:
@@ -307,7 +348,7 @@ class AuditReport:
         return tuple(w for r in self.results for w in r.warnings)
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON document (schema ``te-ckpt-audit/2``): plain, ordered, deterministic."""
+        """The JSON document (schema ``te-ckpt-audit/3``): plain, ordered, deterministic."""
         return {"schema": SCHEMA, **_plain(self)}
 
 

@@ -27,6 +27,7 @@ class AuditKey:
     defines: tuple[tuple[str, str], ...] = ()  # sorted by key
     scope: Scope = Scope.AUTO
     mesh: MeshSpec | None = None  # per-device figures on a mesh differ from single-device ones
+    gpu: str | None = None  # --gpu: the GPU and optimizer the step was compiled for ("h100-sxm+adamw")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -66,7 +67,7 @@ def baseline_document(baseline: Baseline, folder: Path) -> dict[str, Any]:
 
     def order(key: AuditKey) -> tuple[Any, ...]:
         mesh = "" if key.mesh is None else str(key.mesh)
-        return portable(key.target), portable(key.inputs) or "", key.defines, key.scope.value, mesh
+        return portable(key.target), portable(key.inputs) or "", key.defines, key.scope.value, mesh, key.gpu or ""
 
     rows: list[Mapping[str, Any]] = [
         {
@@ -75,6 +76,7 @@ def baseline_document(baseline: Baseline, folder: Path) -> dict[str, Any]:
             "defines": dict(key.defines),
             "scope": key.scope.value,
             "mesh": None if key.mesh is None else str(key.mesh),
+            **({} if key.gpu is None else {"gpu": key.gpu}),  # absent without --gpu: older files stay as they were
             "activation_bytes": dict(entries[key]),
         }
         for key in sorted(entries, key=order)

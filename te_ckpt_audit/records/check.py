@@ -30,6 +30,9 @@ class Figure(enum.StrEnum):
     RECOMPUTE_PERCENT = "recompute %"  # --max-recompute, % of forward FLOPs
     GROWTH = "growth over baseline"  # % of activation bytes over the baseline entry
     NOT_IN_BASELINE = "not in baseline"  # --require-baseline, and the baseline lacks the policy
+    PEAK_BYTES = "peak bytes per device"  # --peak-budget: XLA:GPU's compiled peak (the range's top)
+    DOES_NOT_FIT = "does not fit"  # --fit: the peak over the GPU's usable memory
+    NOT_COMPILED = "not compiled"  # --fit or --peak-budget, and the step did not compile for the GPU
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -1,4 +1,4 @@
-"""The JSON Schema (draft 2020-12) of the audit's JSON document, ``te-ckpt-audit/2``: what
+"""The JSON Schema (draft 2020-12) of the audit's JSON document, ``te-ckpt-audit/3``: what
 `AuditReport.to_dict()` gives, plus the hotspots and each warning's words that the JSON renderer
 adds. The tests validate every sample model's document against it."""
 
@@ -147,6 +147,24 @@ JSON_SCHEMA: dict[str, Any] = {
                         ),
                     ]
                 },
+                peak={
+                    "oneOf": [
+                        {"type": "null"},
+                        _object(
+                            bytes_per_device=_OPT_INT,
+                            bytes_per_device_min=_OPT_INT,
+                            argument_bytes=_OPT_INT,
+                            output_bytes=_OPT_INT,
+                            alias_bytes=_OPT_INT,
+                            temp_bytes=_OPT_INT,
+                            fits={"type": ["boolean", "null"]},
+                            xla_rematerialized=_BOOL,
+                            needed_bytes=_OPT_INT,
+                            compile_seconds={"type": "number", "minimum": 0},
+                            error=_OPT_STR,
+                        ),
+                    ]
+                },
                 error=_OPT_STR,
                 recompute_percent={"type": "number", "minimum": 0},
             )
@@ -160,5 +178,14 @@ JSON_SCHEMA: dict[str, Any] = {
             ]
         },
         sharding_source={"oneOf": [{"type": "null"}, _enum(ShardingSource)]},
+        gpu={
+            "oneOf": [
+                {"type": "null"},
+                _object(
+                    name=_STR, memory_bytes=_INT, usable_bytes=_INT, gpus_per_host={"type": "integer", "minimum": 1}
+                ),
+            ]
+        },
+        step={"oneOf": [{"type": "null"}, _object(optimizer=_OPT_STR, donated=_array(_STR))]},
     ),
 }

@@ -1,5 +1,5 @@
 """What `recommend` found: every candidate policy it analysed, the Pareto frontier and the winner;
-`Recommendation.to_dict()` is the JSON document (schema ``te-ckpt-audit-recommend/1``)."""
+`Recommendation.to_dict()` is the JSON document (schema ``te-ckpt-audit-recommend/2``)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import dataclasses
 import enum
 from typing import Any
 
-from .audit import AuditReport, MeshSpec
+from .audit import AuditReport, GpuInfo, MeshSpec, PeakMemory, _plain
 from .schemas import RECOMMEND
 
 # The named policies `recommend` searches, in the order a frontier lists them (fewest saved first);
@@ -48,6 +48,7 @@ class Candidate:
     fits: bool
     error: str | None = None  # why JAX could not differentiate under it
     global_activation_bytes: int | None = None  # with a mesh: the activation bytes of whole arrays
+    peak: PeakMemory | None = None  # --gpu: the compiled step's peak (only candidates compiled)
 
     @property
     def recompute_percent(self) -> float:
@@ -68,7 +69,30 @@ class Candidate:
             "fits": self.fits,
             "error": self.error,
             "global_activation_bytes": self.global_activation_bytes,
+            "peak": _plain(self.peak),
         }
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Trial:
+    """One value of `--maximize`'s keyword, compiled under the recommended policy."""
+
+    value: int
+    peak_bytes: int | None  # None: it did not compile (its error in `error`)
+    fits: bool
+    error: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Maximized:
+    """`--maximize DEFINE`: the largest value of an inputs keyword whose step fits the GPU under the
+    recommended policy (None when even the first tried does not), and every value tried."""
+
+    define: str
+    policy: str
+    value: int | None
+    trials: tuple[Trial, ...]
+    bounded: bool = False  # the search stopped at the compile limit before it found the edge
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -90,13 +114,16 @@ class Recommendation:
     frontier: tuple[Candidate, ...]
     evaluated: tuple[Candidate, ...]
     report: AuditReport
+    gpu: GpuInfo | None = None  # --gpu: `fits` is the compiled peak within its usable memory
+    compiles: int = 0  # candidates compiled for the GPU
+    maximized: Maximized | None = None
 
     @property
     def fits(self) -> bool:
         return self.recommended is not None
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON document (schema ``te-ckpt-audit-recommend/1``): plain, ordered, deterministic."""
+        """The JSON document (schema ``te-ckpt-audit-recommend/2``): plain, ordered, deterministic."""
         return {
             "schema": RECOMMEND,
             "target": self.target,
@@ -113,4 +140,7 @@ class Recommendation:
             "closest": None if self.closest is None else self.closest.to_dict(),
             "frontier": [c.to_dict() for c in self.frontier],
             "evaluated": [c.to_dict() for c in self.evaluated],
+            "gpu": _plain(self.gpu),
+            "compiles": self.compiles,
+            "maximized": _plain(self.maximized),
         }

@@ -128,6 +128,66 @@ def _compiled(field: str) -> Callable[[AuditReport, PolicyResult], str]:
 
 
 COMPILED_HEADERS = ("activation", "XLA temp", "XLA arguments", "XLA output", "XLA host")
+GPU_HEADERS = ("activation", "peak per device", "headroom", "fits", "GPU temp", "GPU arguments", "GPU aliased",
+               "compile s")
+GPU_TERMINAL = ("peak per device", "headroom", "fits", "GPU temp", "compile s")  # the terminal's narrower table
+
+
+def _peak(r: PolicyResult) -> str:
+    p = r.peak
+    if p is None or p.bytes_per_device is None or p.bytes_per_device_min is None:
+        return "n/a"
+    if p.bytes_per_device_min == p.bytes_per_device:
+        return format_bytes(p.bytes_per_device)
+    return f"{format_bytes(p.bytes_per_device_min)}..{format_bytes(p.bytes_per_device)}"
+
+
+def _headroom(report: AuditReport, r: PolicyResult) -> str:
+    if report.gpu is None or r.peak is None or r.peak.bytes_per_device is None:
+        return "n/a"
+    left = report.gpu.usable_bytes - r.peak.bytes_per_device
+    return format_bytes(left) if left >= 0 else "-" + format_bytes(-left)
+
+
+def _fits(r: PolicyResult) -> str:
+    if r.peak is None or r.peak.fits is None:
+        return "n/a"
+    return ("yes" if r.peak.fits else "NO") + (" (XLA remat)" if r.peak.xla_rematerialized else "")
+
+
+def _gpu_bytes(field: str) -> Callable[[AuditReport, PolicyResult], str]:
+    def cell(_: AuditReport, r: PolicyResult) -> str:
+        value = None if r.peak is None else getattr(r.peak, field)
+        return "n/a" if value is None else format_bytes(value)
+
+    return cell
+
+
+def gpu_title(report: AuditReport) -> str:
+    assert report.gpu is not None
+    optimizer = report.step.optimizer if report.step is not None and report.step.optimizer else "no optimizer"
+    return f"Training step ({optimizer}) per device: XLA:GPU compile for {report.gpu.name}, no autotuning"
+
+
+def gpu_notes(report: AuditReport) -> list[str]:
+    """What the peak columns mean, and each policy's finding (XLA's own remat, no compile)."""
+    assert report.gpu is not None
+    notes = [
+        f"Peak: XLA:GPU's plan for one device, with Triton GEMM fusions..with cuBLAS (its workspace "
+        f"included); gates use the larger. Usable: {format_bytes(report.gpu.usable_bytes)} of "
+        f"{format_bytes(report.gpu.memory_bytes)} (JAX preallocates that share). Compiled without a GPU: "
+        "no real GPU has checked these figures."
+    ]
+    for r in report.results:
+        if r.peak is None:
+            continue
+        if r.peak.error:
+            notes.append(f"{r.policy}: not compiled for the GPU: {r.peak.error}")
+        elif r.peak.xla_rematerialized:
+            needed = "" if r.peak.needed_bytes is None else f"; it needed {format_bytes(r.peak.needed_bytes)}"
+            notes.append(f"{r.policy}: the step did not fit, so XLA rematerialized on its own to plan "
+                         f"{format_bytes(r.peak.bytes_per_device or 0)}{needed}")
+    return notes
 PER_DEVICE = "per device"  # on a mesh: activation bytes on one device, shown first
 
 
@@ -187,6 +247,13 @@ COLUMNS: dict[str, Column] = {
         Column("XLA arguments", _compiled("argument_bytes")),
         Column("XLA output", _compiled("output_bytes")),
         Column("XLA host", _compiled("host_bytes")),
+        Column("peak per device", lambda _, r: _peak(r)),
+        Column("headroom", _headroom),
+        Column("fits", lambda _, r: _fits(r), numeric=False),
+        Column("GPU temp", _gpu_bytes("temp_bytes")),
+        Column("GPU arguments", _gpu_bytes("argument_bytes")),
+        Column("GPU aliased", _gpu_bytes("alias_bytes")),
+        Column("compile s", lambda _, r: "n/a" if r.peak is None else f"{r.peak.compile_seconds:.1f}"),
     )
 }
 

@@ -32,11 +32,7 @@ def violation_message(v: Violation) -> str:
     match v.figure:
         case Figure.ACTIVATION_BYTES:
             figure = "activation bytes per device" if v.per_device else "activation bytes"
-            act, limit = int(v.value), int(v.limit)
-            return (
-                f"{where}: {figure} {format_bytes(act)} ({act} B) exceed the budget "
-                f"{format_bytes(limit)} ({limit} B)"
-            )
+            return _over(where, figure, v, "exceed the budget")
         case Figure.RECOMPUTE_PERCENT:
             return f"{where}: recompute {v.value:.1f}% of forward FLOPs exceeds --max-recompute {v.limit:g}%"
         case Figure.GROWTH:
@@ -47,8 +43,19 @@ def violation_message(v: Violation) -> str:
             )
         case Figure.NOT_IN_BASELINE:
             return f"{where}: not in the baseline, and --require-baseline is given"
+        case Figure.PEAK_BYTES:
+            return _over(where, "peak per device", v, "exceeds the peak budget")
+        case Figure.DOES_NOT_FIT:
+            return _over(where, "peak per device", v, "does not fit the GPU's usable")
+        case Figure.NOT_COMPILED:
+            return f"{where}: the step did not compile for the GPU, so its peak is not known"
         case _:
             assert_never(v.figure)
+
+
+def _over(where: str, figure: str, v: Violation, verb: str) -> str:
+    value, limit = int(v.value), int(v.limit)
+    return f"{where}: {figure} {format_bytes(value)} ({value} B) {verb} {format_bytes(limit)} ({limit} B)"
 
 
 def _change_text(change: Change | None) -> str:

@@ -17,14 +17,34 @@ import html
 import math
 from collections.abc import Sequence
 
-from ..records import AuditReport, Category, HotspotKey, Outcome, PolicyResult, Recommendation, ResidualKind
-from ._common import HOTSPOT_TITLES, format_bytes, format_flops, format_percent, hotspots
+from ..records import (
+    AuditReport,
+    Category,
+    HotspotKey,
+    Outcome,
+    PeakMemory,
+    PolicyResult,
+    Recommendation,
+    ResidualKind,
+)
+from ._common import (
+    COLUMNS,
+    GPU_HEADERS,
+    HOTSPOT_TITLES,
+    format_bytes,
+    format_flops,
+    format_percent,
+    gpu_notes,
+    gpu_title,
+    hotspots,
+)
 from ._text import printable
 from .plot import PlotPoint, recommendation_points, report_points
 from .recommend import maxtext_config, python_snippet
 
 MAX_EQUATIONS = 2000  # rows of the marks table; a note says how many more there are
 TOP_MODULES = 15
+NUM = ' class="num"'
 COLOURS = {Category.TE_GEMM: "#c0392b", Category.DOT: "#2e86c1", Category.NAMED: "#27ae60", Category.OTHER: "#95a5a6"}
 PRODUCER_WORDS = {Category.TE_GEMM: "TE GEMM", Category.DOT: "dot", Category.NAMED: "named", Category.OTHER: "other"}
 OUTCOME_CLASS = {Outcome.SAVED: "s", Outcome.OFFLOADED: "o", Outcome.RECOMPUTED: "r", Outcome.NOT_NEEDED: "n"}
@@ -309,8 +329,30 @@ def render_audit_html(report: AuditReport) -> str:
     )
     body.append("<h2>Policies</h2><table><thead><tr><th>policy</th><th>activation</th><th>host</th>"
                 f"<th>recompute</th><th>% of forward</th><th>error</th></tr></thead><tbody>{rows}</tbody></table>")
+    if report.gpu is not None:
+        body += _gpu_table(report)
     body += _sections(report, report_points(report), None, None)
     return _page(f"te-ckpt-audit: {report.target}", body)
+
+
+def _peak_range(peak: PeakMemory | None) -> str:
+    if peak is None or peak.bytes_per_device is None:
+        return "not compiled" if peak is None else f"not compiled: {peak.error}"
+    return f"{format_bytes(peak.bytes_per_device_min or 0)}..{format_bytes(peak.bytes_per_device)}"
+
+
+def _gpu_table(report: AuditReport) -> list[str]:
+    """The compiled peak per device beside the residuals, then what it means."""
+    shown = [COLUMNS[h] for h in ("policy", *GPU_HEADERS)]
+    head = "".join(f"<th>{_e(c.header)}</th>" for c in shown)
+    rows = "".join(
+        "<tr>" + "".join(f"<td{NUM if c.numeric else ''}>{_e(c.cell(report, r))}</td>" for c in shown)
+        + "</tr>"
+        for r in report.results
+    )
+    notes = "".join(f'<p class="meta">{_e(n)}</p>' for n in gpu_notes(report))
+    return [f"<h2>{_e(gpu_title(report))}</h2>",
+            f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table></div>{notes}']
 
 
 def render_recommend_html(rec: Recommendation) -> str:
@@ -338,11 +380,17 @@ def render_recommend_html(rec: Recommendation) -> str:
         f"<td class=\"num\">{_e(format_bytes(c.activation_bytes))}</td>"
         f"<td class=\"num\">{_e(format_bytes(c.host_bytes))}</td>"
         f"<td class=\"num\">{_e(format_flops(c.recompute_flops))}</td>"
-        f"<td class=\"num\">{_e(format_percent(c.recompute_percent))}</td><td>{'yes' if c.fits else 'no'}</td></tr>"
+        f"<td class=\"num\">{_e(format_percent(c.recompute_percent))}</td><td>{'yes' if c.fits else 'no'}</td>"
+        + (f"<td class=\"num\">{_e(_peak_range(c.peak))}</td>" if rec.gpu is not None else "") + "</tr>"
         for c in rec.frontier
     )
+    if rec.gpu is not None:
+        body.insert(3, f'<p class="meta">GPU {_e(rec.gpu.name)}: {_e(format_bytes(rec.gpu.usable_bytes))} usable; '
+                       f"{rec.compiles} policies compiled (XLA:GPU, no autotuning); fits: the compiled peak</p>")
+    peak_head = "<th>peak per device</th>" if rec.gpu is not None else ""
     body.append("<h2>Pareto frontier</h2><table><thead><tr><th></th><th>policy</th><th>activation</th><th>host</th>"
-                f"<th>recompute</th><th>% of forward</th><th>fits</th></tr></thead><tbody>{rows}</tbody></table>")
+                f"<th>recompute</th><th>% of forward</th><th>fits</th>{peak_head}</tr></thead><tbody>{rows}</tbody>"
+                "</table>")
     focus = None
     if shown is not None:
         focus = next((r for r in report.results if r.policy == shown.policy), None)

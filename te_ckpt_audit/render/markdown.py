@@ -9,16 +9,20 @@ from ._common import (
     COLUMNS,
     COMPILED_NOTE,
     EMULATED_NOTE,
+    GPU_HEADERS,
     HOTSPOT_TITLES,
     PER_DEVICE,
     STANDIN_NOTE,
     compiled_errors,
     format_bytes,
     format_flops,
+    gpu_notes,
+    gpu_title,
     hotspot_key,
     hotspots,
     mesh_note,
     policy_errors,
+    shown_columns,
     warning_message,
 )
 from ._text import printable_records
@@ -57,6 +61,7 @@ def render_markdown(report: AuditReport, top: int = 10, by: HotspotKey | None = 
         c
         for c in COLUMNS.values()
         if (compiled or not c.header.startswith("XLA")) and (report.mesh is not None or c.header != PER_DEVICE)
+        and (c.header not in GPU_HEADERS or c.header == "activation")
     ]
     lines = [
         f"## te-ckpt-audit: {md_code(report.target)}",
@@ -86,6 +91,12 @@ def render_markdown(report: AuditReport, top: int = 10, by: HotspotKey | None = 
         lines += [f"> XLA columns: {COMPILED_NOTE}", ""]
         lines += [f"> {md_text(f'{policy}: not compiled: {why}')}" for policy, why in compiled_errors(report)]
         lines += [""] if compiled_errors(report) else []
+    if report.gpu is not None:
+        shown = [COLUMNS[h] for h in ("policy", *shown_columns(report, GPU_HEADERS))]
+        lines += [f"### {md_text(gpu_title(report))}", ""]
+        lines += md_table([c.header for c in shown], [[c.cell(report, r) for c in shown] for r in report.results],
+                          [c.numeric for c in shown])
+        lines += ["", *(f"> {md_text(note)}" for note in gpu_notes(report)), ""]
     if top:
         key = hotspot_key(report, by)
         spots = hotspots(report, top, key)

@@ -116,9 +116,13 @@ def render_recommend_text(rec: Recommendation, width: int = 80) -> str:
            f"{len(rec.evaluated)} policies analysed (at most {rec.max_evals}), each by JAX's own linearization"]
     if rec.skipped_names:
         out.append(f"names a spec cannot spell, left out: {', '.join(rec.skipped_names)}")
+    if rec.gpu is not None:
+        out.append(f"GPU: {rec.gpu.name}, {format_bytes(rec.gpu.usable_bytes)} usable of "
+                   f"{format_bytes(rec.gpu.memory_bytes)}; {rec.compiles} policies compiled (XLA:GPU, no autotuning); "
+                   "fits: the compiled peak per device")
     shown = rec.recommended or rec.closest
     if rec.recommended is None:
-        out.append("nothing fits the budget; the closest candidate:")
+        out.append(f"nothing fits the {'GPU' if rec.gpu is not None else 'budget'}; the closest candidate:")
     if shown is not None:
         out += [
             "",
@@ -126,6 +130,7 @@ def render_recommend_text(rec: Recommendation, width: int = 80) -> str:
             f"  activation bytes {format_bytes(shown.activation_bytes)} ({shown.activation_bytes} B)"
             + (f", host {format_bytes(shown.host_bytes)}" if shown.host_bytes else ""),
             f"  recompute {format_flops(shown.recompute_flops)} ({shown.recompute_percent:.1f}% of the forward pass)",
+            *([f"  peak per device {_peak(shown)}"] if shown.peak is not None else []),
             "",
             "python:",
             _indent(python_snippet(shown)),
@@ -138,10 +143,28 @@ def render_recommend_text(rec: Recommendation, width: int = 80) -> str:
         mark = "*" if c == rec.recommended else " "
         host = f"  host {format_bytes(c.host_bytes)}" if c.host_bytes else ""
         fit = "" if c.fits else "  over budget"
+        if rec.gpu is not None:
+            fit = f"  peak {_peak(c)}" if c.peak is not None else "  (not compiled)"
         figures = f" {mark} {format_bytes(c.activation_bytes):>10}  {format_flops(c.recompute_flops):>12}" \
                   f"  {c.recompute_percent:5.1f}%"
         line = f"{figures}  {c.policy}{host}{fit}"
         # a long spec goes on its own line: the figures stay in their columns within `width`
         out += [line] if len(line) <= width else [figures + host + fit, f"{'':6}{c.policy}"]
     out += ["", render_frontier_plot(rec, width=min(width, 80))]
+    if rec.maximized is not None:
+        m = rec.maximized
+        tried = ", ".join(f"{t.value} {'fits' if t.fits else 'no'}" for t in m.trials)
+        best = "no value tried fits" if m.value is None else f"the largest that fits: {m.define}={m.value}"
+        more = "; stopped by --max-compiles, larger values may fit" if m.bounded else ""
+        out += ["", f"--maximize {m.define} under {m.policy}: {best} (tried {tried}){more}"]
     return "\n".join(out) + "\n"
+
+
+def _peak(c: Candidate) -> str:
+    p = c.peak
+    if p is None or p.bytes_per_device is None:
+        return f"not compiled: {p.error}" if p is not None and p.error else "n/a"
+    verdict = "fits" if p.fits else "does not fit"
+    low = p.bytes_per_device_min
+    low_text = "" if low is None or low == p.bytes_per_device else f"{format_bytes(low)}.."
+    return f"{low_text}{format_bytes(p.bytes_per_device)} ({verdict})"

@@ -24,12 +24,15 @@ from ._common import (
     COMPILED_HEADERS,
     COMPILED_NOTE,
     EMULATED_NOTE,
+    GPU_TERMINAL,
     HOTSPOT_TITLES,
     MARK_SYMBOLS,
     STANDIN_NOTE,
     compiled_errors,
     format_bytes,
     format_flops,
+    gpu_notes,
+    gpu_title,
     hotspot_key,
     hotspots,
     marks_by_equation,
@@ -245,6 +248,13 @@ def _sections(report: AuditReport, view: TableView) -> list[list[RenderableType]
                 ),
                 Text(COMPILED_NOTE, style="dim"),
                 *(Text(f"{p}: not compiled: {why}", style="yellow") for p, why in compiled_errors(report)),
+            ]
+        )
+    if report.gpu is not None:
+        sections.append(
+            [
+                _comparison(report, gpu_title(report), GPU_TERMINAL, view.width),
+                *(Text(note, style="dim") for note in gpu_notes(report)),
             ]
         )
     if policy_errors(report):
