@@ -106,6 +106,9 @@ def audit(
     mem_fraction: opt.MemFraction = DEFAULT_MEM_FRACTION,
     fit: opt.Fit = False,
     peak_budget: opt.PeakBudgets = None,
+    step: opt.Step = False,
+    donate: opt.Donate = None,
+    jobs: opt.Jobs = None,
     debug: opt.Debug = False,
     version: opt.Version = False,
     emulate_gpu: opt.EmulateGpu = None,
@@ -120,7 +123,7 @@ def audit(
     where = MeshOptions.parse(mesh, shardings)
     gate = GateOptions.parse(budget, max_recompute, baseline, tolerance, require_baseline, save_baseline_to)
     on_gpu = GpuOptions.parse(
-        gpu, gpu_config, gpus_per_host, optimizer, mem_fraction, fit, peak_budget, compile_cache()
+        gpu, gpu_config, gpus_per_host, optimizer, mem_fraction, fit, peak_budget, compile_cache(), step, donate, jobs
     )
     out = OutputOptions(format, None if output is None else Path(output), top, by, equations)
     report_to(out.output)
@@ -129,7 +132,7 @@ def audit(
                          "write the report and the baseline to two files")
     if gate.save_baseline is not None:
         check_baseline_file(gate.save_baseline)
-    specs = parse_policies(policy, what.target) if policy else None  # once, here
+    specs = parse_policies(policy or (["as-is"] if step else []), what.target) or None  # once, here
     # Bad limits and baselines fail before the user's code runs.
     percent_limit(gate.tolerance, "--tolerance")
     audited = [s.text for s in specs] if specs else ("as-is", *DEFAULT_POLICIES)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable, Sequence
 from typing import Annotated, assert_never
 
@@ -95,7 +96,9 @@ def check(
     # JAX reads its device count once: enough for the largest mesh, before the first target
     gpus = [t.gpu.model for t in cfg.targets if t.gpu is not None]
     process.prepare(emulate_gpu, max(meshes, default=0), gpus[0] if gpus else None)
-    targets = [t if t.gpu is None else dataclasses.replace(t, gpu=dataclasses.replace(t.gpu, cache=compile_cache()))
+    cores = os.cpu_count() or 1
+    targets = [t if t.gpu is None else dataclasses.replace(t, gpu=dataclasses.replace(t.gpu, cache=compile_cache(),
+                                                                                       jobs=cores))
                for t in cfg.targets]
     runs: list[Run] = []
     with stdout_kept_for_the_report(), progress_on_stderr() as progress:

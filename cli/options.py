@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -129,6 +130,7 @@ class GpuOptions:
     def parse(
         cls, gpu: str | None, gpu_config: str | None, gpus_per_host: int, optimizer: Optimizer | None,
         mem_fraction: float, fit: bool, peak_budget: list[str] | None, cache: Path | None,
+        step: bool = False, donate: list[int] | None = None, jobs: int | None = None,
     ) -> GpuOptions:
         if gpu is not None and gpu_config is not None:
             raise UsageError("--gpu and --gpu-config both name a GPU", "give one of them")
@@ -137,13 +139,16 @@ class GpuOptions:
             given = [o for o, on in (("--optimizer", optimizer is not None), ("--fit", fit),
                                      ("--peak-budget", bool(peak_budget)),
                                      ("--gpus-per-host", gpus_per_host != DEFAULT_GPUS_PER_HOST),
-                                     ("--mem-fraction", mem_fraction != DEFAULT_MEM_FRACTION)) if on]
+                                     ("--mem-fraction", mem_fraction != DEFAULT_MEM_FRACTION),
+                                     ("--step", step), ("--donate", bool(donate))) if on]
             if given:
                 hint = "add --gpu NAME (`te-ckpt-audit gpus` lists them)"
                 raise UsageError(f"{given[0]} is about the step compiled for a GPU", hint)
             return cls(None, peak)
         model = gpu_model(gpu) if gpu is not None else model_of_config(str(gpu_config))
-        return cls(GpuRequest(model, optimizer, gpus_per_host, mem_fraction, cache), peak)
+        workers = jobs if jobs is not None else (os.cpu_count() or 1)
+        return cls(GpuRequest(model, optimizer, gpus_per_host, mem_fraction, cache, step, tuple(donate or ()), workers),
+                   peak)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -417,6 +422,36 @@ PeakBudgets = Annotated[
         metavar="[POLICY=]SIZE",
         help="With --gpu: fail (exit 1) when the compiled peak per device exceeds SIZE, for every "
         "policy or, as POLICY=SIZE, for one; repeat for several.",
+        show_default=False,
+    ),
+]
+Step = Annotated[
+    bool,
+    typer.Option(
+        "--step",
+        help="With --gpu: TARGET already is a training step; compile it as it is (policy as-is only), "
+        "donating the arguments --donate names.",
+    ),
+]
+Donate = Annotated[
+    list[int] | None,
+    typer.Option(
+        "--donate",
+        metavar="N",
+        min=0,
+        help="With --step: a positional argument (0-based) the step donates; repeat for several.",
+        show_default=False,
+    ),
+]
+Jobs = Annotated[
+    int | None,
+    typer.Option(
+        "--jobs",
+        "-j",
+        metavar="N",
+        min=1,
+        help="With --gpu: compile N policies at once, in worker processes that trace the target again "
+        "(default: the core count; 1 compiles in this process).",
         show_default=False,
     ),
 ]

@@ -44,8 +44,8 @@ from ._jaxpr import map_sub_jaxprs
 from ._trace import Traced
 from .errors import TargetError, UsageError, first_line
 from .gpus import GpuRequest, Optimizer
-from .records import GpuInfo, MeshSpec, PeakMemory, Scope, StepInfo
-from .specs import PolicySpec
+from .records import GpuInfo, MeshSpec, PeakMemory, Scope, ShardingSource, StepInfo
+from .specs import AsIs, PolicySpec, resolve_policy
 
 INSTALL_HINT = "pip install 'te-ckpt-audit[gpu]' (Linux x86_64, Python >= 3.12, jax 0.12)"
 BACKENDS: tuple[dict[str, bool], ...] = ({}, {"xla_gpu_enable_triton_gemm": False})  # Triton GEMMs, cuBLAS
@@ -80,10 +80,24 @@ def float_inputs(traced: Traced) -> list[int]:
     return [i for i, a in enumerate(traced.avals) if jnp.issubdtype(a.dtype, jnp.inexact)]
 
 
+def donated_inputs(traced: Traced, request: GpuRequest) -> list[int]:
+    """Positions of the inputs the compiled step donates: the float ones (te-ckpt-audit's step), or
+    every input inside the arguments `--donate` names (the target's own step)."""
+    if not request.step:
+        return float_inputs(traced)
+    return [i for i, name in enumerate(traced.arg_names) if _argument(name) in request.donate]
+
+
+def _argument(name: str) -> int:
+    """The positional argument an input's path starts in: `args[1]['w']` is in argument 1."""
+    found = re.match(r"args\[(\d+)\]", name)
+    return int(found.group(1)) if found else -1
+
+
 def step_info(traced: Traced, request: GpuRequest) -> StepInfo:
     return StepInfo(
         None if request.optimizer is None else request.optimizer.value,
-        tuple(traced.arg_names[i] for i in float_inputs(traced)),
+        tuple(traced.arg_names[i] for i in donated_inputs(traced, request)),
     )
 
 
@@ -216,7 +230,14 @@ class Compiler:
 
     def __init__(self, traced: Traced, request: GpuRequest, mesh: MeshSpec | None, cache: Path | None) -> None:
         check_available()
-        check_loss(traced)
+        if request.step:
+            arguments = {_argument(n) for n in traced.arg_names}
+            missing = [d for d in request.donate if d not in arguments]
+            if missing:
+                raise UsageError(f"--donate {missing[0]}: {traced.target} has no array argument {missing[0]}",
+                                 f"its array arguments: {', '.join(map(str, sorted(arguments)))}")
+        else:
+            check_loss(traced)
         self.traced, self.request, self.mesh, self.cache = traced, request, mesh, cache
         self.devices = 1 if mesh is None else mesh.devices
         self.floats = float_inputs(traced)
@@ -240,6 +261,8 @@ class Compiler:
         mesh, traced = self._placed(memory)
         fun = policy_function(traced, spec, scope)
         avals = [_on(mesh, a) for a in traced.avals]
+        if self.request.step:  # the target's own step, its donated arguments as it says
+            return jax.jit(fun, donate_argnums=tuple(donated_inputs(traced, self.request))).lower(*avals)
         params = {str(i): avals[i] for i in self.floats}
         rest = [a for i, a in enumerate(avals) if i not in set(self.floats)]
         step = _step(fun, len(avals), self.floats, self.optimizer)
@@ -254,6 +277,9 @@ class Compiler:
     def peak(self, spec: PolicySpec, scope: Scope, progress: Callable[[str], None] = lambda _: None) -> PeakMemory:
         """The step's peak per device under `spec`, over both GEMM backends; a step that does not
         compile is reported, not raised."""
+        if self.request.step and not isinstance(spec, AsIs):
+            why = "--step compiles the target's own training step as it is: only as-is"
+            return PeakMemory(None, None, None, None, None, None, None, False, None, 0.0, why)
         try:
             lowered = self.lowered(spec, scope)
             measured = []
@@ -373,3 +399,59 @@ def _plugin_version() -> str:
         return version("jax-cuda12-plugin")
     except Exception:  # noqa: BLE001 - not installed: the compile itself will say so
         return ""
+
+
+# --- several policies at once, in worker processes (--jobs) ----------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Recipe:
+    """How a session was built from a target, so that a worker process can build it again (a
+    compile runs in the process that traced)."""
+
+    target: str
+    inputs: str | None
+    defines: tuple[tuple[str, str], ...]
+    scope: Scope
+    mesh: MeshSpec | None
+    shardings: ShardingSource
+    folder: str  # the working folder the target's paths are relative to
+
+
+_WORKER: dict[Recipe, Any] = {}  # in a worker: the session of each recipe, built once
+
+
+def _peak_in_worker(recipe: Recipe, spec_text: str, request: GpuRequest) -> PeakMemory:
+    """One policy's peak in a worker process; what fails there is that policy's error."""
+    from ._session import Session  # the session imports this module
+
+    try:
+        jax.config.update("jax_platforms", "cpu")  # the worker's own process: no local CUDA is looked for
+        if recipe not in _WORKER:
+            os.chdir(recipe.folder)
+            _WORKER[recipe] = Session.of_target(recipe.target, inputs=recipe.inputs, defines=dict(recipe.defines),
+                                                scope=recipe.scope, mesh=recipe.mesh, shardings=recipe.shardings)
+        session = _WORKER[recipe]
+        spec = resolve_policy(spec_text)
+        return session.compiler(request).peak(spec, session.resolved_scope(spec))
+    except Exception as exc:  # noqa: BLE001 - reported per policy, as in this process
+        return PeakMemory(None, None, None, None, None, None, None, False, None, 0.0,
+                          f"{type(exc).__name__}: {first_line(exc)}")
+
+
+def peaks_in_workers(
+    recipe: Recipe, specs: Sequence[PolicySpec], request: GpuRequest, progress: Callable[[str], None]
+) -> dict[str, PeakMemory]:
+    """Each policy's peak, `request.jobs` policies at once, each in a worker process that traces
+    the target again (spawned: JAX's threads do not survive a fork)."""
+    import concurrent.futures
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    out: dict[str, PeakMemory] = {}
+    with concurrent.futures.ProcessPoolExecutor(min(request.jobs, len(specs)), mp_context=context) as pool:
+        futures = {pool.submit(_peak_in_worker, recipe, s.text, request): s.text for s in specs}
+        for done in concurrent.futures.as_completed(futures):
+            out[futures[done]] = done.result()
+            progress(f"compiled {futures[done]} for {request.model.name} ({len(out)}/{len(specs)})")
+    return out

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -26,7 +27,7 @@ from ._analysis import Analysis, analyse_policy, failed
 from ._apply import resolve_scope
 from ._compile import compiled_memory
 from ._emulated import emulated_device
-from ._gpu import Compiler, gpu_info, step_info
+from ._gpu import Compiler, Recipe, gpu_info, peaks_in_workers, step_info
 from ._heap import without_gc
 from ._loading import anchored, load_inputs, load_target, user_code
 from ._mesh import build_abstract_mesh, build_mesh, mesh_context, per_device, place_args, source_of, spec_of
@@ -84,6 +85,7 @@ class Session:
         self._outcomes: dict[tuple[str, int], _Outcome] = {}
         self._compilers: dict[GpuRequest, Compiler] = {}
         self.keywords: Mapping[str, object] = {}  # what the inputs callable was called with (of_target)
+        self.recipe: Recipe | None = None  # how of_target built it: a worker process builds it again
 
     # --- building one ---------------------------------------------------------------------------
 
@@ -114,6 +116,7 @@ class Session:
         keyword `mesh` when it declares one) and trace it, as the user's code: `sys.exit` there is
         the target's failure. With `mesh`, the inputs are placed on virtual CPU devices (compiled
         shardings) or on an abstract mesh of explicit axes."""
+        folder = os.getcwd()
         build = build_mesh if ShardingSource(shardings) is ShardingSource.COMPILED else build_abstract_mesh
         placement = None if mesh is None else build(mesh)
         with user_code(target):
@@ -128,6 +131,8 @@ class Session:
         _jax_is_jax(target)
         session = cls(traced, scope, placement)
         session.keywords = made.keywords
+        given = tuple(sorted((defines or {}).items()))
+        session.recipe = Recipe(target, inputs, given, Scope(scope), mesh, ShardingSource(shardings), folder)
         return session
 
     # --- the steps --------------------------------------------------------------------------------
@@ -250,7 +255,13 @@ class Session:
             rows = compiled
         if gpu is not None:
             self.compiler(gpu)  # what the machine lacks, or a target with no loss: said before any compile
-            rows = [self.peaked(spec, row, gpu, progress) for spec, row in zip(specs, rows, strict=True)]
+            wanted = [s for s, r in zip(specs, rows, strict=True) if r.error is None]
+            if gpu.jobs > 1 and self.recipe is not None and len(wanted) > 1:
+                found = peaks_in_workers(self.recipe, wanted, gpu, progress)
+                rows = [r if r.error is not None else dataclasses.replace(r, peak=found[s.text])
+                        for s, r in zip(specs, rows, strict=True)]
+            else:
+                rows = [self.peaked(spec, row, gpu, progress) for spec, row in zip(specs, rows, strict=True)]
         return self.report_of(rows, gpu)
 
     def report_of(self, results: Sequence[PolicyResult], gpu: GpuRequest | None = None) -> AuditReport:

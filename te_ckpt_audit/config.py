@@ -20,6 +20,7 @@
     optimizer = "adamw"                           # like --optimizer
     fit = true                                    # like --fit
     peak_budget = "60GiB"                         # like --peak-budget (peak_budgets: per policy)
+    step = false                                  # like --step, with donate = [0] like --donate
 
 `gpu`, `gpu_config`, `optimizer`, `gpus_per_host`, `mem_fraction` and `fit` may also sit in
 [tool.te-ckpt-audit] itself, for every target that does not set its own.
@@ -50,7 +51,7 @@ MAX_DEFINE = 4096  # characters in one -D value: no size or flag is longer
 _GPU_KEYS = {"gpu", "gpu_config", "optimizer", "gpus_per_host", "mem_fraction", "fit"}
 _TOP_KEYS = {"targets", "baseline", "tolerance", *_GPU_KEYS}
 _TARGET_KEYS = {"target", "inputs", "defines", "policies", "scope", "budget", "budgets", "max_recompute", "mesh",
-                "shardings", "peak_budget", "peak_budgets", *_GPU_KEYS}
+                "shardings", "peak_budget", "peak_budgets", "step", "donate", *_GPU_KEYS}
 _AXIS_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -279,7 +280,7 @@ def _gpu(raw: Mapping[str, Any], where: str, p: Path) -> GpuRequest | None:
     if "gpu" in raw and "gpu_config" in raw:
         raise UsageError(f"{p}: {where} has both gpu and gpu_config", "give one of them")
     if "gpu" not in raw and "gpu_config" not in raw:
-        given = sorted(set(raw) & (_GPU_KEYS | {"peak_budget", "peak_budgets"}))
+        given = sorted(set(raw) & (_GPU_KEYS | {"peak_budget", "peak_budgets", "step", "donate"}))
         if given:
             raise UsageError(f"{p}: {where}.{given[0]} is about the step compiled for a GPU", 'add gpu = "h100"')
         return None
@@ -298,7 +299,13 @@ def _gpu(raw: Mapping[str, Any], where: str, p: Path) -> GpuRequest | None:
         raise UsageError(f"{p}: {where}.gpus_per_host must be an int", "e.g. gpus_per_host = 8")
     if isinstance(fraction, bool) or not isinstance(fraction, int | float):
         raise UsageError(f"{p}: {where}.mem_fraction must be a number", "e.g. mem_fraction = 0.9")
-    return GpuRequest(model, chosen, per_host, float(fraction))
+    step, donate = raw.get("step", False), raw.get("donate", [])
+    if not isinstance(step, bool):
+        raise UsageError(f"{p}: {where}.step must be true or false", "e.g. step = true")
+    positions = isinstance(donate, list) and all(type(d) is int and d >= 0 for d in donate)
+    if not positions:
+        raise UsageError(f"{p}: {where}.donate must be a list of argument positions", "e.g. donate = [0, 1]")
+    return GpuRequest(model, chosen, per_host, float(fraction), step=step, donate=tuple(donate))
 
 
 def _peak_gate(raw: Mapping[str, Any], where: str, p: Path) -> PeakGate:

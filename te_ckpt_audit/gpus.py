@@ -205,10 +205,20 @@ class GpuRequest:
     gpus_per_host: int = DEFAULT_GPUS_PER_HOST
     mem_fraction: float = DEFAULT_MEM_FRACTION
     cache: Path | None = None  # where compiled results are kept (the command line's cache folder)
+    step: bool = False  # the target already is a training step: compiled as it is (as-is only)
+    donate: tuple[int, ...] = ()  # with `step`: the positional arguments it donates
+    jobs: int = dataclasses.field(default=1, compare=False)  # policies compiled at once, in worker processes
 
     def __post_init__(self) -> None:
         if not 0 < self.mem_fraction <= 1:
             raise UsageError(f"--mem-fraction {self.mem_fraction} is not in (0, 1]", "JAX's default is 0.75")
+        if self.donate and not self.step:
+            raise UsageError("--donate names the arguments a training step donates", "add --step")
+        if self.step and self.optimizer is not None:
+            raise UsageError("--optimizer adds an update to the step te-ckpt-audit builds; --step brings its own",
+                             "drop one of them")
+        if self.jobs < 1:
+            raise UsageError(f"--jobs {self.jobs} must be at least 1", "e.g. --jobs 4")
         if self.gpus_per_host < 1:
             raise UsageError(f"--gpus-per-host {self.gpus_per_host} must be at least 1", "8 on an HGX host")
 

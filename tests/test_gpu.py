@@ -318,3 +318,49 @@ def test_the_report_shows_the_peak_in_every_format(tmp_path: Path) -> None:
     assert "| policy | activation | peak per device |" in markdown.stdout
     page = _cli(*base, "-f", "html", "-o", str(tmp_path / "r.html"), env=cache)
     assert page.returncode == 0 and "XLA:GPU compile for a100-40gb" in (tmp_path / "r.html").read_text()
+
+
+STEP = """\
+import jax, jax.numpy as jnp
+
+
+def step(params, x):
+    def loss(p):
+        return jnp.mean(jnp.tanh(x @ p["w"]) ** 2)
+
+    grads = jax.grad(loss)(params)
+    return jax.tree.map(lambda p, g: p - 0.1 * g, params, grads)
+
+
+def step_inputs():
+    return {"w": jax.ShapeDtypeStruct((256, 256), jnp.float32)}, jax.ShapeDtypeStruct((64, 256), jnp.float32)
+"""
+
+
+@compiles
+def test_a_target_that_is_a_step_compiles_as_it_is(tmp_path: Path) -> None:
+    (tmp_path / "m.py").write_text(STEP)
+    run = _cli("m.py:step", "--gpu", "h100", "--step", "--donate", "0", "-f", "json", cwd=tmp_path,
+               env={"TE_CKPT_AUDIT_CACHE": str(tmp_path / "cache")})
+    assert run.returncode == 0, run.stderr
+    doc = json.loads(run.stdout)
+    (result,) = doc["results"]  # as-is alone: the step's own checkpoints are already differentiated
+    w, x = 256 * 256 * 4, 64 * 256 * 4
+    assert result["policy"] == "as-is" and doc["step"]["donated"] == ["args[0]['w']"]
+    assert (result["peak"]["argument_bytes"], result["peak"]["alias_bytes"], result["peak"]["output_bytes"]) == (
+        w + x, w, w)
+    bad = _cli("m.py:step", "--gpu", "h100", "--step", "--donate", "3", cwd=tmp_path)
+    assert bad.returncode == 2 and "no array argument 3" in bad.stderr
+    assert _cli("m.py:step", "--gpu", "h100", "--donate", "0", cwd=tmp_path).returncode == 2  # --donate needs --step
+
+
+@compiles
+def test_worker_processes_compile_what_this_process_does(tmp_path: Path) -> None:
+    args = ["sample_models/mlp.py:loss", "--gpu", "h100", "-p", "nothing_saveable", "-p", "checkpoint_dots", "-f",
+            "json"]
+    here = _cli(*args, "--jobs", "1", env={"TE_CKPT_AUDIT_CACHE": str(tmp_path / "a")})
+    workers = _cli(*args, "--jobs", "2", env={"TE_CKPT_AUDIT_CACHE": str(tmp_path / "b")})
+    assert here.returncode == workers.returncode == 0, workers.stderr
+    peaks = [[{k: v for k, v in r["peak"].items() if k != "compile_seconds"} for r in json.loads(run.stdout)["results"]]
+             for run in (here, workers)]
+    assert peaks[0] == peaks[1] and all(p["error"] is None for p in peaks[1])
