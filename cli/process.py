@@ -77,7 +77,20 @@ def prepare(gpu: str | None, devices: int | None, target: GpuModel | None = None
         gpu = target.emulated
     if gpu is not None:
         emulate_gpu(gpu)
+    if (target is not None or _cuda_plugin_without_cuda()) and not os.environ.get("JAX_PLATFORMS"):
+        jax.config.update("jax_platforms", "cpu")  # before JAX starts a backend
     if devices:
         provide_cpu_devices(devices)
-    if target is not None and not os.environ.get("JAX_PLATFORMS"):
-        jax.config.update("jax_platforms", "cpu")
+
+
+def _cuda_plugin_without_cuda() -> bool:
+    """JAX's CUDA plugin installed (the [gpu] extra) on a machine with no CUDA driver: JAX would
+    print the plugin's failed check (a traceback) when it starts its backends, then use the CPU."""
+    import ctypes.util
+    import importlib.util
+
+    try:
+        plugin = importlib.util.find_spec("jax_plugins.xla_cuda12") is not None
+    except ImportError:
+        plugin = False
+    return plugin and not emulate.emulating() and ctypes.util.find_library("cuda") is None

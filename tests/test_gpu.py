@@ -135,6 +135,7 @@ def test_baselines_are_keyed_by_gpu(tmp_path: Path) -> None:
 def _cli(*args: str, cwd: Path = ROOT, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     run_env = {**os.environ, **(env or {})}
     run_env.pop("XLA_FLAGS", None)
+    run_env.pop("JAX_PLATFORMS", None)  # as a user's shell: the command keeps JAX on CPU itself
     return subprocess.run([sys.executable, "-m", "te_ckpt_audit_cli", *args], cwd=cwd, env=run_env,
                           capture_output=True, text=True, timeout=600)
 
@@ -279,6 +280,7 @@ def test_a_mesh_the_topology_cannot_hold_is_exit_2() -> None:
     run = _cli("sample_models/megatron_tp.py:loss", "--gpu", "h100", "--mesh", "data=3,model=4", "-D", "batch=12",
                "-p", "none", "--gpus-per-host", "8")
     assert run.returncode == 2 and "12 GPUs do not fill hosts of 8" in run.stderr, run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1  # JAX's CUDA plugin says nothing (JAX stays on CPU)
 
 
 @compiles
@@ -364,3 +366,12 @@ def test_worker_processes_compile_what_this_process_does(tmp_path: Path) -> None
     peaks = [[{k: v for k, v in r["peak"].items() if k != "compile_seconds"} for r in json.loads(run.stdout)["results"]]
              for run in (here, workers)]
     assert peaks[0] == peaks[1] and all(p["error"] is None for p in peaks[1])
+
+
+@compiles
+@pytest.mark.parametrize("args", [["--mesh", "data=2,model=1"], ["--compile"]], ids=["mesh", "compile"])
+def test_the_gpu_extra_is_quiet_without_a_gpu(args: list[str]) -> None:
+    """With JAX's CUDA plugin installed and no CUDA here, JAX would print the plugin's failed
+    check as it starts its backends: the command keeps JAX on CPU and stderr stays empty."""
+    run = _cli("sample_models/megatron_tp.py:loss", *args, "-p", "none", "-f", "json", "-o", os.devnull)
+    assert run.returncode == 0 and run.stderr == "", run.stderr
