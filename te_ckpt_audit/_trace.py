@@ -67,6 +67,7 @@ class Rows:
         self.prefix_of: dict[int, str] = {}  # id of a body -> the prefix it was tagged under
         self.interned: SiteScopes = {}  # checkpoints whose body _intern shared: their own scopes
         self.input_modules: tuple[str | None, ...] = ()  # each input's module, where parameters name them
+        self.batched_weight_gemms: dict[str, str] | None = None  # _warnings' lint, found once per trace
 
     def equation(self, eid: str) -> Equation:
         row = self.by_id[eid]

@@ -11,7 +11,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from . import _jax_compat as jc
 from ._apply import row_policy, verdict_of
+from ._jaxpr import open_jaxpr, sub_jaxprs
 from ._trace import Traced
 from .records import AuditWarning, Outcome, PolicyResult, Scope, Verdict, WarningCode
 from .specs import AsIs, NoCheckpoint, PolicySpec
@@ -68,6 +70,9 @@ def _spec_warnings(traced: Traced, spec: PolicySpec, result: PolicyResult) -> li
             flops = sum(e.flops * e.multiplicity for e in totals)
             ids = tuple(e.id for e in totals)
             warnings.append(AuditWarning(WarningCode.TE_GEMMS_RECOMPUTED, spec.text, equations=ids, flops=flops))
+    missed = _batch_dims_missed(traced, spec, result) if is_policy(spec) else None
+    if missed is not None:
+        warnings.append(missed)
     if result.scope is Scope.INNER and is_policy(spec) and not traced.has_remat:
         warnings.append(AuditWarning(WarningCode.INNER_SCOPE_WITHOUT_CHECKPOINTS, spec.text))
     used = set(traced.rows.names)
@@ -90,3 +95,69 @@ def _spec_warnings(traced: Traced, spec: PolicySpec, result: PolicyResult) -> li
     if is_policy(spec) and jax.config.values.get("jax_remat3"):
         warnings.append(AuditWarning(WarningCode.REMAT3, spec.text))
     return warnings
+
+
+# --- GEMMs a policy misses because of batch dimensions ------------------------------------------------
+
+_VIEWS = {"reshape", "transpose", "convert_element_type", "broadcast_in_dim", "squeeze", "expand_dims", "copy",
+          "slice", "dynamic_slice", "sharding_constraint", "name"}
+
+
+def _batched_weight_gemms(traced: Traced) -> dict[str, str]:
+    """The dot_generals with batch dimensions of which an operand is a weight (a view of an input of
+    the function or of the body holding it; two activations, as attention scores, are not): each
+    with where its batch dimensions came from (a vmap, an einsum, or the dot itself)."""
+    if traced.rows.batched_weight_gemms is not None:
+        return traced.rows.batched_weight_gemms
+    found: dict[str, str] = {}
+
+    def walk(jaxpr: jc.Jaxpr) -> None:
+        weights = set(jaxpr.invars) | set(jaxpr.constvars)
+        for eqn in jaxpr.eqns:
+            args = [v for v in eqn.invars if not isinstance(v, jc.Literal)]
+            if eqn.primitive is jc.dot_general_p and eqn.params["dimension_numbers"][1][0]:
+                tag = jc.eqn_tag(eqn)
+                if tag is not None and any(v in weights for v in args):
+                    found[tag] = _origin(eqn)
+            elif eqn.primitive.name in _VIEWS and args and args[0] in weights:
+                weights.update(eqn.outvars)
+            for _, _, sub in sub_jaxprs(eqn.params):
+                walk(open_jaxpr(sub))
+
+    walk(traced.jaxpr.jaxpr)
+    traced.rows.batched_weight_gemms = found
+    return found
+
+
+def _origin(eqn: jc.JaxprEqn) -> str:
+    if "vmap(" in str(eqn.source_info.name_stack):
+        return "vmap"
+    spec = next((s for s in reversed(jc.scope_names(eqn)) if "->" in s), None)
+    return f"einsum {spec}" if spec else "dot_general"
+
+
+def _batch_dims_missed(traced: Traced, spec: PolicySpec, result: PolicyResult) -> AuditWarning | None:
+    """A dot policy that skips GEMMs with batch dimensions (`dots_with_no_batch_dims_saveable`,
+    `dots_and_te_gemms_with_no_batch_dims`, `offload_dot_with_no_batch_dims`, or a combination)
+    recomputes the weight GEMMs a vmap (per-example models, vmapped experts, pipeline stages) or an
+    einsum gave batch dimensions: the user who picked it for its weight GEMMs should know."""
+    missed = []
+    for eid, origin in _batched_weight_gemms(traced).items():
+        row = traced.rows.by_id.get(eid)
+        if row is None or result.mark(eid).outcome is not Outcome.RECOMPUTED:
+            continue
+        policy = row_policy(row, spec, result.scope)
+        if policy is None or verdict_of(policy, row.eqn, spec.text) is not Verdict.RECOMPUTE:
+            continue
+        if verdict_of(policy, _probe_dot(), spec.text) in (Verdict.SAVE, Verdict.OFFLOAD):
+            missed.append((traced.rows.equation(eid), origin))
+    if not missed:
+        return None
+    where = dict.fromkeys(
+        e.module or (f"{e.source.file}:{e.source.line}" if e.source else e.id) for e, _ in missed
+    )
+    return AuditWarning(
+        WarningCode.GEMM_BATCH_DIMS_MISSED, spec.text, equations=tuple(e.id for e, _ in missed),
+        flops=sum(e.flops * e.multiplicity for e, _ in missed), modules=tuple(where),
+        origins=tuple(dict.fromkeys(o for _, o in missed)),
+    )

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
+import pytest
 from jax.ad_checkpoint import checkpoint_name
 
-from te_ckpt_audit import WarningCode, audit
+from te_ckpt_audit import WarningCode, audit, audit_target
 from te_ckpt_audit.render import warning_message
 
 
@@ -67,3 +70,56 @@ def test_remat3_is_flagged() -> None:
         jax.config.update("jax_remat3", before)  # as the run set it (JAX_REMAT3)
     assert codes_off == []
     assert codes_on == [WarningCode.REMAT3]
+
+
+# --- gemm-batch-dims-missed: weight GEMMs a no-batch-dims dot policy recomputes -------------------
+
+E, C, D, F, STAGES, MICRO = 4, 8, 16, 32, 3, 4
+NO_BATCH = ["dots_with_no_batch_dims_saveable", "dots_and_te_gemms_with_no_batch_dims",
+            "offload_dot_with_no_batch_dims:src=device,dst=pinned_host"]
+
+
+def moe_experts(w: dict[str, jax.Array], x: jax.Array) -> jax.Array:
+    """An MoE expert layer: each expert's FFN over its dispatched tokens, vmapped over experts."""
+    h = jax.vmap(lambda wi, xi: jax.nn.gelu(xi @ wi))(w["w_in"], x)
+    return jnp.sum(jax.vmap(lambda wi, hi: hi @ wi)(w["w_out"], h) ** 2)
+
+
+MOE_ARGS = ({"w_in": jax.ShapeDtypeStruct((E, D, F), jnp.float32),
+             "w_out": jax.ShapeDtypeStruct((E, F, D), jnp.float32)}, jax.ShapeDtypeStruct((E, C, D), jnp.float32))
+
+
+def pipeline(w: jax.Array, x: jax.Array) -> jax.Array:
+    """A pipeline's stages run at once on their microbatches: one stage body vmapped over the stage
+    axis of the stacked weights (as circular pipelines do)."""
+
+    def stage(wi: jax.Array, xi: jax.Array) -> jax.Array:
+        return jnp.tanh(xi @ wi)
+
+    return jnp.sum(jax.vmap(stage)(w, x) ** 2)
+
+
+PIPELINE_ARGS = (jax.ShapeDtypeStruct((STAGES, D, D), jnp.float32),
+                 jax.ShapeDtypeStruct((STAGES, MICRO, D), jnp.float32))
+
+
+@pytest.mark.parametrize("fn, args, gemms", [(moe_experts, MOE_ARGS, 2), (pipeline, PIPELINE_ARGS, 1)],
+                         ids=["vmapped-moe-experts", "vmapped-pipeline-stages"])
+def test_a_no_batch_dims_policy_misses_vmapped_weight_gemms(fn: Any, args: Any, gemms: int) -> None:
+    report = audit(fn, *args, policies=[*NO_BATCH, "checkpoint_dots"])
+    dots = {e.id: e for e in report.equations if e.primitive == "dot_general"}
+    for result in report.results[:-1]:
+        (missed,) = [w for w in result.warnings if w.code is WarningCode.GEMM_BATCH_DIMS_MISSED]
+        assert len(missed.equations) == gemms and set(missed.equations) <= set(dots)
+        assert missed.origins == ("vmap",) and missed.flops == sum(dots[e].flops for e in missed.equations)
+        assert all("test_warnings.py" in m for m in missed.modules)
+        assert "use checkpoint_dots" in warning_message(missed)
+    assert not [w for w in report.results[-1].warnings if w.code is WarningCode.GEMM_BATCH_DIMS_MISSED]
+
+
+@pytest.mark.parametrize("model", ["eight_names", "flax_model", "fp8_block", "gpt", "megatron_tp", "mlp",
+                                   "te_transformer"])
+def test_the_lint_is_silent_where_no_weight_gemm_has_batch_dims(model: str) -> None:
+    """Attention scores have batch dimensions, but both operands are activations: not a weight GEMM."""
+    report = audit_target(f"sample_models/{model}.py:loss", NO_BATCH)
+    assert not [w for r in report.results for w in r.warnings if w.code is WarningCode.GEMM_BATCH_DIMS_MISSED]

@@ -142,6 +142,7 @@ class WarningCode(enum.StrEnum):
     OFFLOAD_MISSING = "offload-missing"  # an offload policy offloads nothing
     INNER_SCOPE_WITHOUT_CHECKPOINTS = "inner-scope-without-checkpoints"  # --scope inner, no checkpoints
     REMAT3 = "remat3"  # jax_remat3 is on: another remat path
+    GEMM_BATCH_DIMS_MISSED = "gemm-batch-dims-missed"  # a no-batch-dims dot policy recomputes batched weight GEMMs
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -150,11 +151,13 @@ class AuditWarning:
 
     code: WarningCode
     policy: str | None
-    equations: tuple[str, ...] = ()  # TE_GEMMS_RECOMPUTED: the TE GEMM equations recomputed
-    flops: int | None = None  # TE_GEMMS_RECOMPUTED: their recompute FLOPs
+    equations: tuple[str, ...] = ()  # TE_GEMMS_RECOMPUTED, GEMM_BATCH_DIMS_MISSED: the GEMMs recomputed
+    flops: int | None = None  # TE_GEMMS_RECOMPUTED, GEMM_BATCH_DIMS_MISSED: their recompute FLOPs
     name: str | None = None  # UNKNOWN_NAME: the name no checkpoint_name carries
     suggestion: str | None = None  # UNKNOWN_NAME: the closest name the model has
     known: tuple[str, ...] = ()  # UNKNOWN_NAME: the names the model has
+    modules: tuple[str, ...] = ()  # GEMM_BATCH_DIMS_MISSED: where those GEMMs are (module path, else line)
+    origins: tuple[str, ...] = ()  # GEMM_BATCH_DIMS_MISSED: where their batch dimensions came from
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -131,6 +131,8 @@ JSON_SCHEMA: dict[str, Any] = {
                         name=_OPT_STR,
                         suggestion=_OPT_STR,
                         known=_array(_STR),
+                        modules=_array(_STR),
+                        origins=_array(_STR),
                         message=_STR,
                     )
                 ),

@@ -97,6 +97,13 @@ def warning_message(w: AuditWarning) -> str:
                 f"--scope inner applies {w.policy} to the model's own checkpoints, and it has none: "
                 "the policy changes nothing; use --scope outer (or auto)"
             )
+        case WarningCode.GEMM_BATCH_DIMS_MISSED:
+            return (
+                f"{w.policy} keeps dots only without batch dimensions, so it recomputes "
+                f"{len(w.equations)} weight GEMMs that have them ({', '.join(w.origins)}; "
+                f"{format_flops(w.flops or 0)}): {', '.join(w.modules)}; use checkpoint_dots (or "
+                "checkpoint_dots_and_te_gemms), or name them with checkpoint_name and save the names"
+            )
         case WarningCode.REMAT3:
             return (
                 "jax_remat3 is on: jax.checkpoint takes another path, which this audit does not model; "
