@@ -5,7 +5,9 @@ top-1 MoE block calls ``te_standin.grouped_dense``. Unless ``transformer_engine.
 imports, those GEMMs are a labelled CPU stand-in (primitives named like TE's, bound in a
 custom_vjp as TE binds them); see ``te_standin.USING_REAL_TE``. Attention scores and
 context are plain batched einsums. Layers are unrolled; there is no internal remat, so
-``jax.checkpoint_policies.checkpoint_dots`` around this loss recomputes every TE GEMM.
+``jax.checkpoint_policies.checkpoint_dots`` around this loss recomputes every TE GEMM. With
+``-D fp8=True`` the projections run in FP8 (TE's current scaling): their inputs are quantized, the
+FP8 casts are what the dense layers keep, under the quantizer checkpoint name ``quantization``.
 """
 from __future__ import annotations
 
@@ -28,6 +30,15 @@ class Config:
 
     heads: int
     experts: int
+    fp8: bool = False  # the projections in FP8 (current scaling), their quantizers named "quantization"
+
+
+QUANTIZATION = "quantization"  # the quantizers' checkpoint name, as MaxText sets TE's
+
+
+def _fp8(cfg: Config) -> dict[str, Any]:
+    """`dense`'s FP8 settings (called on each projection's own line, which its residuals name)."""
+    return {"fp8": cfg.fp8, "quantization_name": QUANTIZATION if cfg.fp8 else None}
 
 
 def _layernorm(x: jax.Array, scale: jax.Array) -> jax.Array:
@@ -37,16 +48,17 @@ def _layernorm(x: jax.Array, scale: jax.Array) -> jax.Array:
     return xf.astype(x.dtype) * scale
 
 
-def _attention(h: jax.Array, p: Params, heads: int) -> jax.Array:
+def _attention(h: jax.Array, p: Params, cfg: Config) -> jax.Array:
     """Causal attention: TE GEMM projections around batched-einsum scores."""
     b, s, d = h.shape
-    qkv = checkpoint_name(dense(h, p["w_qkv"]), "qkv_proj")
+    heads = cfg.heads
+    qkv = checkpoint_name(dense(h, p["w_qkv"], **_fp8(cfg)), "qkv_proj")
     q, k, v = (t.reshape(b, s, heads, d // heads) for t in jnp.split(qkv, 3, axis=-1))
     scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(d // heads).astype(h.dtype)
     scores = jnp.where(jnp.tril(jnp.ones((s, s), bool)), scores, jnp.finfo(h.dtype).min)
     probs = jax.nn.softmax(scores.astype(jnp.float32), axis=-1).astype(h.dtype)
     ctx = checkpoint_name(jnp.einsum("bhqk,bkhd->bqhd", probs, v).reshape(b, s, d), "context")
-    return checkpoint_name(dense(ctx, p["w_o"]), "out_proj")
+    return checkpoint_name(dense(ctx, p["w_o"], **_fp8(cfg)), "out_proj")
 
 
 def _moe(h: jax.Array, p: Params, experts: int) -> jax.Array:
@@ -66,9 +78,9 @@ def _moe(h: jax.Array, p: Params, experts: int) -> jax.Array:
 
 def _layer(x: jax.Array, p: Params, cfg: Config) -> jax.Array:
     """Attention, dense FFN and MoE, each pre-LN with a residual."""
-    x = x + _attention(_layernorm(x, p["ln1"]), p, cfg.heads)
-    h = jax.nn.gelu(checkpoint_name(dense(_layernorm(x, p["ln2"]), p["w1"]), "ffn1"))
-    x = x + checkpoint_name(dense(h, p["w2"]), "ffn2")
+    x = x + _attention(_layernorm(x, p["ln1"]), p, cfg)
+    h = jax.nn.gelu(checkpoint_name(dense(_layernorm(x, p["ln2"]), p["w1"], **_fp8(cfg)), "ffn1"))
+    x = x + checkpoint_name(dense(h, p["w2"], **_fp8(cfg)), "ffn2")
     return x + _moe(_layernorm(x, p["ln3"]), p, cfg.experts)
 
 
@@ -92,8 +104,9 @@ loss = make_loss()
 
 def loss_inputs(layers: int = 2, batch: int = 2, seq: int = 16, d_model: int = 64,
                 heads: int = 4, d_ff: int = 128, experts: int = 4, vocab: int = 128,
-                dtype: str = "float32") -> tuple[Params, jax.ShapeDtypeStruct, Config]:
-    """Shapes only: (params with a list of per-layer dicts, int32 tokens, cfg)."""
+                dtype: str = "float32", fp8: bool = False) -> tuple[Params, jax.ShapeDtypeStruct, Config]:
+    """Shapes only: (params with a list of per-layer dicts, int32 tokens, cfg). `fp8`: the
+    projections quantized to FP8 (TE's current scaling), their quantizers named "quantization"."""
     dt = jnp.dtype(dtype)
     sds = jax.ShapeDtypeStruct
     layer = {
@@ -107,4 +120,4 @@ def loss_inputs(layers: int = 2, batch: int = 2, seq: int = 16, d_model: int = 6
         "layers": [{k: sds(shape, dt) for k, shape in layer.items()} for _ in range(layers)],
         "lnf": sds((d_model,), dt), "unembed": sds((d_model, vocab), dt),
     }
-    return params, sds((batch, seq), jnp.int32), Config(heads=heads, experts=experts)
+    return params, sds((batch, seq), jnp.int32), Config(heads=heads, experts=experts, fp8=fp8)

@@ -21,7 +21,7 @@ from ._jaxpr import AnyJaxpr, aval_bytes, aval_dtype, aval_shape, is_gemm, open_
 from ._source import Origin, user_location
 from ._trace import Row, Traced, id_key
 from .errors import AuditError, TargetError, first_line
-from .policies import is_te_gemm, is_te_standin
+from .policies import QUANTIZED_OUTPUTS, SCALE_OUTPUTS, is_te_gemm, is_te_quantize, is_te_standin
 from .records import (
     Category,
     EquationMark,
@@ -42,6 +42,7 @@ class _Producer:
     multiplicity: int
     argument: int | None  # index of a top-level input, when the value is an input
     tags: frozenset[str] = frozenset()  # the tags on its path: they name the call sites it was made at
+    output: int | None = None  # which of the equation's outputs the value is
 
     def inside(self, call: jc.JaxprEqn) -> _Producer:
         """This producer, found inside the body `call` calls."""
@@ -95,6 +96,7 @@ def analyse_policy(traced: Traced, spec: PolicySpec, scope: Scope = Scope.AUTO) 
         verdict = row_verdict(row, spec, scope)
         outcome = saved.get(eid) or (Outcome.RECOMPUTED if eid in recomputed else Outcome.NOT_NEEDED)
         marks.append(EquationMark(eid, verdict, outcome))
+    requantized = [traced.rows.equation(e) for e in recomputed if e in rows and rows[e].equation.is_te_quantize]
     result = PolicyResult(
         policy=spec.text,
         scope=scope,
@@ -104,6 +106,8 @@ def analyse_policy(traced: Traced, spec: PolicySpec, scope: Scope = Scope.AUTO) 
         recompute_flops=recompute_flops,
         forward_flops=traced.forward_flops,
         warnings=(),
+        requantized=sum(e.multiplicity for e in requantized),
+        requantize_flops=sum(e.flops * e.multiplicity for e in requantized),
     )
     return Analysis(result, forward)
 
@@ -159,6 +163,7 @@ class _Made:
     primitive: str | None
     origin: Origin
     standin: bool
+    quantize: bool = False  # the producer is one of TE's quantizations
 
 
 def _made(traced: Traced, eqn: jc.JaxprEqn | None) -> _Made:
@@ -168,7 +173,10 @@ def _made(traced: Traced, eqn: jc.JaxprEqn | None) -> _Made:
     row = traced.rows.by_id.get(eid) if eid else None
     category = Category.TE_GEMM if is_te_gemm(eqn.primitive) else Category.DOT if is_gemm(eqn.primitive) else None
     return _Made(eid if row is not None else None, row, category, eqn.primitive.name, _origin(traced, row, eqn),
-                 is_te_standin(eqn.primitive))
+                 is_te_standin(eqn.primitive), is_te_quantize(eqn.primitive, eqn.params))
+
+
+_QUANTIZED_DTYPES = ("float8_e4m3", "float8_e5m2", "float4")  # data types of quantized values (not e8m0 scales)
 
 
 def _residuals(traced: Traced, jaxpr: jc.Jaxpr) -> list[Residual]:
@@ -191,7 +199,17 @@ def _residuals(traced: Traced, jaxpr: jc.Jaxpr) -> list[Residual]:
         if m.row is not None and producer is not None and m.equation is not None:  # at its own call site
             scopes, origin = traced.rows.sites.at(m.equation, producer.tags)
             module = "/".join(scopes) or None
-        category = m.category or (Category.NAMED if name is not None else Category.OTHER)
+        aval = var.aval
+        if aval not in types:
+            types[aval] = (aval_shape(aval), aval_dtype(aval), aval_bytes(aval))
+        shape, dtype, nbytes = types[aval]
+        output = producer.output if producer else None
+        quantized = output in QUANTIZED_OUTPUTS if m.quantize else dtype.startswith(_QUANTIZED_DTYPES)
+        scale_of = m.equation if m.quantize and output in SCALE_OUTPUTS else None
+        category = m.category or (
+            Category.QUANTIZED if (quantized or scale_of is not None) and kind is ResidualKind.ACTIVATION
+            else Category.NAMED if name is not None else Category.OTHER
+        )
         argument = None
         if kind is ResidualKind.ARGUMENT:
             at = position[cast(jc.Var, var)]
@@ -200,10 +218,6 @@ def _residuals(traced: Traced, jaxpr: jc.Jaxpr) -> list[Residual]:
                 module = traced.rows.input_modules[at]
         elif producer is not None and producer.argument is not None:
             argument = traced.arg_names[producer.argument]
-        aval = var.aval
-        if aval not in types:
-            types[aval] = (aval_shape(aval), aval_dtype(aval), aval_bytes(aval))
-        shape, dtype, nbytes = types[aval]
         out.append(
             Residual(
                 shape=shape,
@@ -220,6 +234,8 @@ def _residuals(traced: Traced, jaxpr: jc.Jaxpr) -> list[Residual]:
                 multiplicity=producer.multiplicity if producer else 1,
                 argument=argument,
                 standin=m.standin,
+                quantized=quantized,
+                scale_of=scale_of,
             )
         )
     return out
@@ -305,7 +321,7 @@ class _Resolver:
                 if inner.eqn is None and at is not None and len(body.invars) == len(eqn.invars):
                     return self._resolve(jaxpr, eqn.invars[at], inner.name, mult, depth + 1, top)
                 return inner.inside(eqn)
-        return _Producer(eqn, name, mult, None, jc.eqn_tags(eqn))
+        return _Producer(eqn, name, mult, None, jc.eqn_tags(eqn), i)
 
     def _through_scan(
         self, jaxpr: jc.Jaxpr, eqn: jc.JaxprEqn, i: int, name: str | None, mult: int, depth: int, top: bool
@@ -453,4 +469,5 @@ def _totals(residuals: Iterable[Residual]) -> Totals:
         dot_bytes=by_cat[Category.DOT],
         named_bytes=by_cat[Category.NAMED],
         other_bytes=by_cat[Category.OTHER],
+        quantized_bytes=by_cat[Category.QUANTIZED],
     )

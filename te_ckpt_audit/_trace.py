@@ -33,7 +33,7 @@ from ._params import Scopes, flow, name_modules, names_own_modules, param_module
 from ._sites import Sites
 from ._source import Origin, SourceFinder, user_location
 from .errors import TargetError, UsageError, first_line
-from .policies import Policy, is_te_gemm, is_te_standin
+from .policies import Policy, is_te_gemm, is_te_quantize, is_te_standin
 from .records import Equation
 
 
@@ -394,6 +394,7 @@ def _add_row(
         standin=is_te_standin(eqn.primitive),
         flops=flops,
         multiplicity=ctx.multiplicity,
+        is_te_quantize=is_te_quantize(eqn.primitive, eqn.params),
     )
     rows.by_id[eid] = Row(equation, eqn, ctx.remat_policy, ctx.in_remat, ctx.anchor)
 

@@ -70,6 +70,9 @@ def _spec_warnings(traced: Traced, spec: PolicySpec, result: PolicyResult) -> li
             flops = sum(e.flops * e.multiplicity for e in totals)
             ids = tuple(e.id for e in totals)
             warnings.append(AuditWarning(WarningCode.TE_GEMMS_RECOMPUTED, spec.text, equations=ids, flops=flops))
+    requantized = _requantized(traced, spec, result) if result.requantized else None
+    if requantized is not None:
+        warnings.append(requantized)
     missed = _batch_dims_missed(traced, spec, result) if is_policy(spec) else None
     if missed is not None:
         warnings.append(missed)
@@ -160,4 +163,35 @@ def _batch_dims_missed(traced: Traced, spec: PolicySpec, result: PolicyResult) -
         WarningCode.GEMM_BATCH_DIMS_MISSED, spec.text, equations=tuple(e.id for e, _ in missed),
         flops=sum(e.flops * e.multiplicity for e, _ in missed), modules=tuple(where),
         origins=tuple(dict.fromkeys(o for _, o in missed)),
+    )
+
+
+# --- TE quantizations run again in the backward pass ------------------------------------------------
+
+TE_AWARE = ("te_gemms_saveable", "checkpoint_dots_and_te_gemms", "dots_and_te_gemms_with_no_batch_dims")
+
+
+def _requantized(traced: Traced, spec: PolicySpec, result: PolicyResult) -> AuditWarning | None:
+    """The policy recomputes TE quantizations: name them, the quantizers' checkpoint names, and a
+    spec that saves those names with the GEMM outputs (the backward pass then has the quantized
+    tensors it needs). Under delayed scaling the forward quantize also updates the amax history, so
+    it runs again whatever is saved: `name` says so."""
+    rows = [r for r in traced.rows.by_id.values() if r.equation.is_te_quantize]
+    again = [r for r in rows if result.mark(r.equation.id).outcome is Outcome.RECOMPUTED]
+    if not again or isinstance(spec, NoCheckpoint):
+        return None
+    names = sorted({
+        e.name for e in (r.equation for r in traced.rows.by_id.values())
+        if e.name and (e.is_te_quantize or e.dtype.startswith(("float8", "float4")))
+    })
+    base = spec.text if spec.text in TE_AWARE else "te_gemms_saveable"
+    suggestion = f"save_only_these_names:{','.join(names)}+{base}" if names else None
+    delayed = any("DELAYED" in str(r.eqn.params.get("scaling_mode", "")) for r in again)
+    totals = [traced.rows.equation(r.equation.id) for r in again]
+    return AuditWarning(
+        WarningCode.TE_REQUANTIZED, spec.text, equations=tuple(e.id for e in totals),
+        flops=sum(e.flops * e.multiplicity for e in totals), known=tuple(names), suggestion=suggestion,
+        name="delayed" if delayed else None,
+        modules=tuple(dict.fromkeys(e.module or (f"{e.source.file}:{e.source.line}" if e.source else e.id)
+                                    for e in totals)),
     )

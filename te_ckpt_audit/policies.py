@@ -18,17 +18,19 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import jax
 from jax.extend.core import Primitive
 
 __all__ = [
     "TE_GEMM_NAMES",
+    "TE_QUANTIZE_NAMES",
     "SaveFromBoth",
     "checkpoint_dots_and_te_gemms",
     "dots_and_te_gemms_with_no_batch_dims",
     "is_te_gemm",
+    "is_te_quantize",
     "te_gemms_saveable",
 ]
 
@@ -39,6 +41,18 @@ TE_GEMM_NAMES = frozenset(
     {"te_gemm_ffi_wrapper", "te_gemm_v2_ffi_wrapper", "te_grouped_gemm_ffi_wrapper"}
 )
 SCALED_MATMUL_NAME = "scaled_matmul_wrapper"
+
+# Outer-primitive names of TE's quantizing primitives (TE 2.20.2, cpp_extensions): quantize (with
+# dbias), grouped quantize, and the fused norm, activation and dactivation kernels, which quantize
+# when their scaling mode is not NO_SCALING (TE also binds them unquantized).
+TE_QUANTIZE_NAMES = frozenset({"te_dbias_quantize_ffi_wrapper", "te_grouped_quantize_ffi_wrapper"})
+TE_FUSED_QUANTIZE_NAMES = frozenset(
+    {"te_norm_forward_ffi_wrapper", "te_act_lu_ffi_wrapper", "te_dact_dbias_quantize_ffi_wrapper"}
+)
+_QUANTIZE_CLASSES = ("BaseDBiasQuantizePrimitive", "GroupedQuantizePrimitive")
+_FUSED_CLASSES = ("NormFwdPrimitive", "ActLuPrimitive", "BaseDActLuDBiasQuantizePrimitive")
+QUANTIZED_OUTPUTS = (0, 1)  # rowwise and columnwise data, in every quantizing primitive's outputs
+SCALE_OUTPUTS = (2, 3, 4)  # their scale_inv, columnwise scale_inv, updated amax
 
 # A policy: (prim, *avals, **params) -> True/False, Saveable, Recompute or Offloadable(src, dst).
 Policy = Callable[..., object]
@@ -60,6 +74,40 @@ def _real_te_primitives() -> frozenset[Primitive] | None:
     return frozenset(prims) or None
 
 
+@functools.cache
+def _real_te_quantizers() -> tuple[frozenset[Primitive], frozenset[Primitive]] | None:
+    """TE's outer quantize primitives and its fused ones, when TE imports."""
+    found: list[set[Primitive]] = [set(), set()]
+    for module, groups in (("quantization", (_QUANTIZE_CLASSES, ())), ("normalization", ((), _FUSED_CLASSES)),
+                           ("activation", ((), _FUSED_CLASSES))):
+        try:
+            mod = importlib.import_module(f"transformer_engine.jax.cpp_extensions.{module}")
+        except Exception:  # TE absent, or present without CUDA: names decide
+            return None
+        for kind, names in enumerate(groups):
+            for cls_name in names:
+                outer = getattr(getattr(mod, cls_name, None), "outer_primitive", None)
+                if outer is not None:
+                    found[kind].add(outer)
+    return (frozenset(found[0]), frozenset(found[1])) if found[0] else None
+
+
+def is_te_quantize(prim: object, params: Mapping[str, object] | None = None) -> bool:
+    """True for TE's quantizing primitives (by identity where TE imports, else by name): its
+    quantize and grouped quantize, and its fused norm, activation and dactivation kernels when their
+    `scaling_mode` quantizes."""
+    real = _real_te_quantizers()
+    if real is not None and prim in real[0] | real[1]:
+        plain, fused = prim in real[0], prim in real[1]
+    else:  # a primitive with TE's name that is not TE's own (the CPU stand-in) matches by name
+        name = getattr(prim, "name", None)
+        plain, fused = name in TE_QUANTIZE_NAMES, name in TE_FUSED_QUANTIZE_NAMES
+    if plain:
+        return True
+    mode = str((params or {}).get("scaling_mode", ""))
+    return fused and bool(mode) and not mode.endswith("NO_SCALING")
+
+
 def is_te_gemm(prim: object) -> bool:
     """True for TE's GEMM and grouped-GEMM outer primitives (by identity where TE imports)."""
     real = _real_te_primitives()
@@ -71,8 +119,9 @@ def is_te_gemm(prim: object) -> bool:
 
 
 def is_te_standin(prim: object) -> bool:
-    """A TE GEMM primitive that is the labelled CPU stand-in of the sample models, not TE's own."""
-    return is_te_gemm(prim) and bool(getattr(prim, "te_ckpt_audit_standin", False))
+    """A TE GEMM or quantize primitive that is the labelled CPU stand-in of the sample models, not TE's own."""
+    te = is_te_gemm(prim) or getattr(prim, "name", None) in TE_QUANTIZE_NAMES | TE_FUSED_QUANTIZE_NAMES
+    return te and bool(getattr(prim, "te_ckpt_audit_standin", False))
 
 
 def te_gemms_saveable(prim: object, *_: object, **__: object) -> bool:

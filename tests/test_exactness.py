@@ -36,7 +36,7 @@ def test_residuals_equal_jax(model: str, policy: str) -> None:
 def test_totals_split_adds_up(model: str) -> None:
     for result in _report(model).results:
         t = result.totals
-        assert t.te_gemm_bytes + t.dot_bytes + t.named_bytes + t.other_bytes == t.activation_bytes
+        assert t.te_gemm_bytes + t.dot_bytes + t.quantized_bytes + t.named_bytes + t.other_bytes == t.activation_bytes
         assert t.host_bytes == sum(r.bytes for r in result.residuals if r.kind is ResidualKind.HOST)
         assert t.argument_bytes == sum(r.bytes for r in result.residuals if r.kind is ResidualKind.ARGUMENT)
 

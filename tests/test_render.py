@@ -235,11 +235,12 @@ def test_every_outcome_has_a_mark_symbol() -> None:
 def test_markdown_tables_have_every_column_and_policy(report: AuditReport) -> None:
     lines = render_markdown(report).splitlines()
     header = next(line for line in lines if line.startswith("| policy | scope"))
-    from te_ckpt_audit.render._common import GPU_HEADERS, PER_DEVICE  # here: the goldens hold this file's lines
+    from te_ckpt_audit.render._common import GPU_HEADERS, PER_DEVICE, QUANTIZATION_HEADERS  # the goldens hold lines
 
-    # XLA columns only with --compile, 'per device' only on a mesh, the GPU's table only with --gpu
+    # XLA columns only with --compile, 'per device' only on a mesh, the GPU's table only with --gpu,
+    # quantization only where the model quantizes
     without_xla = [h for h in COLUMNS if not h.startswith("XLA") and h != PER_DEVICE
-                   and (h not in GPU_HEADERS or h == "activation")]
+                   and (h not in GPU_HEADERS or h == "activation") and h not in QUANTIZATION_HEADERS]
     assert header.count("|") == len(without_xla) + 1
     start = lines.index(header)
     body = [line for line in lines[start + 2 :] if line.startswith("| ")]

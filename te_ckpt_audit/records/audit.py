@@ -59,6 +59,7 @@ class Category(enum.StrEnum):
 
     TE_GEMM = "te_gemm"
     DOT = "dot"
+    QUANTIZED = "quantized"  # TE's quantized data (FP8, MXFP8, NVFP4) and its scales
     NAMED = "named"
     OTHER = "other"
 
@@ -99,6 +100,7 @@ class Equation:
     standin: bool
     flops: int
     multiplicity: int
+    is_te_quantize: bool = False  # TE's quantize, or its fused norm/activation kernels when they quantize
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -123,6 +125,8 @@ class Residual:
     # and its bytes on one device. None without a mesh.
     sharding: str | None = None
     bytes_per_device: int | None = None
+    quantized: bool = False  # quantized data (float8, float4): what a TE quantize made, or a copy of it
+    scale_of: str | None = None  # a scale (or amax) of the data the quantize equation of this id made
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -142,6 +146,7 @@ class WarningCode(enum.StrEnum):
     OFFLOAD_MISSING = "offload-missing"  # an offload policy offloads nothing
     INNER_SCOPE_WITHOUT_CHECKPOINTS = "inner-scope-without-checkpoints"  # --scope inner, no checkpoints
     REMAT3 = "remat3"  # jax_remat3 is on: another remat path
+    TE_REQUANTIZED = "te-requantized"  # TE quantizations run again in the backward pass
     GEMM_BATCH_DIMS_MISSED = "gemm-batch-dims-missed"  # a no-batch-dims dot policy recomputes batched weight GEMMs
 
 
@@ -158,6 +163,8 @@ class AuditWarning:
     known: tuple[str, ...] = ()  # UNKNOWN_NAME: the names the model has
     modules: tuple[str, ...] = ()  # GEMM_BATCH_DIMS_MISSED: where those GEMMs are (module path, else line)
     origins: tuple[str, ...] = ()  # GEMM_BATCH_DIMS_MISSED: where their batch dimensions came from
+    # TE_REQUANTIZED: the equations (`equations`, `flops`), the quantizers' checkpoint names (`known`),
+    # a spec that saves them (`suggestion`), and `name` "delayed" where delayed scaling re-runs them anyway
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -171,6 +178,7 @@ class Totals:
     named_bytes: int
     other_bytes: int
     activation_bytes_per_device: int | None = None  # on a mesh: the activation bytes on one device
+    quantized_bytes: int = 0  # the Category.QUANTIZED share: quantized data and its scales
 
     @property
     def total_bytes(self) -> int:
@@ -305,6 +313,8 @@ class PolicyResult:
     warnings: tuple[AuditWarning, ...]
     compiled: CompiledMemory | None = None  # only with --compile
     peak: PeakMemory | None = None  # only with --gpu
+    requantized: int = 0  # TE quantizations that run again in the backward pass (every layer counted)
+    requantize_flops: int = 0  # their recompute FLOPs
     # Why JAX could not differentiate the function under this policy; the row is then empty.
     error: str | None = None
 

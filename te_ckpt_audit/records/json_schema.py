@@ -76,6 +76,7 @@ JSON_SCHEMA: dict[str, Any] = {
                 standin=_BOOL,
                 flops=_INT,
                 multiplicity=_INT,
+                is_te_quantize=_BOOL,
             )
         ),
         results=_array(
@@ -100,6 +101,8 @@ JSON_SCHEMA: dict[str, Any] = {
                         standin=_BOOL,
                         sharding=_OPT_STR,
                         bytes_per_device=_OPT_INT,
+                        quantized=_BOOL,
+                        scale_of=_OPT_STR,
                     )
                 ),
                 totals=_object(
@@ -118,6 +121,7 @@ JSON_SCHEMA: dict[str, Any] = {
                         )
                     },
                     activation_bytes_per_device=_OPT_INT,
+                    quantized_bytes=_INT,
                 ),
                 marks=_array(_object(equation=_STR, verdict=_enum(Verdict), outcome=_enum(Outcome))),
                 recompute_flops=_INT,
@@ -167,6 +171,8 @@ JSON_SCHEMA: dict[str, Any] = {
                         ),
                     ]
                 },
+                requantized=_INT,
+                requantize_flops=_INT,
                 error=_OPT_STR,
                 recompute_percent={"type": "number", "minimum": 0},
             )

@@ -104,6 +104,23 @@ def warning_message(w: AuditWarning) -> str:
                 f"{format_flops(w.flops or 0)}): {', '.join(w.modules)}; use checkpoint_dots (or "
                 "checkpoint_dots_and_te_gemms), or name them with checkpoint_name and save the names"
             )
+        case WarningCode.TE_REQUANTIZED:
+            fix = (
+                f"save the quantizers' checkpoint names with the GEMM outputs: --policy {w.suggestion}"
+                if w.suggestion
+                else "name them (TE's quantization_checkpoint_name='quantization' on its layers), then save "
+                "save_only_these_names:quantization+te_gemms_saveable"
+            )
+            delayed = (
+                "; under delayed scaling the forward quantize also updates the amax history, so it runs "
+                "again whatever is saved"
+                if w.name == "delayed"
+                else ""
+            )
+            return (
+                f"{w.policy} quantizes again in the backward pass: {len(w.equations)} TE quantizations "
+                f"({format_flops(w.flops or 0)}) at {', '.join(w.modules)}; {fix}{delayed}"
+            )
         case WarningCode.REMAT3:
             return (
                 "jax_remat3 is on: jax.checkpoint takes another path, which this audit does not model; "
@@ -111,6 +128,21 @@ def warning_message(w: AuditWarning) -> str:
             )
         case _:
             assert_never(w.code)
+
+
+QUANTIZATION_HEADERS = ("quantized", "requantized")  # shown where the model quantizes
+
+
+def quantizes(report: AuditReport) -> bool:
+    """Whether the model has TE quantizations (or keeps quantized values): its reports show them."""
+    return any(e.is_te_quantize for e in report.equations) or any(r.totals.quantized_bytes for r in report.results)
+
+
+def producer_headers(report: AuditReport) -> tuple[str, ...]:
+    """The producer split's columns: TE GEMM, dot, quantized (where there is any), named, other."""
+    q = quantizes(report)
+    return ("TE GEMM", "dot", *(("quantized",) if q else ()), "named", "other", "TE GEMMs recomputed",
+            *(("requantized",) if q else ()))
 
 
 def policy_errors(report: AuditReport) -> list[tuple[str, str]]:
@@ -247,6 +279,8 @@ COLUMNS: dict[str, Column] = {
         Column("named", lambda _, r: format_bytes(r.totals.named_bytes)),
         Column("other", lambda _, r: format_bytes(r.totals.other_bytes)),
         Column("TE GEMMs recomputed", _te_gemms_recomputed),
+        Column("quantized", lambda _, r: format_bytes(r.totals.quantized_bytes)),
+        Column("requantized", lambda _, r: str(r.requantized)),
         Column("residuals", lambda _, r: str(len(r.residuals))),
         Column("recompute", lambda _, r: format_flops(r.recompute_flops)),
         Column("% of forward", lambda _, r: format_percent(r.recompute_percent)),
@@ -323,6 +357,14 @@ EMULATED_NOTE = (
     "(FP8 recipes, attention backends) and its workspace sizes depend on it; residual bytes only "
     "through those selections."
 )
+
+def standin_note(report: AuditReport) -> str:
+    """The stand-in's note; it names the quantizations too where the stand-in quantizes."""
+    quantizing = any(e.standin and e.is_te_quantize for e in report.equations)
+    return STANDIN_NOTE + (QUANTIZE_STANDIN_NOTE if quantizing else "")
+
+
+QUANTIZE_STANDIN_NOTE = " So are its FP8 quantizations (TE's quantize primitive's name, current scaling)."
 
 STANDIN_NOTE = (
     "TE GEMMs here are a CPU stand-in (transformer_engine.jax does not import): primitives with "

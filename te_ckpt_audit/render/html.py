@@ -45,8 +45,10 @@ from .recommend import maxtext_config, python_snippet
 MAX_EQUATIONS = 2000  # rows of the marks table; a note says how many more there are
 TOP_MODULES = 15
 NUM = ' class="num"'
-COLOURS = {Category.TE_GEMM: "#c0392b", Category.DOT: "#2e86c1", Category.NAMED: "#27ae60", Category.OTHER: "#95a5a6"}
-PRODUCER_WORDS = {Category.TE_GEMM: "TE GEMM", Category.DOT: "dot", Category.NAMED: "named", Category.OTHER: "other"}
+COLOURS = {Category.TE_GEMM: "#c0392b", Category.DOT: "#2e86c1", Category.QUANTIZED: "#8e44ad",
+           Category.NAMED: "#27ae60", Category.OTHER: "#95a5a6"}
+PRODUCER_WORDS = {Category.TE_GEMM: "TE GEMM", Category.DOT: "dot", Category.QUANTIZED: "quantized",
+                  Category.NAMED: "named", Category.OTHER: "other"}
 OUTCOME_CLASS = {Outcome.SAVED: "s", Outcome.OFFLOADED: "o", Outcome.RECOMPUTED: "r", Outcome.NOT_NEEDED: "n"}
 OUTCOME_MARK = {Outcome.SAVED: "S", Outcome.OFFLOADED: "O", Outcome.RECOMPUTED: "R", Outcome.NOT_NEEDED: "·"}
 
@@ -199,8 +201,8 @@ def _labels(labels: list[tuple[float, float, str]], lx: float, top: float) -> tu
 
 def _by_category(r: PolicyResult) -> list[tuple[Category, int]]:
     t = r.totals
-    return [(Category.TE_GEMM, t.te_gemm_bytes), (Category.DOT, t.dot_bytes), (Category.NAMED, t.named_bytes),
-            (Category.OTHER, t.other_bytes)]
+    return [(Category.TE_GEMM, t.te_gemm_bytes), (Category.DOT, t.dot_bytes), (Category.QUANTIZED, t.quantized_bytes),
+            (Category.NAMED, t.named_bytes), (Category.OTHER, t.other_bytes)]
 
 
 def producer_bars_svg(results: Sequence[PolicyResult], width: int = 900) -> str:

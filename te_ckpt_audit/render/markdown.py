@@ -12,7 +12,7 @@ from ._common import (
     GPU_HEADERS,
     HOTSPOT_TITLES,
     PER_DEVICE,
-    STANDIN_NOTE,
+    QUANTIZATION_HEADERS,
     compiled_errors,
     format_bytes,
     format_flops,
@@ -22,7 +22,9 @@ from ._common import (
     hotspots,
     mesh_note,
     policy_errors,
+    quantizes,
     shown_columns,
+    standin_note,
     warning_message,
 )
 from ._text import printable_records
@@ -62,6 +64,7 @@ def render_markdown(report: AuditReport, top: int = 10, by: HotspotKey | None = 
         for c in COLUMNS.values()
         if (compiled or not c.header.startswith("XLA")) and (report.mesh is not None or c.header != PER_DEVICE)
         and (c.header not in GPU_HEADERS or c.header == "activation")
+        and (c.header not in QUANTIZATION_HEADERS or quantizes(report))
     ]
     lines = [
         f"## te-ckpt-audit: {md_code(report.target)}",
@@ -78,7 +81,7 @@ def render_markdown(report: AuditReport, top: int = 10, by: HotspotKey | None = 
         "",
     ]
     if report.te is TeKind.STANDIN:
-        lines += [f"> {STANDIN_NOTE}", ""]
+        lines += [f"> {standin_note(report)}", ""]
     if report.mesh is not None:
         lines += [f"> {mesh_note(report)}", ""]
     if report.emulated_device:

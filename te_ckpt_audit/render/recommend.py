@@ -71,11 +71,39 @@ def python_snippet(c: Candidate) -> str:
     return "\n".join(lines)
 
 
+# MaxText's `minimal` family (layers/decoders.py, `minimal_policy`): these names, plus `context` and
+# `quantization` (the name MaxText's TE layers give their quantizers) in the `_with_...` variants.
+MAXTEXT_MINIMAL = ("query_proj", "value_proj", "key_proj", "kv_proj", "qkv_proj", "out_proj", "mlpwi_0", "mlpwi_1",
+                   "mlpwi", "mlpwo")
+QUANTIZATION = "quantization"
+
+
+def _minimal_with_quantization(c: Candidate) -> str | None:
+    """The MaxText policy of the `minimal` family that saves the candidate's names, quantization
+    included: the custom policy has no key for TE's quantizers, these do."""
+    saved = set(c.saved)
+    if c.kind is not CandidateKind.NAMES or QUANTIZATION not in saved or c.offloaded:
+        return None
+    if not saved <= {*MAXTEXT_MINIMAL, "context", QUANTIZATION}:
+        return None
+    return "minimal_with_context_and_quantization" if "context" in saved else "minimal_with_quantization"
+
+
 def maxtext_config(c: Candidate, names: tuple[str, ...]) -> str:
     """The candidate as MaxText's `remat_policy: 'custom'` settings (YAML lines). Names that are not
-    MaxText keys, and what a preset saves beyond names, are comments: MaxText cannot take them."""
+    MaxText keys, and what a preset saves beyond names, are comments: MaxText cannot take them. A
+    candidate that saves TE's quantizers (`quantization`) with MaxText's projections is its
+    `minimal_with_quantization` policy (or `minimal_with_context_and_quantization`)."""
     if c.kind is CandidateKind.PRESET and c.policy == "nothing_saveable":
         return "remat_policy: 'full'"
+    minimal = _minimal_with_quantization(c)
+    if minimal is not None:
+        extra = sorted(set(MAXTEXT_MINIMAL) & set(names) - set(c.saved))
+        lines = [f"remat_policy: '{minimal}'",
+                 "# saves the projections MaxText names, context where asked, and the quantizers' 'quantization'"]
+        if extra:
+            lines.append(f"# it also saves {', '.join(extra)}, which this candidate recomputes")
+        return "\n".join(lines)
     setting = {n: "remat" for n in names}
     setting.update({n: "device" for n in c.saved})
     setting.update({n: "offload" for n in c.offloaded})

@@ -27,7 +27,6 @@ from ._common import (
     GPU_TERMINAL,
     HOTSPOT_TITLES,
     MARK_SYMBOLS,
-    STANDIN_NOTE,
     compiled_errors,
     format_bytes,
     format_flops,
@@ -38,7 +37,9 @@ from ._common import (
     marks_by_equation,
     mesh_note,
     policy_errors,
+    producer_headers,
     shown_columns,
+    standin_note,
     warning_message,
 )
 from ._text import printable_records
@@ -231,7 +232,7 @@ def _sections(report: AuditReport, view: TableView) -> list[list[RenderableType]
             _comparison(
                 report,
                 "Activation bytes by producer",
-                ("TE GEMM", "dot", "named", "other", "TE GEMMs recomputed"),
+                producer_headers(report),
                 view.width,
             )
         ],
@@ -266,7 +267,7 @@ def _sections(report: AuditReport, view: TableView) -> list[list[RenderableType]
         sections.append([_equations(report, view.width)])
     sections.append(_warnings(report))
     if report.te is TeKind.STANDIN:
-        sections.append([Text(f"Note: {STANDIN_NOTE}", style="dim")])
+        sections.append([Text(f"Note: {standin_note(report)}", style="dim")])
     if report.mesh is not None:
         sections.append([Text(f"Note: {mesh_note(report)}", style="dim")])
     if report.emulated_device:

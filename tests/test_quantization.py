@@ -1,0 +1,88 @@
+"""TE's quantizations (issue 23), on the CPU stand-in of the TE sample with `fp8=True`: its
+projections quantize their inputs with a primitive named as TE's (current scaling) and keep the
+FP8 casts under the quantizer checkpoint name `quantization`, as TE's dense does.
+
+Quantized data and its scales are a producer of their own; residuals equal JAX's exactly; the
+backward pass's re-quantizations are counted, and the spec that saves the quantizers' names with
+the TE GEMM outputs brings them to 0. Real TE's recipes are in tests/test_real_te.py."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from _reference import module, nbytes, reference
+
+from te_ckpt_audit import Category, Outcome, ResidualKind, WarningCode, audit_target, recommend_target
+from te_ckpt_audit.records import AuditReport, Candidate, CandidateKind
+from te_ckpt_audit.render import warning_message
+from te_ckpt_audit.render.recommend import maxtext_config
+
+TARGET = "sample_models/te_transformer.py:loss"
+SAVING = "save_only_these_names:quantization+checkpoint_dots_and_te_gemms"
+POLICIES = ["none", "nothing_saveable", "te_gemms_saveable", "checkpoint_dots_and_te_gemms",
+            "dots_and_te_gemms_with_no_batch_dims", SAVING, "everything_saveable"]
+LAYERS, PROJECTIONS = 2, 4  # qkv, out, ffn1, ffn2 in each layer: two quantizations (input, kernel) each
+
+
+@pytest.fixture(scope="module")
+def report() -> AuditReport:
+    return audit_target(TARGET, POLICIES, defines={"fp8": "True"})
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_fp8_residuals_equal_jax(report: AuditReport, policy: str) -> None:
+    truth = reference("te_transformer", policy, module("te_transformer").loss_inputs(fp8=True))
+    result = report.result(policy)
+    assert Counter((r.shape, r.dtype) for r in result.residuals) == truth
+    assert result.totals.total_bytes == nbytes(truth)
+
+
+def test_quantized_data_and_scales_are_a_producer(report: AuditReport) -> None:
+    result = report.result(SAVING)
+    quantizations = {e.id for e in report.equations if e.is_te_quantize}
+    assert len(quantizations) == LAYERS * PROJECTIONS * 2  # the forward pass's: each input and kernel
+    kept = [r for r in result.residuals if r.kind is ResidualKind.ACTIVATION and r.category is Category.QUANTIZED]
+    data = [r for r in kept if r.quantized]
+    scales = [r for r in kept if r.scale_of is not None]
+    assert {r.dtype for r in data} == {"float8_e4m3fn"} and all(r.scale_of is None for r in data)
+    assert {(r.dtype, r.shape) for r in scales} == {("float32", (1,))} and {r.scale_of for r in scales} <= quantizations
+    assert len(data) == len(scales) == LAYERS * PROJECTIONS * 2  # x's transposed cast and the kernel's; their scales
+    assert result.totals.quantized_bytes == sum(r.bytes for r in kept) > 0
+    assert all(r.name == "quantization" for r in kept)
+
+
+def test_requantizations_are_counted_and_the_saving_spec_ends_them(report: AuditReport) -> None:
+    forward = LAYERS * PROJECTIONS * 2
+    assert report.result("none").requantized == report.result("everything_saveable").requantized == 0
+    for policy in ("nothing_saveable", "te_gemms_saveable", "checkpoint_dots_and_te_gemms"):
+        result = report.result(policy)
+        assert result.requantized == forward and result.requantize_flops > 0
+        (found,) = [w for w in result.warnings if w.code is WarningCode.TE_REQUANTIZED]
+        assert len(found.equations) == forward and found.known == ("quantization",)
+        assert all(result.mark(e).outcome is Outcome.RECOMPUTED for e in found.equations)
+    warned = report.result("checkpoint_dots_and_te_gemms").warnings
+    dots_te = [w for w in warned if w.code is WarningCode.TE_REQUANTIZED]
+    assert dots_te[0].suggestion == SAVING and SAVING in warning_message(dots_te[0])
+    saved = report.result(SAVING)
+    assert saved.requantized == 0 and not [w for w in saved.warnings if w.code is WarningCode.TE_REQUANTIZED]
+
+
+def test_without_fp8_there_is_no_quantization() -> None:
+    plain = audit_target(TARGET, ["nothing_saveable"])
+    assert not any(e.is_te_quantize for e in plain.equations) and plain.results[0].requantized == 0
+
+
+def test_recommend_searches_the_quantizers_name_and_maxtext_gets_its_policy() -> None:
+    rec = recommend_target(TARGET, 10**9, defines={"fp8": "True"})
+    assert "quantization" in rec.names and rec.recommended is not None
+
+    def names(*saved: str) -> Candidate:
+        return Candidate(f"save_only_these_names:{','.join(saved)}", CandidateKind.NAMES, None, saved, (), 0, 0, 0, 0,
+                         True)
+
+    assert maxtext_config(names("qkv_proj", "out_proj", "quantization"), ("qkv_proj", "out_proj")).startswith(
+        "remat_policy: 'minimal_with_quantization'")
+    assert maxtext_config(names("qkv_proj", "context", "quantization"), ()).startswith(
+        "remat_policy: 'minimal_with_context_and_quantization'")
+    assert maxtext_config(names("ffn1", "quantization"), ("ffn1",)).startswith("remat_policy: 'custom'")
