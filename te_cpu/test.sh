@@ -12,4 +12,4 @@ export XLA_FLAGS="${XLA_FLAGS:-} --xla_force_host_platform_device_count=1"
   "$PY" -m pytest -m te tests/test_real_te.py "$@"
 # MXFP8 needs compute capability >= 9.9: the same file again on an emulated B200, for that test.
 "$PY" -m te_ckpt_audit_cli.emulate --gpu 10.0:148 -- \
-  "$PY" -m pytest -m te tests/test_real_te.py -k mxfp8 "$@"
+  "$PY" -m pytest -m te tests/test_real_te.py -k "mxfp8 or blackwell" "$@"
