@@ -15,7 +15,7 @@ from . import _jax_compat as jc
 from ._apply import row_policy, verdict_of
 from ._jaxpr import open_jaxpr, sub_jaxprs
 from ._trace import Traced
-from .records import AuditWarning, Outcome, PolicyResult, Scope, Verdict, WarningCode
+from .records import TE_AWARE, AuditWarning, Outcome, PolicyResult, Scope, Verdict, WarningCode
 from .specs import AsIs, NoCheckpoint, PolicySpec
 
 NOTHING_SAVEABLE = "nothing_saveable"
@@ -167,9 +167,6 @@ def _batch_dims_missed(traced: Traced, spec: PolicySpec, result: PolicyResult) -
 
 
 # --- TE quantizations run again in the backward pass ------------------------------------------------
-
-TE_AWARE = ("te_gemms_saveable", "checkpoint_dots_and_te_gemms", "dots_and_te_gemms_with_no_batch_dims")
-
 
 def _requantized(traced: Traced, spec: PolicySpec, result: PolicyResult) -> AuditWarning | None:
     """The policy recomputes TE quantizations: name them, the quantizers' checkpoint names, and a

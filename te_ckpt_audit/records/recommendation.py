@@ -23,6 +23,10 @@ PRESETS = (
 )
 
 
+# The presets that ship in te_ckpt_audit.policies (TE-aware); the others are jax.checkpoint_policies'.
+TE_AWARE = ("te_gemms_saveable", "checkpoint_dots_and_te_gemms", "dots_and_te_gemms_with_no_batch_dims")
+
+
 class CandidateKind(enum.StrEnum):
     PRESET = "preset"  # a named policy
     NAMES = "names"  # save_only_these_names over a subset

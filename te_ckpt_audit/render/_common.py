@@ -18,6 +18,7 @@ from ..records import (
     Hotspot,
     HotspotKey,
     Outcome,
+    PeakMemory,
     PolicyResult,
     Residual,
     ResidualKind,
@@ -172,8 +173,8 @@ GPU_HEADERS = ("activation", "peak per device", "headroom", "fits", "GPU temp", 
 GPU_TERMINAL = ("peak per device", "headroom", "fits", "GPU temp", "compile s")  # the terminal's narrower table
 
 
-def _peak(r: PolicyResult) -> str:
-    p = r.peak
+def peak_range(p: PeakMemory | None) -> str:
+    """A compiled peak as its range over the two GEMM backends (one figure where they agree)."""
     if p is None or p.bytes_per_device is None or p.bytes_per_device_min is None:
         return "n/a"
     if p.bytes_per_device_min == p.bytes_per_device:
@@ -288,7 +289,7 @@ COLUMNS: dict[str, Column] = {
         Column("XLA arguments", _compiled("argument_bytes")),
         Column("XLA output", _compiled("output_bytes")),
         Column("XLA host", _compiled("host_bytes")),
-        Column("peak per device", lambda _, r: _peak(r)),
+        Column("peak per device", lambda _, r: peak_range(r.peak)),
         Column("headroom", _headroom),
         Column("fits", lambda _, r: _fits(r), numeric=False),
         Column("GPU temp", _gpu_bytes("temp_bytes")),

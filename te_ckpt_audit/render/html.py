@@ -37,6 +37,7 @@ from ._common import (
     gpu_notes,
     gpu_title,
     hotspots,
+    peak_range,
 )
 from ._text import printable
 from .plot import PlotPoint, recommendation_points, report_points
@@ -337,10 +338,10 @@ def render_audit_html(report: AuditReport) -> str:
     return _page(f"te-ckpt-audit: {report.target}", body)
 
 
-def _peak_range(peak: PeakMemory | None) -> str:
+def _peak_cell(peak: PeakMemory | None) -> str:
     if peak is None or peak.bytes_per_device is None:
         return "not compiled" if peak is None else f"not compiled: {peak.error}"
-    return f"{format_bytes(peak.bytes_per_device_min or 0)}..{format_bytes(peak.bytes_per_device)}"
+    return peak_range(peak)
 
 
 def _gpu_table(report: AuditReport) -> list[str]:
@@ -383,7 +384,7 @@ def render_recommend_html(rec: Recommendation) -> str:
         f"<td class=\"num\">{_e(format_bytes(c.host_bytes))}</td>"
         f"<td class=\"num\">{_e(format_flops(c.recompute_flops))}</td>"
         f"<td class=\"num\">{_e(format_percent(c.recompute_percent))}</td><td>{'yes' if c.fits else 'no'}</td>"
-        + (f"<td class=\"num\">{_e(_peak_range(c.peak))}</td>" if rec.gpu is not None else "") + "</tr>"
+        + (f"<td class=\"num\">{_e(_peak_cell(c.peak))}</td>" if rec.gpu is not None else "") + "</tr>"
         for c in rec.frontier
     )
     if rec.gpu is not None:

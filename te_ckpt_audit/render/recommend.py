@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import json
 
-from ..records import Candidate, CandidateKind, Recommendation
-from ._common import format_bytes, format_flops
+from ..records import TE_AWARE, Candidate, CandidateKind, Recommendation
+from ._common import format_bytes, format_flops, peak_range
 from ._text import printable_records
 from .plot import render_frontier_plot
 
@@ -25,8 +25,6 @@ MAXTEXT_KEYS = (
     "decoder_layer_input", "context", "mlpwi", "mlpwi_0", "mlpwi_1", "mlpwo", "query_proj",
     "key_proj", "value_proj", "qkv_proj", "out_proj", "mla_q", "mla_kv",
 )
-# Our presets that ship in te_ckpt_audit.policies; the others are jax.checkpoint_policies'.
-TE_AWARE = ("te_gemms_saveable", "checkpoint_dots_and_te_gemms", "dots_and_te_gemms_with_no_batch_dims")
 
 
 def _quoted(names: tuple[str, ...]) -> str:
@@ -192,7 +190,4 @@ def _peak(c: Candidate) -> str:
     p = c.peak
     if p is None or p.bytes_per_device is None:
         return f"not compiled: {p.error}" if p is not None and p.error else "n/a"
-    verdict = "fits" if p.fits else "does not fit"
-    low = p.bytes_per_device_min
-    low_text = "" if low is None or low == p.bytes_per_device else f"{format_bytes(low)}.."
-    return f"{low_text}{format_bytes(p.bytes_per_device)} ({verdict})"
+    return f"{peak_range(p)} ({'fits' if p.fits else 'does not fit'})"
