@@ -21,7 +21,7 @@ from te_ckpt_audit import (
 )
 from te_ckpt_audit.baselines import audit_key, load_baseline
 from te_ckpt_audit.gating import check, check_budget_policies
-from te_ckpt_audit.gpus import DEFAULT_GPUS_PER_HOST, DEFAULT_MEM_FRACTION
+from te_ckpt_audit.gpus import DEFAULT_GPUS_PER_HOST
 from te_ckpt_audit.render import (
     TableView,
     render_audit_check_markdown,
@@ -103,12 +103,13 @@ def audit(
     gpu_config: opt.GpuConfig = None,
     gpus_per_host: opt.GpusPerHost = DEFAULT_GPUS_PER_HOST,
     optimizer: opt.OptimizerOption = None,
-    mem_fraction: opt.MemFraction = DEFAULT_MEM_FRACTION,
+    mem_fraction: opt.MemFraction = None,
     fit: opt.Fit = False,
     peak_budget: opt.PeakBudgets = None,
     step: opt.Step = False,
     donate: opt.Donate = None,
     jobs: opt.Jobs = None,
+    params: opt.Params = None,
     debug: opt.Debug = False,
     version: opt.Version = False,
     emulate_gpu: opt.EmulateGpu = None,
@@ -119,7 +120,7 @@ def audit(
     it. `te-ckpt-audit TARGET` is short for `te-ckpt-audit audit TARGET`. Exit codes: 0 ok, 1 a
     check failed, 2 usage or bad input, 3 the target failed to load or trace, 4 internal error.
     """
-    what = TargetOptions.parse(target, inputs, define, scope)
+    what = TargetOptions.parse(target, inputs, define, scope, params)
     where = MeshOptions.parse(mesh, shardings)
     gate = GateOptions.parse(budget, max_recompute, baseline, tolerance, require_baseline, save_baseline_to)
     on_gpu = GpuOptions.parse(
@@ -133,21 +134,25 @@ def audit(
     if gate.save_baseline is not None:
         check_baseline_file(gate.save_baseline)
     specs = parse_policies(policy or (["as-is"] if step else []), what.target) or None  # once, here
+    if step and (gate.gating or gate.save_baseline is not None or what.params is not None):
+        given = "--params" if what.params is not None else "--budget, --max-recompute and baselines"
+        raise UsageError(f"{given}: --step compiles a training step of the target's own, whose residuals are "
+                         "inside it and not audited", "gate its peak with --fit or --peak-budget")
     # Bad limits and baselines fail before the user's code runs.
     percent_limit(gate.tolerance, "--tolerance")
     audited = [s.text for s in specs] if specs else ("as-is", *DEFAULT_POLICIES)
     check_budget_policies(gate.budgets, audited)
     check_budget_policies(on_gpu.peak.budgets, audited)
     reference = load_baseline(gate.baseline) if gate.baseline is not None else None
-    key = audit_key(what.target, what.inputs, what.defines, what.scope, where.mesh, on_gpu.request)
+    key = audit_key(what.target, what.inputs, what.defines, what.scope, where.mesh, on_gpu.request, what.params)
     process.prepare(emulate_gpu, where.devices, None if on_gpu.request is None else on_gpu.request.model)
     # The user's code may print, but stdout carries only the report. The spinner nests inside the
     # redirect: it swaps sys.stdout too while it runs, and must restore the redirect, not stdout.
-    with stdout_kept_for_the_report(), progress_on_stderr() as progress:
+    with stdout_kept_for_the_report(), progress_on_stderr() as progress, process.workers(on_gpu.jobs) as pool:
         report = audit_target(
             what.target, specs, inputs=what.inputs, defines=what.defines,
             scope=what.scope, progress=progress, compile=compile, mesh=where.mesh, shardings=where.shardings,
-            gpu=on_gpu.request,
+            gpu=on_gpu.request, params=what.params, executor=pool, capture=process.xla_log_kept_off_stderr,
         )
     figures = None if reference is None else reference.figures(key)
     result = check(report, gate.budgets, gate.max_recompute, figures, gate.tolerance, gate.require_baseline,

@@ -12,13 +12,14 @@ import typer
 from te_ckpt_audit import ShardingSource, UsageError, check_target
 from te_ckpt_audit.baselines import load_baseline
 from te_ckpt_audit.config import load_config
+from te_ckpt_audit.gpus import FractionSource, GpuRequest, gpu_environment
 from te_ckpt_audit.records import Run
 from te_ckpt_audit.render import render_check_github, render_check_json, render_check_markdown, render_check_table
 
 from . import options as opt
 from . import process
 from .files import check_baseline_file, compile_cache, same_file, save_baseline
-from .options import OutputFormat
+from .options import OutputFormat, default_jobs
 from .terminal import (
     PROG,
     at_the_edge,
@@ -42,6 +43,13 @@ SaveFlag = Annotated[
         help="Write this run's figures to the config's baseline file instead of comparing with it.",
     ),
 ]
+
+
+def _in_this_environment(request: GpuRequest) -> GpuRequest:
+    """A target's GPU request in this run's environment (XLA_FLAGS, the memory variables), its
+    own mem_fraction winning over the variables, compiled into the tool's cache."""
+    given = request.mem_fraction if request.environment.fraction_source is FractionSource.GIVEN else None
+    return dataclasses.replace(request, environment=gpu_environment(os.environ, given), cache=compile_cache())
 
 
 def check_renderer(fmt: OutputFormat) -> Callable[[Sequence[Run]], str]:
@@ -96,16 +104,14 @@ def check(
     # JAX reads its device count once: enough for the largest mesh, before the first target
     gpus = [t.gpu.model for t in cfg.targets if t.gpu is not None]
     process.prepare(emulate_gpu, max(meshes, default=0), gpus[0] if gpus else None)
-    cores = os.cpu_count() or 1
-    targets = [t if t.gpu is None else dataclasses.replace(t, gpu=dataclasses.replace(t.gpu, cache=compile_cache(),
-                                                                                       jobs=cores))
-               for t in cfg.targets]
+    targets = [t if t.gpu is None else dataclasses.replace(t, gpu=_in_this_environment(t.gpu)) for t in cfg.targets]
     runs: list[Run] = []
-    with stdout_kept_for_the_report(), progress_on_stderr() as progress:
+    jobs = default_jobs() if any(t.gpu is not None for t in targets) else 1
+    with stdout_kept_for_the_report(), progress_on_stderr() as progress, process.workers(jobs) as pool:
         for t in targets:
             runs.append(
                 check_target(t, baseline=reference, tolerance=cfg.tolerance, require_baseline=require_baseline,
-                             progress=progress)
+                             progress=progress, executor=pool, capture=process.xla_log_kept_off_stderr)
             )
     emit(render(runs), written)
     if save_baseline_flag:

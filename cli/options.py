@@ -8,20 +8,29 @@ import enum
 import math
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import jax
 import typer
 
-from te_ckpt_audit import DEFAULT_POLICIES, MeshSpec, Scope, ShardingSource, UsageError, __version__, parse_mesh
+from te_ckpt_audit import (
+    DEFAULT_POLICIES,
+    MeshSpec,
+    Scope,
+    ShardingSource,
+    UsageError,
+    __version__,
+    parse_mesh,
+    parse_params,
+)
 from te_ckpt_audit.config import Defines as DefineMap
 from te_ckpt_audit.config import parse_defines
 from te_ckpt_audit.gating import PeakGate
 from te_ckpt_audit.gpus import (
     DEFAULT_GPUS_PER_HOST,
-    DEFAULT_MEM_FRACTION,
     GpuRequest,
     Optimizer,
+    gpu_environment,
     gpu_model,
     model_of_config,
 )
@@ -68,10 +77,12 @@ class TargetOptions:
     inputs: str | None
     defines: DefineMap
     scope: Scope
+    params: tuple[int | str, ...] | Literal["all"] | None = None  # the trained arguments (None: the first)
 
     @classmethod
-    def parse(cls, target: str, inputs: str | None, define: list[str] | None, scope: Scope) -> TargetOptions:
-        return cls(target, inputs, parse_defines(define or []), scope)
+    def parse(cls, target: str, inputs: str | None, define: list[str] | None, scope: Scope,
+              params: list[str] | None = None) -> TargetOptions:
+        return cls(target, inputs, parse_defines(define or []), scope, parse_params(params) if params else None)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -121,15 +132,18 @@ class GateOptions:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class GpuOptions:
-    """`--gpu`: the GPU each policy's training step is compiled for, and the peak gate."""
+    """`--gpu`: the GPU each policy's training step is compiled for (in the run's environment:
+    XLA_FLAGS and the memory variables JAX reads, read here), the peak gate, and how many
+    policies compile at once."""
 
     request: GpuRequest | None
     peak: PeakGate
+    jobs: int = 1
 
     @classmethod
     def parse(
         cls, gpu: str | None, gpu_config: str | None, gpus_per_host: int, optimizer: Optimizer | None,
-        mem_fraction: float, fit: bool, peak_budget: list[str] | None, cache: Path | None,
+        mem_fraction: float | None, fit: bool, peak_budget: list[str] | None, cache: Path | None,
         step: bool = False, donate: list[int] | None = None, jobs: int | None = None,
     ) -> GpuOptions:
         if gpu is not None and gpu_config is not None:
@@ -139,16 +153,30 @@ class GpuOptions:
             given = [o for o, on in (("--optimizer", optimizer is not None), ("--fit", fit),
                                      ("--peak-budget", bool(peak_budget)),
                                      ("--gpus-per-host", gpus_per_host != DEFAULT_GPUS_PER_HOST),
-                                     ("--mem-fraction", mem_fraction != DEFAULT_MEM_FRACTION),
-                                     ("--step", step), ("--donate", bool(donate))) if on]
+                                     ("--mem-fraction", mem_fraction is not None),
+                                     ("--step", step), ("--donate", bool(donate)), ("--jobs", jobs is not None))
+                     if on]
             if given:
                 hint = "add --gpu NAME (`te-ckpt-audit gpus` lists them)"
                 raise UsageError(f"{given[0]} is about the step compiled for a GPU", hint)
             return cls(None, peak)
+        if mem_fraction is not None and not (math.isfinite(mem_fraction) and 0 < mem_fraction <= 1):
+            raise UsageError(f"--mem-fraction {mem_fraction} is not in (0, 1]", "JAX's default is 0.75")
+        if donate and not step:
+            raise UsageError("--donate names the arguments a training step of the target's own donates", "add --step")
+        if step and optimizer is not None:
+            raise UsageError("--optimizer adds an update to the step te-ckpt-audit builds; --step brings its own",
+                             "drop one of them")
         model = gpu_model(gpu) if gpu is not None else model_of_config(str(gpu_config))
-        workers = jobs if jobs is not None else (os.cpu_count() or 1)
-        return cls(GpuRequest(model, optimizer, gpus_per_host, mem_fraction, cache, step, tuple(donate or ()), workers),
-                   peak)
+        environment = gpu_environment(os.environ, mem_fraction)
+        request = GpuRequest(model, optimizer, gpus_per_host, environment, cache, step, tuple(donate or ()))
+        return cls(request, peak, default_jobs() if jobs is None else jobs)
+
+
+def default_jobs() -> int:
+    """Policies compiled at once by default: each compiles its two GEMM backends at once, so one
+    policy per two cores (one process on this 2-core machine)."""
+    return max(1, (os.cpu_count() or 1) // 2)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -403,12 +431,14 @@ OptimizerOption = Annotated[
     ),
 ]
 MemFraction = Annotated[
-    float,
+    float | None,
     typer.Option(
         "--mem-fraction",
         metavar="F",
-        help="With --gpu: the share of the GPU's memory a process may use (JAX preallocates 0.75: "
-        "XLA_PYTHON_CLIENT_MEM_FRACTION).",
+        help="With --gpu: the share of the GPU's memory the run lets JAX use. Default: what the run's "
+        "environment says (XLA_CLIENT_MEM_FRACTION or XLA_PYTHON_CLIENT_MEM_FRACTION, as JAX reads them), "
+        "else JAX's 0.75. The report also gives the least fraction each policy needs.",
+        show_default=False,
     ),
 ]
 Fit = Annotated[
@@ -422,6 +452,18 @@ PeakBudgets = Annotated[
         metavar="[POLICY=]SIZE",
         help="With --gpu: fail (exit 1) when the compiled peak per device exceeds SIZE, for every "
         "policy or, as POLICY=SIZE, for one; repeat for several.",
+        show_default=False,
+    ),
+]
+Params = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--params",
+        metavar="ARG",
+        help="An argument of TARGET that is trained (a position from 0, or a parameter name); repeat for "
+        "several. Only they are differentiated and, with --gpu, get gradients, donation and optimizer "
+        "state; the others are the batch. Default: the first, as jax.grad(loss)(params, batch) trains "
+        "it; `all`: every float input.",
         show_default=False,
     ),
 ]
@@ -450,8 +492,8 @@ Jobs = Annotated[
         "-j",
         metavar="N",
         min=1,
-        help="With --gpu: compile N policies at once, in worker processes that trace the target again "
-        "(default: the core count; 1 compiles in this process).",
+        help="With --gpu: compile N policies at once, in worker processes that trace the target again, "
+        "each checked to compile this process's program (default: half the cores; 1 compiles here).",
         show_default=False,
     ),
 ]

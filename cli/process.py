@@ -7,14 +7,22 @@ The library never touches the process; this module owns it:
   CUDA driver preloaded (`emulate.py`), into that process only; `--gpu NAME` emulates that GPU
   wherever the emulated driver is set up (the te_cpu environment);
 - JAX kept on its CPU backend where a step is compiled for a GPU (`--gpu`): the CUDA plugin then
-  registers without looking for a local CUDA, and the trace stays on CPU devices.
+  registers without looking for a local CUDA, and the trace stays on CPU devices;
+- the worker processes that compile several policies at once (`--jobs`), and XLA's log lines
+  kept off stderr while it compiles.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
+import multiprocessing
 import os
 import re
 import sys
+import tempfile
+import threading
+from collections.abc import Iterator
 
 import jax
 
@@ -94,3 +102,56 @@ def _cuda_plugin_without_cuda() -> bool:
     except ImportError:
         plugin = False
     return plugin and not emulate.emulating() and ctypes.util.find_library("cuda") is None
+
+
+# --- compiling for a GPU: worker processes and XLA's log lines --------------------------------------
+
+
+def _worker_setup() -> None:
+    """Each worker process compiles on JAX's CPU backend, as this one does: the CUDA plugin
+    registers without looking for a local CUDA."""
+    if not os.environ.get("JAX_PLATFORMS"):
+        jax.config.update("jax_platforms", "cpu")
+
+
+@contextlib.contextmanager
+def workers(jobs: int) -> Iterator[concurrent.futures.Executor | None]:
+    """`jobs` worker processes for compiling policies at once (spawned: JAX's threads do not
+    survive a fork; started when the first policy is sent), or None for one: compiles then run in
+    this process."""
+    if jobs <= 1:
+        yield None
+        return
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=context, initializer=_worker_setup) as pool:
+        yield pool
+
+
+_ABSL_LINE = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+ \S+:\d+\] ")
+_capturing = threading.Lock()
+
+
+@contextlib.contextmanager
+def xla_log_kept_off_stderr() -> Iterator[None]:
+    """While XLA compiles: its own log lines (its C++ logging writes to file descriptor 2) are
+    dropped; anything else written there passes on to stderr afterwards. One capture at a time:
+    a nested or concurrent one is the outer one's."""
+    if not _capturing.acquire(blocking=False):
+        yield
+        return
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        with tempfile.TemporaryFile() as captured:
+            os.dup2(captured.fileno(), 2)
+            try:
+                yield
+            finally:
+                os.dup2(saved, 2)
+                os.close(saved)
+                captured.seek(0)
+                for line in captured.read().decode(errors="replace").splitlines():
+                    if not _ABSL_LINE.match(line):
+                        print(line, file=sys.stderr)
+    finally:
+        _capturing.release()

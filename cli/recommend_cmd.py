@@ -17,7 +17,7 @@ from te_ckpt_audit import (
     ShardingSource,
     recommend_target,
 )
-from te_ckpt_audit.gpus import DEFAULT_GPUS_PER_HOST, DEFAULT_MEM_FRACTION
+from te_ckpt_audit.gpus import DEFAULT_GPUS_PER_HOST
 from te_ckpt_audit.render import format_bytes, render_recommend_html, render_recommend_json, render_recommend_text
 from te_ckpt_audit.sizes import count_at_least_one, parse_size, positive_bytes
 
@@ -105,9 +105,11 @@ def recommend(
     gpu_config: opt.GpuConfig = None,
     gpus_per_host: opt.GpusPerHost = DEFAULT_GPUS_PER_HOST,
     optimizer: opt.OptimizerOption = None,
-    mem_fraction: opt.MemFraction = DEFAULT_MEM_FRACTION,
+    mem_fraction: opt.MemFraction = None,
     max_compiles: MaxCompiles = DEFAULT_MAX_COMPILES,
     maximize: Maximize = None,
+    jobs: opt.Jobs = None,
+    params: opt.Params = None,
     debug: opt.Debug = False,
     emulate_gpu: opt.EmulateGpu = None,
 ) -> int:
@@ -117,19 +119,21 @@ def recommend(
     with dots and TE GEMMs) and, with --allow-offload, offloading; every point shown is JAX's own
     linearization. Prints the winner as a --policy spec, Python that builds it, MaxText's remat
     settings and the Pareto frontier. With --gpu, the winner is the least-recompute frontier point
-    whose training step, compiled for that GPU, fits its usable memory. Exit codes: 0 something
+    whose training step, compiled for that GPU, fits its usable memory (points compiled in order of
+    recompute, --jobs at a time, until one fits). Exit codes: 0 something
     fits, 1 nothing fits (the closest is shown), 2 usage or bad input, 3 the target failed to load or
     trace, 4 internal error.
     """
     size = None if budget is None else positive_bytes(parse_size(budget))  # fails before the user's code runs
-    on_gpu = GpuOptions.parse(gpu, gpu_config, gpus_per_host, optimizer, mem_fraction, False, None, compile_cache())
+    on_gpu = GpuOptions.parse(gpu, gpu_config, gpus_per_host, optimizer, mem_fraction, False, None, compile_cache(),
+                              jobs=jobs)
     count_at_least_one(max_evals, "max evaluations", "e.g. --max-evals 64")
-    what = TargetOptions.parse(target, inputs, define, scope)
+    what = TargetOptions.parse(target, inputs, define, scope, params)
     where = MeshOptions.parse(mesh, ShardingSource.COMPILED)
     written = output
     report_to(written)
     process.prepare(emulate_gpu, where.devices, None if on_gpu.request is None else on_gpu.request.model)
-    with stdout_kept_for_the_report(), progress_on_stderr() as progress:
+    with stdout_kept_for_the_report(), progress_on_stderr() as progress, process.workers(on_gpu.jobs) as pool:
         rec = recommend_target(
             what.target,
             size,
@@ -144,6 +148,10 @@ def recommend(
             gpu=on_gpu.request,
             max_compiles=max_compiles,
             maximize=maximize,
+            params=what.params,
+            executor=pool,
+            jobs=on_gpu.jobs,
+            capture=process.xla_log_kept_off_stderr,
         )
     emit(renderer(format)(rec), written)
     if rec.recommended is None:

@@ -12,14 +12,17 @@ import functools
 import os
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.text import Text
 
 from te_ckpt_audit import AuditError, AuditReport, CheckResult, ExitCode, UsageError
+from te_ckpt_audit.records import CompileProgress
 from te_ckpt_audit.render import policy_errors, printable, violation_message
 
 from .files import write_output
@@ -156,19 +159,60 @@ def stdout_kept_for_the_report() -> Iterator[None]:
             os.close(saved)
 
 
+def compile_line(event: CompileProgress) -> str:
+    """One line of a compile starting or done, as a CI log shows it."""
+    what = f"{event.policy} for {event.gpu} ({event.backend})"
+    if event.seconds is None:
+        return f"{PROG}: compiling {what}"
+    return f"{PROG}: compiled {what} in {event.seconds:.1f} s"
+
+
+class _Status:
+    """What the spinner shows: the stage, and every compile running now with its elapsed time."""
+
+    def __init__(self) -> None:
+        self.text = "starting"
+        self.compiling: dict[tuple[str, str], float] = {}
+        self.lock = threading.Lock()
+
+    def tell(self, event: str | CompileProgress) -> None:
+        with self.lock:
+            if isinstance(event, str):
+                self.text = event
+            elif event.seconds is None:
+                self.compiling[(event.policy, event.backend)] = time.monotonic()
+            else:
+                self.compiling.pop((event.policy, event.backend), None)
+
+    def __rich__(self) -> Text:
+        with self.lock:
+            if not self.compiling:
+                return Text(printable(self.text))
+            now = time.monotonic()
+            running = ", ".join(f"{p} ({b}, {now - t:.0f} s)" for (p, b), t in self.compiling.items())
+            return Text(printable(f"compiling {running}"))
+
+
 @contextlib.contextmanager
-def progress_on_stderr(delay: float = 0.5) -> Iterator[Callable[[str], None]]:
-    """Yield a callback the library tells each stage; a transient spinner shows it on stderr, only
-    when stderr is a terminal and only once the audit has run for `delay` seconds."""
+def progress_on_stderr(delay: float = 0.5) -> Iterator[Callable[[str | CompileProgress], None]]:
+    """Yield a callback the library tells each stage and each compile. On a terminal a transient
+    spinner shows it (once the audit has run for `delay` seconds), naming what is compiling now and
+    for how long; elsewhere (a CI log) each compile's start and end is one line on stderr."""
     console = Console(stderr=True)
     if not console.is_terminal:
-        yield lambda _: None
+
+        def log(event: str | CompileProgress) -> None:
+            if isinstance(event, CompileProgress):
+                say(compile_line(event))
+
+        yield log
         return
-    status = console.status("starting", spinner="dots")
+    now = _Status()
+    status = console.status(now, spinner="dots")
     timer = threading.Timer(delay, status.start)
     timer.start()
     try:
-        yield status.update
+        yield now.tell
     finally:
         timer.cancel()
         timer.join()

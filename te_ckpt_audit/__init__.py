@@ -12,6 +12,7 @@ from ._fit import DEFAULT_MAX_COMPILES
 from ._mesh import MAX_DEVICES
 from ._recommend import DEFAULT_MAX_EVALS, recommend, recommend_target
 from ._session import Session
+from ._trained import parse_params
 from .config import TargetConfig, parse_mesh
 from .errors import AuditError, DevicesUnavailable, ExitCode, PolicyError, PolicySpecError, TargetError, UsageError
 from .policies import checkpoint_dots_and_te_gemms, dots_and_te_gemms_with_no_batch_dims, te_gemms_saveable
@@ -96,6 +97,7 @@ __all__ = [
     "dots_and_te_gemms_with_no_batch_dims",
     "parse_budget",
     "parse_mesh",
+    "parse_params",
     "parse_policies",
     "parse_size",
     "recommend",

@@ -65,8 +65,20 @@ def analyse_policy(traced: Traced, spec: PolicySpec, scope: Scope = Scope.AUTO) 
     fun = policy_function(traced, spec, scope)
     captured: dict[str, jc.Jaxpr] = {}
 
+    trained = traced.trained.inputs if traced.trained.arguments is not None else None
+
     def residuals_of(*args: jax.Array) -> list[jax.Array]:
-        residuals, captured["tangent"] = jc.linearize_for_vjp(fun, args)
+        if trained is None:  # every input, as `saved_residuals(fn, *args)` differentiates them
+            residuals, captured["tangent"] = jc.linearize_for_vjp(fun, args)
+            return residuals
+
+        def of_trained(*values: jax.Array) -> object:  # the batch is known: not differentiated
+            full = list(args)
+            for i, value in zip(trained, values, strict=True):
+                full[i] = value
+            return fun(*full)
+
+        residuals, captured["tangent"] = jc.linearize_for_vjp(of_trained, [args[i] for i in trained])
         return residuals
 
     try:

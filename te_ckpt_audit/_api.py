@@ -3,13 +3,17 @@ a `file.py:fn` target (`audit_target`), and gate one (`check_target`)."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
 
-from ._session import Progress, Session, quiet
+from ._gpu._compiler import LogCapture
+from ._progress import Progress, quiet
+from ._session import Session
+from ._trained import ALL, ParamsLike
 from .baselines import audit_key
 from .config import TargetConfig, as_defines, parse_mesh
 from .gating import check, check_budget_policies
@@ -45,9 +49,16 @@ def audit(
     compile: bool = False,
     mesh: jax.sharding.Mesh | jax.sharding.AbstractMesh | None = None,
     gpu: GpuRequest | None = None,
+    params: ParamsLike = ALL,
 ) -> AuditReport:
     """Audit `fn(*args)` under each policy; with `gpu`, also compile each policy's training step
     for that GPU (`te_ckpt_audit.gpus`) and report XLA:GPU's peak per device.
+
+    `params` names the trained arguments (positions or parameter names): only they are
+    differentiated and, on a GPU, given gradients, donation and optimizer state; the others are
+    the batch. By default every float input is, as `jax.ad_checkpoint.saved_residuals(fn, *args)`
+    differentiates them; pass `params=0` for `loss(params, batch)`. With `gpu` of `step=True`,
+    `fn` is a training step of the user's own, compiled as it is.
 
     Array leaves of `args` may be `jax.ShapeDtypeStruct`s (nothing is allocated); other leaves are
     passed through as static values. With `mesh`, their NamedShardings place them on it (an input
@@ -62,8 +73,10 @@ def audit(
     0
     """
     specs = None if policies is None else parse_policies(policies, getattr(fn, "__name__", "fn"))
-    session = Session.of_function(fn, *args, scope=Scope(scope), mesh=mesh)
-    return session.report(default_policies(session) if specs is None else specs, compile=compile, gpu=gpu)
+    own = gpu is not None and gpu.step
+    session = Session.of_function(fn, *args, scope=Scope(scope), mesh=mesh, params=params, own_step=own)
+    chosen = (AS_IS,) if own and specs is None else (default_policies(session) if specs is None else specs)
+    return session.report(chosen, compile=compile, gpu=gpu)
 
 
 def audit_target(
@@ -78,6 +91,9 @@ def audit_target(
     mesh: MeshSpec | str | None = None,
     shardings: ShardingSource | str = ShardingSource.COMPILED,
     gpu: GpuRequest | None = None,
+    params: ParamsLike = None,
+    executor: concurrent.futures.Executor | None = None,
+    capture: LogCapture | None = None,
 ) -> AuditReport:
     """Load `file.py:fn` (or `package.module:fn`) and its example inputs, then audit it. `defines`
     set keyword parameters of the inputs callable (`{"seq": 8192}` or `["seq=8192"]`). With `mesh`
@@ -85,18 +101,22 @@ def audit_target(
     `mesh` if it declares one, and bytes also come per device: each residual's sharding compiled by
     XLA's partitioner for virtual CPU devices, or with `shardings="abstract"` read from the avals of
     an explicit-sharding model traced on an abstract mesh (no devices; the inputs callable gets it).
+    `params` names the trained arguments: by default the first, as `jax.grad(loss)(params, batch)`
+    trains it (the only one of a one-argument target; every float input where the first holds
+    none); "all" for every float input. With `gpu`, `executor` compiles several policies at once
+    in its worker processes and `capture` keeps XLA's log lines off stderr while it compiles.
 
     >>> report = audit_target("sample_models/mlp.py:loss", ["nothing_saveable"])  # doctest: +SKIP
     """
     placement = parse_mesh(mesh) if isinstance(mesh, str) else mesh
     specs = None if policies is None else parse_policies(policies, target)  # bad specs fail before the target runs
+    own = gpu is not None and gpu.step
     session = Session.of_target(
         target, inputs=inputs, defines=as_defines(defines), scope=Scope(scope), mesh=placement,
-        shardings=ShardingSource(shardings), progress=progress,
+        shardings=ShardingSource(shardings), params=params, own_step=own, progress=progress,
     )
-    return session.report(
-        default_policies(session) if specs is None else specs, compile=compile, gpu=gpu, progress=progress
-    )
+    chosen = (AS_IS,) if own and specs is None else (default_policies(session) if specs is None else specs)
+    return session.report(chosen, compile=compile, gpu=gpu, progress=progress, executor=executor, capture=capture)
 
 
 def check_target(
@@ -106,6 +126,8 @@ def check_target(
     tolerance: float = 0.0,
     require_baseline: bool = False,
     progress: Progress = quiet,
+    executor: concurrent.futures.Executor | None = None,
+    capture: LogCapture | None = None,
 ) -> tuple[AuditReport, CheckResult]:
     """Audit a target and check it against its budgets and a baseline (the CI gate). Bad limits
     fail before the user's code runs; the result carries the baseline key of this audit.
@@ -114,7 +136,8 @@ def check_target(
     >>> report, result = check_target(TargetConfig("model.py:loss", budgets=(parse_budget("6GiB"),)))  # doctest: +SKIP
     """
     policies = config.policies or (AS_IS, *DEFAULT_POLICIES)  # as-is: in the defaults with checkpoints
-    key = audit_key(config.target, config.inputs, config.defines, config.scope, config.mesh, config.gpu)
+    key = audit_key(config.target, config.inputs, config.defines, config.scope, config.mesh, config.gpu,
+                    config.params)
     percent_limit(tolerance, "--tolerance")
     if config.max_recompute is not None:
         percent_limit(config.max_recompute, "--max-recompute")
@@ -123,6 +146,7 @@ def check_target(
     report = audit_target(
         config.target, config.policies or None, inputs=config.inputs, defines=config.defines, scope=config.scope,
         progress=progress, compile=config.compile, mesh=config.mesh, shardings=config.shardings, gpu=config.gpu,
+        params=config.params, executor=executor, capture=capture,
     )
     figures = None if baseline is None else baseline.figures(key)
     result = check(report, config.budgets, config.max_recompute, figures, tolerance, require_baseline, config.peak)

@@ -3,19 +3,24 @@
 
 The residual estimates choose what to compile: the Pareto frontier `recommend` verified (activation
 bytes against recompute, each point JAX's own linearization), least recompute first. Compiling is
-the cost (two XLA:GPU compiles a point), so the first point that fits is found by bisection,
-assuming that a policy which keeps fewer activation bytes never peaks higher; at most
-`max_compiles` points are compiled. Every point shown as fitting was compiled; the others say
+the cost (two XLA:GPU compiles a point, at once), so points are compiled in order of recompute,
+several at a time where processes are given, until the first that fits; no point is skipped: a
+policy that keeps fewer activation bytes can peak higher (a checkpoint around a whole scanned
+loss: saving nothing peaked 302 MB above saving everything). At most `max_compiles` points are
+compiled. Every point shown as fitting was compiled; the others say
 nothing about the GPU.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 from collections.abc import Callable
 
 from ._gpu import gpu_info
-from ._session import Progress, Session, quiet
+from ._gpu._compiler import LogCapture
+from ._progress import Progress, quiet
+from ._session import Session
 from .errors import AuditError, UsageError, first_line
 from .gpus import GpuRequest
 from .records import Candidate, Maximized, Recommendation, Trial
@@ -26,51 +31,42 @@ DEFAULT_MAX_COMPILES = 8
 
 def fit_on_gpu(
     session: Session, rec: Recommendation, request: GpuRequest, max_compiles: int = DEFAULT_MAX_COMPILES,
-    progress: Progress = quiet,
+    progress: Progress = quiet, executor: concurrent.futures.Executor | None = None, jobs: int = 1,
+    capture: LogCapture | None = None,
 ) -> Recommendation:
     """`rec` with its frontier compiled for `request`'s GPU as far as needed: `recommended` is the
     least-recompute point whose peak fits the usable memory, `closest` (when none does) the compiled
-    point with the smallest peak."""
+    point with the smallest peak. Points are compiled in order of recompute, `jobs` at a time (in
+    `executor`'s processes), until one fits: a policy that keeps fewer activation bytes can peak
+    higher, so no point is skipped on the assumption that it would not."""
     if max_compiles < 1:
-        raise UsageError(f"--max-compiles {max_compiles} must be at least 1", "e.g. --max-compiles 8")
-    session.compiler(request)  # what the machine lacks, or a target with no loss: before any compile
+        raise UsageError(f"max_compiles {max_compiles} must be at least 1", "e.g. 8")
+    session.compiler(request, capture)  # what the machine lacks, or a target with no loss: before any compile
     order = sorted((c for c in rec.frontier if c.error is None), key=lambda c: (c.recompute_flops, -c.activation_bytes))
     compiled: dict[str, Candidate] = {}
-
-    def compile_point(c: Candidate) -> Candidate | None:
-        if c.policy not in compiled:
-            if len(compiled) >= max_compiles:
-                return None
-            spec = resolve_policy(c.policy)
-            peak = session.peaked(spec, session.row(spec), request, progress).peak
-            fits = peak is not None and peak.fits is True
-            compiled[c.policy] = dataclasses.replace(c, peak=peak, fits=fits)
-        return compiled[c.policy]
-
     best: Candidate | None = None
-    lo, hi = 0, len(order) - 1
-    while lo <= hi:  # the first index that fits; indices after it keep fewer bytes
-        mid = (lo + hi) // 2
-        point = compile_point(order[mid])
-        if point is None:
-            break
-        if point.fits:
-            best, hi = point, mid - 1
-        else:
-            lo = mid + 1
+    width = max(1, jobs)
+    while best is None and len(compiled) < min(max_compiles, len(order)):
+        batch = order[len(compiled):len(compiled) + min(width, max_compiles - len(compiled))]
+        specs = [resolve_policy(c.policy) for c in batch]
+        peaks = session.peaks(specs, request, progress, executor if len(batch) > 1 else None, capture)
+        for c, spec in zip(batch, specs, strict=True):
+            peak = peaks[spec.text]
+            compiled[c.policy] = dataclasses.replace(c, peak=peak, fits=peak.fits is True)
+        best = next((compiled[c.policy] for c in batch if compiled[c.policy].fits), None)
 
     def shown(c: Candidate) -> Candidate:
         return compiled.get(c.policy) or dataclasses.replace(c, fits=False)
 
-    peaks = [c for c in compiled.values() if c.peak is not None and c.peak.bytes_per_device is not None]
-    closest = None if best is not None else min(peaks, key=_peak_bytes, default=None)
+    peaks_seen = [c for c in compiled.values() if c.peak is not None and c.peak.bytes_per_device is not None]
+    closest = None if best is not None else min(peaks_seen, key=_peak_bytes, default=None)
     return dataclasses.replace(
         rec,
         recommended=best,
         closest=closest,
         frontier=tuple(shown(c) for c in rec.frontier),
         evaluated=tuple(shown(c) for c in rec.evaluated),
-        gpu=gpu_info(request),
+        gpu=gpu_info(request, session.devices),
         compiles=len(compiled),
     )
 
@@ -81,7 +77,7 @@ def _peak_bytes(c: Candidate) -> int:
 
 def largest_fitting(
     build: Callable[[int], Session], define: str, start: int, policy: str, request: GpuRequest,
-    max_compiles: int = DEFAULT_MAX_COMPILES, progress: Progress = quiet,
+    max_compiles: int = DEFAULT_MAX_COMPILES, progress: Progress = quiet, capture: LogCapture | None = None,
 ) -> Maximized:
     """The largest value of the inputs keyword `define` whose step fits under `policy`: doubling
     from `start` until one does not fit, then bisecting (from `start` down when it does not fit).
@@ -99,7 +95,8 @@ def largest_fitting(
             progress(f"{define}={value}: tracing and compiling {policy}")
             try:
                 session = build(value)
-                peak = session.peaked(spec, session.row(spec), request, progress).peak
+                session.row(spec)  # the policy applies (an error here is the value's)
+                peak = session.peaks([spec], request, progress, capture=capture)[spec.text]
             except AuditError as exc:  # a value the model cannot take (a shape it refuses)
                 trials[value] = Trial(value, None, False, first_line(exc))
                 return False

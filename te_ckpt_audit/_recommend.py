@@ -20,15 +20,19 @@ JAX's own linearization; estimates only choose what to analyse next.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import itertools
 import math
 import re
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 from ._fit import DEFAULT_MAX_COMPILES, fit_on_gpu, largest_fitting
+from ._gpu._compiler import LogCapture
 from ._heap import without_gc
+from ._progress import Progress, quiet
 from ._session import Session
+from ._trained import ParamsLike
 from .config import as_defines, parse_mesh
 from .errors import TargetError, UsageError
 from .gpus import GpuRequest
@@ -67,7 +71,7 @@ class _Evaluator:
     """Analyses candidates through the session, each once, up to `max_evals` analyses."""
 
     def __init__(
-        self, session: Session, budget: int, max_evals: float, progress: Callable[[str], None]
+        self, session: Session, budget: int, max_evals: float, progress: Progress
     ) -> None:
         self.session, self.budget, self.max_evals, self.progress = session, budget, max_evals, progress
         self.done: dict[str, Candidate] = {}
@@ -182,7 +186,7 @@ def recommend(
     allow_offload: bool = False,
     max_evals: int = DEFAULT_MAX_EVALS,
     presets: Sequence[str] | None = None,
-    progress: Callable[[str], None] = lambda _: None,
+    progress: Progress = quiet,
     exhaustive: bool = False,
 ) -> Recommendation:
     """The policy with the least recompute FLOPs whose activation bytes fit `budget_bytes`, and
@@ -428,17 +432,23 @@ def recommend_target(
     max_evals: int = DEFAULT_MAX_EVALS,
     scope: Scope = Scope.AUTO,
     presets: Sequence[str] | None = None,
-    progress: Callable[[str], None] = lambda _: None,
+    progress: Progress = quiet,
     mesh: MeshSpec | str | None = None,
     gpu: GpuRequest | None = None,
     max_compiles: int = DEFAULT_MAX_COMPILES,
     maximize: str | None = None,
+    params: ParamsLike = None,
+    executor: concurrent.futures.Executor | None = None,
+    jobs: int = 1,
+    capture: LogCapture | None = None,
 ) -> Recommendation:
     """Load `file.py:fn` and its example inputs, trace once, and `recommend`. With `mesh` (a
     MeshSpec or "data=8,model=4") the budget is per device. With `gpu`, the winner is the
     least-recompute point whose compiled step fits that GPU (the budget, by default its usable
     memory, bounds the residual estimates that choose what to compile); with `maximize`, also the
-    largest value of that inputs keyword that fits under it. Bad arguments fail before the target's
+    largest value of that inputs keyword that fits under it. `params` names the trained arguments
+    (the first by default); `executor` and `jobs`: compile that many points at once in its worker
+    processes; `capture` keeps XLA's log lines off stderr. Bad arguments fail before the target's
     code runs."""
     mesh = parse_mesh(mesh) if isinstance(mesh, str) else mesh
     if budget_bytes is None and gpu is None:
@@ -452,7 +462,8 @@ def recommend_target(
 
     def session_with(extra: Mapping[str, str]) -> Session:
         return Session.of_target(
-            target, inputs=inputs, defines={**given, **extra}, scope=Scope(scope), mesh=mesh, progress=progress
+            target, inputs=inputs, defines={**given, **extra}, scope=Scope(scope), mesh=mesh, params=params,
+            progress=progress,
         )
 
     session = session_with({})
@@ -461,7 +472,7 @@ def recommend_target(
     )
     if gpu is None:
         return rec
-    rec = fit_on_gpu(session, rec, gpu, max_compiles, progress)
+    rec = fit_on_gpu(session, rec, gpu, max_compiles, progress, executor, jobs, capture)
     if maximize is None or rec.recommended is None:
         return rec
     start = session.keywords.get(maximize)
@@ -471,5 +482,5 @@ def recommend_target(
             f"give it an int default, or a start with -D {maximize}=N",
         )
     found = largest_fitting(lambda v: session_with({maximize: str(v)}), maximize, start, rec.recommended.policy, gpu,
-                         max_compiles, progress)
+                             max_compiles, progress, capture)
     return dataclasses.replace(rec, maximized=found)

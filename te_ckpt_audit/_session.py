@@ -14,9 +14,10 @@ it is audited, placed on a mesh, warned about or searched over by `recommend`.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
-import os
+import functools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -27,24 +28,32 @@ from ._analysis import Analysis, analyse_policy, failed
 from ._apply import resolve_scope
 from ._compile import compiled_memory
 from ._emulated import emulated_device
-from ._gpu import Compiler, Recipe, gpu_info, peaks_in_workers, step_info
+from ._gpu import Compiler, gpu_info, peaks_in_workers, step_info
+from ._gpu._compiler import LogCapture
 from ._heap import without_gc
 from ._loading import anchored, load_inputs, load_target, user_code
 from ._mesh import build_abstract_mesh, build_mesh, mesh_context, per_device, place_args, source_of, spec_of
+from ._progress import Progress, quiet
+from ._step import trained_paths
 from ._trace import Traced, trace
+from ._trained import ALL, ParamsLike
 from ._warnings import NOTHING_SAVEABLE, warnings_for
 from .config import Defines
-from .errors import TargetError
+from .errors import TargetError, UsageError
 from .gpus import GpuRequest
-from .records import AuditReport, MeshSpec, PolicyResult, Scope, ShardingSource, TeKind
-from .specs import Custom, PolicyLike, PolicySpec, Preset, policy_specs
+from .records import (
+    AuditReport,
+    MeshSpec,
+    PeakMemory,
+    PolicyResult,
+    Scope,
+    ShardingSource,
+    TeKind,
+    Trained,
+)
+from .specs import AsIs, Custom, PolicyLike, PolicySpec, Preset, policy_specs
 
-Progress = Callable[[str], None]
 Placement = jax.sharding.Mesh | jax.sharding.AbstractMesh | None
-
-
-def quiet(_: str) -> None:
-    """A progress callback that says nothing."""
 
 
 def _jax_is_jax(target: str) -> None:
@@ -77,28 +86,43 @@ class Session:
     0
     """
 
-    def __init__(self, traced: Traced, scope: Scope = Scope.AUTO, mesh: Placement = None) -> None:
+    def __init__(
+        self,
+        traced: Traced,
+        scope: Scope = Scope.AUTO,
+        mesh: Placement = None,
+        *,
+        keywords: Mapping[str, object] | None = None,
+        rebuild: Callable[[], Session] | None = None,
+        own_step: bool = False,
+    ) -> None:
+        """`keywords`: what the inputs callable was called with; `rebuild`: a picklable callable
+        that builds this session again (a worker process compiles from its own); `own_step`: the
+        traced function is a training step of the user's own (compiled as it is, not audited)."""
         self.traced = traced
         self.scope = Scope(scope)
         self.mesh = mesh
+        self.keywords: Mapping[str, object] = dict(keywords or {})
+        self.rebuild = rebuild
+        self.own_step = own_step
         self.emulated_device = emulated_device()
         self._outcomes: dict[tuple[str, int], _Outcome] = {}
         self._compilers: dict[GpuRequest, Compiler] = {}
-        self.keywords: Mapping[str, object] = {}  # what the inputs callable was called with (of_target)
-        self.recipe: Recipe | None = None  # how of_target built it: a worker process builds it again
 
     # --- building one ---------------------------------------------------------------------------
 
     @classmethod
-    def of_function(cls, fn: Callable[..., Any], *args: Any, scope: Scope = Scope.AUTO, mesh: Placement = None
-                    ) -> Session:
+    def of_function(cls, fn: Callable[..., Any], *args: Any, scope: Scope = Scope.AUTO, mesh: Placement = None,
+                    params: ParamsLike = ALL, own_step: bool = False) -> Session:
         """Trace `fn(*args)`; with `mesh`, its inputs placed on it (their NamedShardings, or
-        replicated)."""
+        replicated). `params` names the trained arguments (positions or names; by default every
+        float input, as `jax.ad_checkpoint.saved_residuals(fn, *args)` differentiates them)."""
         name = getattr(fn, "__name__", "fn")
         with user_code(name), mesh_context(mesh):
-            traced = trace(fn, args if mesh is None else place_args(args, mesh), name)
+            placed = args if mesh is None else place_args(args, mesh)
+            traced = trace(fn, placed, name, ALL if own_step else params, differentiable=not own_step)
         _jax_is_jax(name)
-        return cls(traced, scope, mesh)
+        return cls(traced, scope, mesh, own_step=own_step)
 
     @classmethod
     def of_target(
@@ -110,13 +134,16 @@ class Session:
         scope: Scope = Scope.AUTO,
         mesh: MeshSpec | None = None,
         shardings: ShardingSource = ShardingSource.COMPILED,
+        params: ParamsLike = None,
+        own_step: bool = False,
         progress: Progress = quiet,
     ) -> Session:
         """Load `file.py:fn` (or `package.module:fn`), call its inputs callable (given the mesh as
         keyword `mesh` when it declares one) and trace it, as the user's code: `sys.exit` there is
         the target's failure. With `mesh`, the inputs are placed on virtual CPU devices (compiled
-        shardings) or on an abstract mesh of explicit axes."""
-        folder = os.getcwd()
+        shardings) or on an abstract mesh of explicit axes. `params` names the trained arguments
+        (by default the first, as `jax.grad(loss)(params, batch)` trains it); `own_step`: the
+        target is a training step of the user's own."""
         build = build_mesh if ShardingSource(shardings) is ShardingSource.COMPILED else build_abstract_mesh
         placement = None if mesh is None else build(mesh)
         with user_code(target):
@@ -127,13 +154,13 @@ class Session:
                 made = load_inputs(loaded, inputs, defines or {}, mesh=placement)
                 progress(f"tracing {target}")
                 args = made.args
-                traced = trace(loaded.fn, args if placement is None else place_args(args, placement), target)
+                placed = args if placement is None else place_args(args, placement)
+                traced = trace(loaded.fn, placed, target, ALL if own_step else params, differentiable=not own_step)
         _jax_is_jax(target)
-        session = cls(traced, scope, placement)
-        session.keywords = made.keywords
-        given = tuple(sorted((defines or {}).items()))
-        session.recipe = Recipe(target, inputs, given, Scope(scope), mesh, ShardingSource(shardings), folder)
-        return session
+        rebuild = functools.partial(Session.of_target, target, inputs=inputs, defines=dict(defines or {}),
+                                    scope=Scope(scope), mesh=mesh, shardings=ShardingSource(shardings),
+                                    params=params, own_step=own_step)
+        return cls(traced, scope, placement, keywords=made.keywords, rebuild=rebuild, own_step=own_step)
 
     # --- the steps --------------------------------------------------------------------------------
 
@@ -181,7 +208,14 @@ class Session:
         return outcome.placed
 
     def row(self, spec: PolicySpec, progress: Progress = quiet) -> PolicyResult:
-        """The policy's row in a report: its result, or an empty row saying why there is none."""
+        """The policy's row in a report: its result, or an empty row saying why there is none (a
+        training step of the user's own is not audited: the residuals are inside it)."""
+        if self.own_step:
+            if not isinstance(spec, AsIs):
+                raise UsageError(f"{self.traced.target} is a training step of its own: it is compiled as it is",
+                                 "audit it as-is alone")
+            return dataclasses.replace(failed(self.traced, spec, self.scope, TargetError("")), error=None,
+                                       audited=False)
         outcome = self._outcome(spec, progress)
         if outcome.error is not None:
             return failed(self.traced, spec, self.scope, outcome.error)
@@ -207,21 +241,46 @@ class Session:
         with self._running():
             return dataclasses.replace(result, compiled=compiled_memory(self.traced, spec, result.scope))
 
-    def compiler(self, request: GpuRequest) -> Compiler:
-        """The compiler of this trace's training step for `request`'s GPU (one per request)."""
+    def compiler(self, request: GpuRequest, capture: LogCapture | None = None) -> Compiler:
+        """The compiler of this trace's training step for `request`'s GPU (one per request);
+        `capture` keeps XLA's log lines off the caller's stderr while it compiles."""
+        if request.step != self.own_step:
+            if request.step:
+                raise UsageError(f"{self.traced.target} was not traced as a training step of its own",
+                                 "build the session with own_step=True")
+            raise UsageError(f"{self.traced.target} is a training step of its own", "compile it with step=True")
         if request not in self._compilers:
             mesh = None if self.mesh is None else spec_of(self.mesh)
-            self._compilers[request] = Compiler(self.traced, request, mesh, request.cache)
+            self._compilers[request] = Compiler(self.traced, request, mesh, capture)
         return self._compilers[request]
 
-    def peaked(self, spec: PolicySpec, result: PolicyResult, request: GpuRequest, progress: Progress = quiet
-               ) -> PolicyResult:
-        """`result` with XLA:GPU's peak per device of the training step under the policy."""
-        if result.error is not None:
-            return result
-        compiler = self.compiler(request)
-        with user_code(self.traced.target or "the function"):
-            return dataclasses.replace(result, peak=compiler.peak(spec, result.scope, progress))
+    def peaks(
+        self,
+        specs: Sequence[PolicySpec],
+        request: GpuRequest,
+        progress: Progress = quiet,
+        executor: concurrent.futures.Executor | None = None,
+        capture: LogCapture | None = None,
+    ) -> dict[str, PeakMemory]:
+        """Each policy's peak per device of the training step on `request`'s GPU, by spec text;
+        with `executor` (processes: a compile needs a process of its own to run in parallel),
+        several at once, each worker's program checked against this process's."""
+        compiler = self.compiler(request, capture)
+
+        def here(spec: PolicySpec) -> PeakMemory:
+            with user_code(self.traced.target or "the function"):
+                return compiler.peak(spec, self.resolved_scope(spec), progress)
+
+        portable = [s for s in specs if not isinstance(s, Custom)]  # a callable given directly stays here
+        out: dict[str, PeakMemory] = {}
+        if executor is not None and self.rebuild is not None and len(portable) > 1:
+            with user_code(self.traced.target or "the function"):
+                wanted = [(s, compiler.program_hash(s, self.resolved_scope(s))) for s in portable]
+            out = peaks_in_workers(executor, repr(self.rebuild), self.rebuild, wanted, request, here, progress)
+        for spec in specs:
+            if spec.text not in out:
+                out[spec.text] = here(spec)
+        return out
 
     @without_gc
     def report(
@@ -232,18 +291,22 @@ class Session:
         compile: bool = False,
         gpu: GpuRequest | None = None,
         progress: Progress = quiet,
+        executor: concurrent.futures.Executor | None = None,
+        capture: LogCapture | None = None,
     ) -> AuditReport:
         """Every policy's row, with warnings, (with `compile`) the compiled step and (with `gpu`)
         its peak on that GPU, as one report. Under no policy at all is the function's own failure:
-        its error is raised."""
+        its error is raised. `executor` and `capture`: see `peaks`."""
         specs = policy_specs(policies)
+        if gpu is not None:
+            self.compiler(gpu, capture)  # what the machine lacks, or a target with no loss: said before any work
         rows = [self.row(spec, progress) for spec in specs]
         errors = [r for r in rows if r.error is not None]
         if errors and len(errors) == len(rows):
             failure = self._outcome(specs[0]).error
             assert failure is not None
             raise failure
-        if warnings:
+        if warnings and not self.own_step:
             audited = any(s.text == NOTHING_SAVEABLE for s in specs)
             rows = [self.warned(s, r, audited) for s, r in zip(specs, rows, strict=True)]
         if compile:
@@ -254,14 +317,10 @@ class Session:
                 compiled.append(self.compiled(spec, row))
             rows = compiled
         if gpu is not None:
-            self.compiler(gpu)  # what the machine lacks, or a target with no loss: said before any compile
             wanted = [s for s, r in zip(specs, rows, strict=True) if r.error is None]
-            if gpu.jobs > 1 and self.recipe is not None and len(wanted) > 1:
-                found = peaks_in_workers(self.recipe, wanted, gpu, progress)
-                rows = [r if r.error is not None else dataclasses.replace(r, peak=found[s.text])
-                        for s, r in zip(specs, rows, strict=True)]
-            else:
-                rows = [self.peaked(spec, row, gpu, progress) for spec, row in zip(specs, rows, strict=True)]
+            found = self.peaks(wanted, gpu, progress, executor, capture)
+            rows = [r if r.error is not None else dataclasses.replace(r, peak=found[s.text])
+                    for s, r in zip(specs, rows, strict=True)]
         return self.report_of(rows, gpu)
 
     def report_of(self, results: Sequence[PolicyResult], gpu: GpuRequest | None = None) -> AuditReport:
@@ -277,9 +336,23 @@ class Session:
             emulated_device=self.emulated_device,
             mesh=None if self.mesh is None else spec_of(self.mesh),
             sharding_source=None if self.mesh is None else source_of(self.mesh),
-            gpu=None if gpu is None else gpu_info(gpu),
+            gpu=None if gpu is None else gpu_info(gpu, self.devices),
             step=None if gpu is None else step_info(self.traced, gpu),
+            trained=None if self.own_step else self.trained(),
         )
+
+    def trained(self) -> Trained:
+        """The inputs this session differentiates, as a report records them."""
+        t = self.traced.trained
+        names = trained_paths(self.traced) if t.arguments is not None else tuple(
+            n for n, a in zip(self.traced.arg_names, self.traced.avals, strict=True)
+            if jax.numpy.issubdtype(a.dtype, jax.numpy.inexact))
+        return Trained(t.arguments, names, t.convention)
+
+    @property
+    def devices(self) -> int:
+        """The devices the inputs are placed on (1 off a mesh)."""
+        return 1 if self.mesh is None else spec_of(self.mesh).devices
 
     def resolved_scope(self, spec: PolicySpec) -> Scope:
         return resolve_scope(self.traced, spec, self.scope)

@@ -32,6 +32,7 @@ from ._jaxpr import (
 from ._params import Scopes, flow, name_modules, names_own_modules, param_module
 from ._sites import Sites
 from ._source import Origin, SourceFinder, user_location
+from ._trained import ALL, ParamsLike, TrainedInputs, parse_params, resolve_trained
 from .errors import TargetError, UsageError, first_line
 from .policies import Policy, is_te_gemm, is_te_quantize, is_te_standin
 from .records import Equation
@@ -101,6 +102,8 @@ class Traced:
     arg_names: tuple[str, ...]
     rows: Rows
     target: str
+    trained: TrainedInputs = TrainedInputs(None, ())  # the inputs differentiated (`_trained`)
+    structure: Structure | None = dataclasses.field(default=None, compare=False, repr=False)
     segments: Segments = dataclasses.field(default_factory=dict, compare=False, repr=False)
     wrapped: dict[str, jc.ClosedJaxpr] = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
@@ -120,6 +123,24 @@ class Traced:
         return tuple(f"{n}: {a.dtype}{list(a.shape)}" for n, a in zip(self.arg_names, self.avals, strict=True))
 
 
+@dataclasses.dataclass(frozen=True)
+class Structure:
+    """The user's arguments as pytrees: their treedef and every leaf (array leaves at `dynamic`),
+    so that a training step can take them as the user passes them."""
+
+    treedef: jax.tree_util.PyTreeDef
+    leaves: tuple[object, ...]
+    dynamic: tuple[int, ...]  # positions of the array leaves, in input order
+
+    def arguments(self, values: Sequence[object], other: object = None) -> tuple[object, ...]:
+        """The user's positional arguments with `values` at the array leaves, in input order,
+        and `other` at every other leaf."""
+        full: list[object] = [other] * len(self.leaves)
+        for i, value in zip(self.dynamic, values, strict=True):
+            full[i] = value
+        return tuple(jax.tree_util.tree_unflatten(self.treedef, full))
+
+
 def is_array_leaf(x: object) -> bool:
     return isinstance(x, jax.ShapeDtypeStruct | jax.Array | np.ndarray | np.generic)
 
@@ -129,9 +150,15 @@ def _describe(x: jax.ShapeDtypeStruct) -> str:
 
 
 @without_gc
-def trace(fn: Callable[..., Any], args: tuple[object, ...], target: str = "") -> Traced:
+def trace(
+    fn: Callable[..., Any], args: tuple[object, ...], target: str = "", params: ParamsLike = ALL,
+    differentiable: bool = True,
+) -> Traced:
     """Trace `fn(*args)` to a tagged jaxpr. Array leaves of `args` (arrays or ShapeDtypeStructs)
     become inputs; any other leaf (ints, strings, config objects) is passed through unchanged.
+    `params` names the trained arguments (`_trained`: None is `jax.grad`'s convention, "all" every
+    float input); `differentiable=False` takes a function whose outputs are not differentiated
+    (a training step of the user's own).
 
     >>> import jax, jax.numpy as jnp
     >>> t = trace(lambda x: jnp.sum(jnp.sin(x)), (jax.ShapeDtypeStruct((4,), jnp.float32),))
@@ -164,7 +191,11 @@ def trace(fn: Callable[..., Any], args: tuple[object, ...], target: str = "") ->
         full = list(leaves)
         for i, value in zip(dynamic, dyn, strict=True):
             full[i] = value
-        return fn(*jax.tree_util.tree_unflatten(treedef, full))
+        out = fn(*jax.tree_util.tree_unflatten(treedef, full))
+        if differentiable:
+            return out
+        # a step of the user's own may return what its jit filters out (an Equinox module's functions)
+        return [x for x in jax.tree_util.tree_leaves(out) if isinstance(x, jax.Array | jax.core.Tracer)]
 
     try:
         closed, out_shape = jax.make_jaxpr(flat_fn, return_shape=True)(*avals)
@@ -181,7 +212,7 @@ def trace(fn: Callable[..., Any], args: tuple[object, ...], target: str = "") ->
             "it must return the loss",
             "return a floating-point scalar (or arrays) to differentiate",
         )
-    for leaf in out_leaves:
+    for leaf in out_leaves if differentiable else ():
         if not jax.numpy.issubdtype(leaf.dtype, jax.numpy.inexact):
             raise TargetError(
                 f"{target or 'the function'} returns a value of dtype {leaf.dtype}: it is not differentiable",
@@ -189,9 +220,12 @@ def trace(fn: Callable[..., Any], args: tuple[object, ...], target: str = "") ->
             )
     rows = Rows()
     interned, rows.interned = intern_bodies(closed.jaxpr)
-    params = [param_module(leaves_with_path[i][0]) for i in dynamic]
-    tagged = tag_jaxpr(closed.replace(jaxpr=interned), rows, params)
-    return Traced(tagged, avals, names, rows, target)
+    modules = [param_module(leaves_with_path[i][0]) for i in dynamic]
+    tagged = tag_jaxpr(closed.replace(jaxpr=interned), rows, modules)
+    dtypes = [a.dtype for a in avals]
+    trained = resolve_trained(fn, len(args), names, dtypes, parse_params(params), target or "the function")
+    structure = Structure(treedef, tuple(leaves), tuple(dynamic))
+    return Traced(tagged, avals, names, rows, target, trained, structure)
 
 
 def _abstract(leaf: Any, name: str) -> jax.ShapeDtypeStruct:  # an array leaf: shape and dtype

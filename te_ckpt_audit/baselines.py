@@ -9,7 +9,7 @@ import json
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from ._textfile import read_text
 from .config import Defines, parse_mesh, split_target
@@ -19,7 +19,7 @@ from .gpus import GpuRequest
 from .records import AuditKey, AuditReport, Baseline, MeshSpec, Scope, baseline_document, is_file_target, schemas
 
 _ENTRY_KEYS = ("target", "inputs", "defines", "scope", "mesh", "activation_bytes")
-_OPTIONAL_KEYS = ("gpu",)  # written only when set
+_OPTIONAL_KEYS = ("gpu", "params")  # written only when set
 
 
 def _resolve(spec: str, folder: Path | None = None, what: str = "target") -> str:
@@ -38,8 +38,10 @@ def audit_key(
     scope: Scope = Scope.AUTO,
     mesh: MeshSpec | None = None,
     gpu: GpuRequest | None = None,
+    params: tuple[int | str, ...] | Literal["all"] | None = None,
 ) -> AuditKey:
-    """The canonical key of an audit.
+    """The canonical key of an audit. The GPU is not part of it: what JAX saves does not depend on
+    the GPU a step is compiled for (the argument stays for callers that pass their request).
 
     >>> audit_key("pkg.model:loss", defines={"seq": "8", "batch": "2"}).defines
     (('batch', '2'), ('seq', '8'))
@@ -50,13 +52,17 @@ def audit_key(
         tuple(sorted((defines or {}).items())),
         Scope(scope),
         mesh,
-        None if gpu is None else gpu_key(gpu),
+        None,
+        params_key(params),
     )
 
 
-def gpu_key(gpu: GpuRequest) -> str:
-    """The GPU part of a baseline key: the GPU and, when the step has one, its optimizer."""
-    return gpu.model.name + ("" if gpu.optimizer is None else f"+{gpu.optimizer.value}")
+def params_key(params: tuple[int | str, ...] | Literal["all"] | None) -> str | None:
+    """The trained arguments as a baseline key holds them ("0,state", "all"); None for the default."""
+    if params is None:
+        return None
+    return params if isinstance(params, str) else ",".join(str(p) for p in params)
+
 
 
 def merged(baseline: Baseline, runs: Iterable[tuple[AuditKey, AuditReport]]) -> Baseline:
@@ -158,8 +164,9 @@ def _entries(rows: object, folder: Path) -> Baseline:
 
 def _key(row: Mapping[str, Any], folder: Path) -> AuditKey:  # Any: JSON, checked field by field
     inputs, defines, scope, mesh, gpu = row["inputs"], row["defines"], row["scope"], row["mesh"], row.get("gpu")
-    if not (gpu is None or isinstance(gpu, str)):
-        raise ValueError("an entry's gpu must be a string")
+    params = row.get("params")
+    if not (gpu is None or isinstance(gpu, str)) or not (params is None or isinstance(params, str)):
+        raise ValueError("an entry's gpu and params must be strings")
     if not isinstance(row["target"], str) or not (inputs is None or isinstance(inputs, str)):
         raise ValueError("an entry's target and inputs must be strings")
     if not isinstance(defines, dict) or not isinstance(scope, str) or not (mesh is None or isinstance(mesh, str)):
@@ -171,6 +178,7 @@ def _key(row: Mapping[str, Any], folder: Path) -> AuditKey:  # Any: JSON, checke
         Scope(scope),
         None if mesh is None else parse_mesh(mesh),
         gpu,
+        params,
     )
 
 

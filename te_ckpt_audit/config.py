@@ -21,6 +21,7 @@
     fit = true                                    # like --fit
     peak_budget = "60GiB"                         # like --peak-budget (peak_budgets: per policy)
     step = false                                  # like --step, with donate = [0] like --donate
+    params = [0]                                  # the trained arguments, like --params ("all": every float input)
 
 `gpu`, `gpu_config`, `optimizer`, `gpus_per_host`, `mem_fraction` and `fit` may also sit in
 [tool.te-ckpt-audit] itself, for every target that does not set its own.
@@ -36,12 +37,21 @@ import re
 import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from ._textfile import read_text
+from ._trained import parse_params
 from .errors import UsageError
 from .gating import PeakGate
-from .gpus import DEFAULT_GPUS_PER_HOST, DEFAULT_MEM_FRACTION, GpuRequest, Optimizer, gpu_model, model_of_config
+from .gpus import (
+    DEFAULT_GPUS_PER_HOST,
+    FractionSource,
+    GpuEnvironment,
+    GpuRequest,
+    Optimizer,
+    gpu_model,
+    model_of_config,
+)
 from .records import Budget, MeshAxis, MeshSpec, Scope, ShardingSource
 from .sizes import parse_size, percent_limit
 
@@ -51,7 +61,7 @@ MAX_DEFINE = 4096  # characters in one -D value: no size or flag is longer
 _GPU_KEYS = {"gpu", "gpu_config", "optimizer", "gpus_per_host", "mem_fraction", "fit"}
 _TOP_KEYS = {"targets", "baseline", "tolerance", *_GPU_KEYS}
 _TARGET_KEYS = {"target", "inputs", "defines", "policies", "scope", "budget", "budgets", "max_recompute", "mesh",
-                "shardings", "peak_budget", "peak_budgets", "step", "donate", *_GPU_KEYS}
+                "shardings", "peak_budget", "peak_budgets", "step", "donate", "params", *_GPU_KEYS}
 _AXIS_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -72,6 +82,7 @@ class TargetConfig:
     compile: bool = False  # XLA's memory analysis per policy (like --compile)
     gpu: GpuRequest | None = None  # each policy's step compiled for this GPU (like --gpu)
     peak: PeakGate = PeakGate()  # like --fit and --peak-budget
+    params: tuple[int | str, ...] | Literal["all"] | None = None  # the trained arguments (None: the first)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -272,7 +283,19 @@ def _target(raw: Any, i: int, p: Path) -> TargetConfig:
         shardings=shardings,
         gpu=_gpu(raw, where, p),
         peak=_peak_gate(raw, where, p),
+        params=_params(raw, where, p),
     )
+
+
+def _params(raw: Mapping[str, Any], where: str, p: Path) -> tuple[int | str, ...] | Literal["all"] | None:
+    if "params" not in raw:
+        return None
+    given = raw["params"]
+    if not (given == "all" or (isinstance(given, list) and given and all(
+            (type(x) is int and x >= 0) or (isinstance(x, str) and x.isidentifier()) for x in given))):
+        raise UsageError(f"{p}: {where}.params must be a list of argument positions or names, or \"all\"",
+                         'e.g. params = [0] or params = ["params"]')
+    return parse_params(given)
 
 
 def _gpu(raw: Mapping[str, Any], where: str, p: Path) -> GpuRequest | None:
@@ -294,18 +317,21 @@ def _gpu(raw: Mapping[str, Any], where: str, p: Path) -> GpuRequest | None:
     except ValueError:
         raise UsageError(f"{p}: {where}.optimizer {optimizer!r} is not one of sgd, adam, adamw, adafactor",
                          'e.g. optimizer = "adamw"') from None
-    per_host, fraction = raw.get("gpus_per_host", DEFAULT_GPUS_PER_HOST), raw.get("mem_fraction", DEFAULT_MEM_FRACTION)
+    per_host, fraction = raw.get("gpus_per_host", DEFAULT_GPUS_PER_HOST), raw.get("mem_fraction")
     if isinstance(per_host, bool) or not isinstance(per_host, int):
         raise UsageError(f"{p}: {where}.gpus_per_host must be an int", "e.g. gpus_per_host = 8")
-    if isinstance(fraction, bool) or not isinstance(fraction, int | float):
-        raise UsageError(f"{p}: {where}.mem_fraction must be a number", "e.g. mem_fraction = 0.9")
+    if fraction is not None and (isinstance(fraction, bool) or not isinstance(fraction, int | float)
+                                 or not 0 < fraction <= 1):
+        raise UsageError(f"{p}: {where}.mem_fraction must be a number in (0, 1]", "e.g. mem_fraction = 0.9")
+    # the run's environment (XLA_FLAGS, the fraction's variables) is the caller's to add
+    environment = GpuEnvironment() if fraction is None else GpuEnvironment(float(fraction), FractionSource.GIVEN)
     step, donate = raw.get("step", False), raw.get("donate", [])
     if not isinstance(step, bool):
         raise UsageError(f"{p}: {where}.step must be true or false", "e.g. step = true")
     positions = isinstance(donate, list) and all(type(d) is int and d >= 0 for d in donate)
     if not positions:
         raise UsageError(f"{p}: {where}.donate must be a list of argument positions", "e.g. donate = [0, 1]")
-    return GpuRequest(model, chosen, per_host, float(fraction), step=step, donate=tuple(donate))
+    return GpuRequest(model, chosen, per_host, environment, step=step, donate=tuple(donate))
 
 
 def _peak_gate(raw: Mapping[str, Any], where: str, p: Path) -> PeakGate:

@@ -12,15 +12,19 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import re
+import math
+import shlex
+from collections.abc import Mapping
 from pathlib import Path
 
+from . import _textproto as textproto
 from ._textfile import read_text
 from .errors import UsageError
 
 GIB = 2**30
 DEFAULT_MEM_FRACTION = 0.75  # JAX preallocates this much of a GPU (XLA_PYTHON_CLIENT_MEM_FRACTION)
 DEFAULT_GPUS_PER_HOST = 8
+MIN_COMPUTE_CAPABILITY = (7, 0)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -66,7 +70,9 @@ class GpuModel:
         if self.config is not None:
             if memory_bytes is None:
                 return self.config
-            return re.sub(r"(device_memory_size\s*:\s*)\d+", rf"\g<1>{memory_bytes}", self.config)
+            doc = textproto.parse(self.config, GPU_TARGET_CONFIG, self.name)
+            doc["gpu_device_info"]["device_memory_size"] = memory_bytes
+            return textproto.write(doc, GPU_TARGET_CONFIG)
         major, minor = self.compute_capability
         feature = "\n    feature_extension: ACCELERATED_FEATURES" if self.arch.accelerated else ""
         return f"""gpu_device_info {{
@@ -133,61 +139,106 @@ def gpu_model(name: str) -> GpuModel:
     )
 
 
+# GpuTargetConfigProto, as XLA defines it (xla/stream_executor/device_description.proto).
+_VERSION = {"major": "int32", "minor": "int32", "patch": "int32"}
+_RATE = {"key": "int32", "value": {"clock_rate_ghz": "float", "units_per_core": "int32", "ops_per_clock": "int32"}}
+_FEATURES = ("UNSPECIFIED", "NONE", "ACCELERATED_FEATURES", "FAMILY_COMPATIBLE_FEATURES", "FORWARD_COMPATIBLE_FEATURES")
+_DEVICE_INFO = {
+    **{f: "int32" for f in ("threads_per_block_limit", "threads_per_warp", "shared_memory_per_block",
+                            "shared_memory_per_core", "threads_per_core_limit", "core_count",
+                            "shared_memory_per_block_optin", "numa_node")},
+    **{f: "int64" for f in ("fpus_per_core", "block_dim_limit_x", "block_dim_limit_y", "block_dim_limit_z",
+                            "memory_bandwidth", "l2_cache_size", "device_memory_size", "registers_per_core_limit",
+                            "registers_per_block_limit", "thread_dim_limit_x", "thread_dim_limit_y",
+                            "thread_dim_limit_z", "device_address_bits", "pcie_bandwidth",
+                            "collective_memory_granularity")},
+    "clock_rate_ghz": "float",
+    "ecc_enabled": "bool",
+    **{f: "string" for f in ("driver_version", "kernel_mode_driver_version", "runtime_version",
+                             "compile_time_toolkit_version", "dnn_version", "cub_version", "device_vendor",
+                             "platform_version", "pci_bus_id", "name", "model_str")},
+    "cuda_compute_capability": {"major": "int32", "minor": "int32", "feature_extension": _FEATURES},
+    "rocm_compute_capability": {"gcn_arch_name": "string"},
+    "oneapi_compute_capability": textproto.OPAQUE,
+    "scalar_unit_description": {"rate_infos*": _RATE},
+    "matrix_unit_description": {"rate_infos*": _RATE},
+    "device_interconnect_info": {"active_links": "int32", "cluster_uuid": "string", "clique_id": "string"},
+}
+GPU_TARGET_CONFIG = {
+    "gpu_device_info": _DEVICE_INFO,
+    "platform_name": "string",
+    "dnn_version_info": _VERSION,
+    "autotune_results": textproto.OPAQUE,
+    "device_description_str": "string",
+    "runtime_version": _VERSION,
+}
 # Fields whose absence kills XLA's compiler (a division by zero) or that decide what it plans:
-# a config file must give each of them a positive value.
+# a config must give each of them a positive value.
 _REQUIRED = (
     "threads_per_warp", "block_dim_limit_x", "shared_memory_per_block_optin", "shared_memory_per_block",
     "core_count", "fpus_per_core", "clock_rate_ghz", "device_memory_size", "l2_cache_size", "memory_bandwidth",
 )
+_MAY_BE_NEGATIVE = {"numa_node"}  # -1: unknown
+
+
+def _config(text: str, shown: str) -> textproto.Message:
+    """A GpuTargetConfigProto's text, parsed and checked: what XLA needs is there and positive,
+    no count is negative, the compute capability is one XLA:GPU compiles for."""
+    doc = textproto.parse(text, GPU_TARGET_CONFIG, f"GPU config {shown}")
+    info = doc.get("gpu_device_info")
+    if info is None:
+        raise UsageError(f"GPU config {shown} has no gpu_device_info", "copy one of XLA's GPU specs")
+    for field in _REQUIRED:
+        if field not in info:
+            raise UsageError(f"GPU config {shown} has no {field}", "copy the field from one of XLA's GPU specs")
+        if info[field] <= 0:
+            raise UsageError(f"GPU config {shown}: {field} must be positive (it is {info[field]})", "")
+    for field, value in info.items():
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if number and value < 0 and field not in _MAY_BE_NEGATIVE:
+            raise UsageError(f"GPU config {shown}: {field} is {value}: a count is never negative", "")
+    cc = info.get("cuda_compute_capability")
+    if cc is None:
+        raise UsageError(f"GPU config {shown} has no cuda_compute_capability", "give major and minor")
+    if cc.get("major", 0) < MIN_COMPUTE_CAPABILITY[0] or cc.get("minor", 0) < 0:
+        raise UsageError(f"GPU config {shown}: compute capability {cc.get('major', 0)}.{cc.get('minor', 0)} is "
+                         "older than XLA:GPU compiles for", "7.0 or later (Volta)")
+    return doc
 
 
 def model_of_config(path: str | Path) -> GpuModel:
-    """A GPU described by a GpuTargetConfigProto text file (XLA's own spec files are such), as a
-    model whose `config_text` is that file's figures. Fields XLA cannot do without are checked
-    here: without them its compiler fails, or ends the process."""
+    """A GPU described by a GpuTargetConfigProto text file (XLA's own spec files are such), in
+    any layout the text format allows, checked field by field."""
     shown = str(path)
-    text = read_text(path, "GPU config", "give a GpuTargetConfigProto text file, as XLA's specs are")
-
-    def number(field: str) -> float:
-        found = re.findall(rf"^\s*{field}\s*:\s*([0-9.eE+]+)\s*$", text, re.MULTILINE)
-        if not found:
-            raise UsageError(f"GPU config {shown} has no {field}", "copy the field from one of XLA's GPU specs")
-        try:
-            value = float(found[0])
-        except ValueError:
-            raise UsageError(f"GPU config {shown}: {field} is not a number", "") from None
-        if value <= 0:
-            raise UsageError(f"GPU config {shown}: {field} must be positive", "")
-        return value
-
-    for field in _REQUIRED:
-        number(field)
-    cc = re.search(r"cuda_compute_capability\s*\{\s*major\s*:\s*(\d+)(?:\s*minor\s*:\s*(\d+))?", text)
-    if cc is None:
-        raise UsageError(f"GPU config {shown} has no cuda_compute_capability", "give major and minor")
-    described = re.search(r'device_description_str\s*:\s*"([^"\n]*)"', text)
+    try:
+        text = read_text(path, "GPU config", "give a GpuTargetConfigProto text file, as XLA's specs are")
+    except FileNotFoundError:
+        raise UsageError(f"no GPU config file {shown}", "check the path") from None
+    doc = _config(text, shown)
+    info = doc["gpu_device_info"]
+    cc = info["cuda_compute_capability"]
     return GpuModel(
         name=Path(shown).stem,
-        description=described.group(1) if described else Path(shown).stem,
-        compute_capability=(int(cc.group(1)), int(cc.group(2) or 0)),
-        sms=int(number("core_count")),
-        memory_bytes=int(number("device_memory_size")),
-        l2_bytes=int(number("l2_cache_size")),
-        clock_ghz=number("clock_rate_ghz"),
-        bandwidth=int(number("memory_bandwidth")),
+        description=doc.get("device_description_str") or Path(shown).stem,
+        compute_capability=(cc.get("major", 0), cc.get("minor", 0)),
+        sms=info["core_count"],
+        memory_bytes=info["device_memory_size"],
+        l2_bytes=info["l2_cache_size"],
+        clock_ghz=info["clock_rate_ghz"],
+        bandwidth=info["memory_bandwidth"],
         arch=Arch(
-            int(number("fpus_per_core")),
-            int(number("shared_memory_per_core")) if "shared_memory_per_core" in text else 0,
-            int(number("shared_memory_per_block_optin")),
-            int(number("threads_per_core_limit")) if "threads_per_core_limit" in text else 2048,
-            accelerated="ACCELERATED_FEATURES" in text,
+            info["fpus_per_core"],
+            info.get("shared_memory_per_core", 0),
+            info["shared_memory_per_block_optin"],
+            info.get("threads_per_core_limit", 2048),
+            accelerated=cc.get("feature_extension") == "ACCELERATED_FEATURES",
         ),
-        config=text,
+        config=textproto.write(doc, GPU_TARGET_CONFIG),
     )
 
 
 class Optimizer(enum.StrEnum):
-    """The optax update a compiled step adds (`--optimizer`), its state donated in and out."""
+    """The optax update a compiled step adds (`optimizer`), its state donated in and out."""
 
     SGD = "sgd"
     ADAM = "adam"
@@ -195,36 +246,167 @@ class Optimizer(enum.StrEnum):
     ADAFACTOR = "adafactor"
 
 
+# --- the run's environment: how much of the GPU a process may use ---------------------------------
+
+# What a process needs outside JAX's allocator: the CUDA context (with CUDA's lazy loading, the
+# default since 12.2), cuBLAS/cuDNN handles, and NCCL's communicators (NCCL_BUFFSIZE, 4 MiB per
+# channel and peer, ~9 MiB with its LL and LL128 buffers, over up to 32 channels and 7 peers of an
+# NVLink host). NVIDIA publishes no single figure; XLA leaves 20% free for these allocations when
+# it knows no limit (gpu_hlo_schedule.cc), and MaxText's H100 recipes run at 0.85-0.90 of 80 GB.
+# The figures below bound the fraction from above; they never make a compiled peak fit.
+RESERVED_ONE_GPU = 1 * GIB
+RESERVED_SEVERAL_GPUS = 2 * GIB
+XLA_FALLBACK_PERCENT = 80  # XLA plans against 80% of the device without an allocator limit
+FRACTION_VARIABLES = ("XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION")  # jax's new, old spelling
+
+
+class Allocator(enum.StrEnum):
+    """JAX's GPU allocator (XLA_PYTHON_CLIENT_ALLOCATOR)."""
+
+    DEFAULT = "default"  # the BFC allocator over a pool of `fraction` of the memory
+    BFC = "bfc"
+    CUDA_ASYNC = "cuda_async"
+    VMM = "vmm"
+    ADDRESS = "address"
+    PLATFORM = "platform"  # cudaMalloc on demand: no pool, no fraction
+
+    @property
+    def pooled(self) -> bool:
+        """Whether the fraction caps what the process allocates (and XLA plans against it)."""
+        return self is not Allocator.PLATFORM
+
+
+class FractionSource(enum.StrEnum):
+    DEFAULT = "default"  # JAX's 0.75
+    ENVIRONMENT = "environment"  # XLA_CLIENT_MEM_FRACTION / XLA_PYTHON_CLIENT_MEM_FRACTION
+    GIVEN = "given"  # the caller's mem_fraction (the command line's --mem-fraction, pyproject's key)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GpuEnvironment:
+    """What the run's environment says of GPU memory and XLA: the fraction of the memory JAX may
+    use and where it came from, preallocation, the allocator, and XLA_FLAGS as the run sets them."""
+
+    mem_fraction: float = DEFAULT_MEM_FRACTION
+    fraction_source: FractionSource = FractionSource.DEFAULT
+    fraction_variable: str | None = None  # the variable it was read from
+    preallocate: bool = True
+    allocator: Allocator = Allocator.DEFAULT
+    xla_flags: str = ""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.mem_fraction, bool) or not 0 < self.mem_fraction <= 1:
+            raise UsageError(f"mem_fraction {self.mem_fraction} is not in (0, 1]", "JAX's default is 0.75")
+
+
+def _fraction(text: str, variable: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise UsageError(f"{variable}={text[:40]!r} is not a number", f"e.g. {variable}=.85") from None
+    if not 0 < value <= 1:
+        raise UsageError(f"{variable}={text[:40]} is not in (0, 1]", f"e.g. {variable}=.85")
+    return value
+
+
+def gpu_environment(env: Mapping[str, str], mem_fraction: float | None = None) -> GpuEnvironment:
+    """The GPU environment `env` describes (the run's `os.environ`), read as JAX reads it;
+    `mem_fraction`, when given, overrides the variables.
+
+    >>> gpu_environment({"XLA_PYTHON_CLIENT_MEM_FRACTION": ".85"}).mem_fraction
+    0.85
+    """
+    given = [v for v in FRACTION_VARIABLES if env.get(v)]
+    if len(given) > 1:
+        raise UsageError(f"both {FRACTION_VARIABLES[0]} and {FRACTION_VARIABLES[1]} are set",
+                         f"JAX refuses both; remove {FRACTION_VARIABLES[1]}, it is deprecated")
+    if mem_fraction is not None:
+        fraction, source, variable = float(mem_fraction), FractionSource.GIVEN, None
+    elif given:
+        fraction, source, variable = _fraction(env[given[0]], given[0]), FractionSource.ENVIRONMENT, given[0]
+    else:
+        fraction, source, variable = DEFAULT_MEM_FRACTION, FractionSource.DEFAULT, None
+    preallocate = env.get("XLA_PYTHON_CLIENT_PREALLOCATE", "true") not in ("false", "False", "0")
+    name = env.get("XLA_PYTHON_CLIENT_ALLOCATOR", "default").lower()
+    try:
+        allocator = Allocator(name)
+    except ValueError:
+        allowed = ", ".join(a.value for a in Allocator)
+        raise UsageError(f"XLA_PYTHON_CLIENT_ALLOCATOR={name[:40]!r} is not an allocator JAX knows",
+                         f"one of {allowed}") from None
+    return GpuEnvironment(fraction, source, variable, preallocate, allocator, env.get("XLA_FLAGS", "").strip())
+
+
+def xla_flags(text: str) -> tuple[tuple[str, str], ...]:
+    """XLA_FLAGS as (name, value) pairs, in order, as XLA splits them (a bare flag is true).
+
+    >>> xla_flags("--xla_gpu_enable_triton_gemm=false --xla_dump_hlo_as_text")
+    (('xla_gpu_enable_triton_gemm', 'false'), ('xla_dump_hlo_as_text', 'true'))
+    """
+    out = []
+    for word in shlex.split(text):
+        if not word.startswith("--"):
+            raise UsageError(f"XLA_FLAGS holds {word[:60]!r}, which is not a --flag", "e.g. XLA_FLAGS=--xla_foo=true")
+        name, eq, value = word[2:].partition("=")
+        out.append((name, value if eq else "true"))
+    return tuple(out)
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class GpuRequest:
-    """What `--gpu` asks: the step compiled for `model`, `gpus_per_host` of them per host, and
-    how much of each a process may use (`mem_fraction`, JAX's preallocation)."""
+    """What compiling for a GPU asks: the step compiled for `model`, `gpus_per_host` of them per
+    host, in the run's `environment` (its memory fraction, allocator and XLA_FLAGS)."""
 
     model: GpuModel
     optimizer: Optimizer | None = None
     gpus_per_host: int = DEFAULT_GPUS_PER_HOST
-    mem_fraction: float = DEFAULT_MEM_FRACTION
+    environment: GpuEnvironment = GpuEnvironment()
     cache: Path | None = None  # where compiled results are kept (the command line's cache folder)
     step: bool = False  # the target already is a training step: compiled as it is (as-is only)
     donate: tuple[int, ...] = ()  # with `step`: the positional arguments it donates
-    jobs: int = dataclasses.field(default=1, compare=False)  # policies compiled at once, in worker processes
 
     def __post_init__(self) -> None:
-        if not 0 < self.mem_fraction <= 1:
-            raise UsageError(f"--mem-fraction {self.mem_fraction} is not in (0, 1]", "JAX's default is 0.75")
         if self.donate and not self.step:
-            raise UsageError("--donate names the arguments a training step donates", "add --step")
+            raise UsageError("donate names the arguments a training step of the target's own donates",
+                             "the target must be a step (step=True)")
         if self.step and self.optimizer is not None:
-            raise UsageError("--optimizer adds an update to the step te-ckpt-audit builds; --step brings its own",
-                             "drop one of them")
-        if self.jobs < 1:
-            raise UsageError(f"--jobs {self.jobs} must be at least 1", "e.g. --jobs 4")
+            raise UsageError("an optimizer adds an update to the step te-ckpt-audit builds; a step of the "
+                             "target's own brings its own", "drop one of them")
         if self.gpus_per_host < 1:
-            raise UsageError(f"--gpus-per-host {self.gpus_per_host} must be at least 1", "8 on an HGX host")
+            raise UsageError(f"gpus_per_host {self.gpus_per_host} must be at least 1", "8 on an HGX host")
+
+    @property
+    def mem_fraction(self) -> float:
+        return self.environment.mem_fraction
+
+    def reserved_bytes(self, devices: int) -> int:
+        """What the process needs outside JAX's allocator (CUDA context, NCCL): see RESERVED_*; a
+        twentieth of a GPU smaller than 20 GiB (a config file's small test device)."""
+        reserve = RESERVED_ONE_GPU if devices == 1 else RESERVED_SEVERAL_GPUS
+        return min(reserve, self.model.memory_bytes // 20)
+
+    def usable_at(self, fraction: float, devices: int = 1) -> int:
+        """What the step may use at `fraction`: the allocator's pool, else the memory less the reserve."""
+        if self.environment.allocator.pooled:
+            return int(self.model.memory_bytes * fraction)
+        return self.model.memory_bytes - self.reserved_bytes(devices)
 
     @property
     def usable_bytes(self) -> int:
-        return int(self.model.memory_bytes * self.mem_fraction)
+        return self.usable_at(self.mem_fraction)
+
+    def max_fraction(self, devices: int = 1) -> float:
+        """The largest fraction a run can set and still have room for the reserve, floored to 0.01."""
+        memory = self.model.memory_bytes
+        return math.floor(100 * (memory - self.reserved_bytes(devices)) / memory) / 100
+
+    def planning_memory(self, fraction: float) -> int:
+        """The device memory to describe to XLA so that it plans against `fraction` of the GPU, as
+        on a real run: jaxlib hands XLA the allocator's limit, and XLA takes 80% of the device's
+        memory where it has none (a compile for a topology, the platform allocator)."""
+        if not self.environment.allocator.pooled:
+            return self.model.memory_bytes
+        return math.ceil(self.model.memory_bytes * fraction * 100 / XLA_FALLBACK_PERCENT)
 
     def topology(self, devices: int) -> str:
         """The topology string of `devices` GPUs, `gpus_per_host` to a host."""
@@ -232,6 +414,20 @@ class GpuRequest:
         if devices % per_host:
             raise UsageError(
                 f"{devices} GPUs do not fill hosts of {per_host}",
-                f"a mesh of a multiple of {per_host} devices, or --gpus-per-host {devices}",
+                f"a mesh of a multiple of {per_host} devices, or gpus_per_host {devices}",
             )
         return f"1x{devices // per_host}x{per_host}"
+
+
+def least_fraction(peak: int, memory: int) -> float:
+    """The least fraction of `memory` (to 0.01, rounded up) that holds `peak` bytes.
+
+    >>> least_fraction(63 * GIB, 80 * GIB)
+    0.79
+    """
+    return math.ceil(100 * peak / memory - 1e-9) / 100
+
+
+def suggested_fraction(least: float, most: float) -> float:
+    """A fraction to set for a step that needs `least`: the next 0.05 up, at most `most`."""
+    return min(most, math.ceil(20 * least - 1e-9) / 20) if least <= most else least

@@ -64,17 +64,35 @@ def bind_static(fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[Callable
     return f, [leaves[i] for i in dynamic]
 
 
-def reference(model: str, spec_text: str, args: tuple[Any, ...]) -> Counter[tuple[tuple[int, ...], str]]:
-    """(shape, dtype) multiset of JAX's saved residuals, literals left out (they are
-    compile-time scalars, listed or not depending on how a Python number entered the trace)."""
+def trained_only(fn: Callable[..., Any], trained: set[int] | None) -> Callable[..., Any]:
+    """`fn` with every array of an argument not in `trained` under stop_gradient: JAX's own
+    linearization then treats it as known, as `jax.grad(loss)(params, batch)` does (None: every
+    argument is differentiated, as `saved_residuals(fn, *args)` does)."""
+    if trained is None:
+        return fn
+
+    def stopped(x: Any) -> Any:
+        return jax.lax.stop_gradient(x) if isinstance(x, jax.Array) else x
+
+    def partial(*args: Any) -> Any:
+        return fn(*(a if i in trained else jax.tree_util.tree_map(stopped, a) for i, a in enumerate(args)))
+
+    return partial
+
+
+def reference(model: str, spec_text: str, args: tuple[Any, ...],
+              trained: set[int] | None = frozenset({0})) -> Counter[tuple[tuple[int, ...], str]]:  # type: ignore[assignment]
+    """(shape, dtype) multiset of JAX's saved residuals with only the `trained` arguments
+    differentiated (a target's default: the first), literals left out (they are compile-time
+    scalars, listed or not depending on how a Python number entered the trace)."""
     m = module(model)
     spec = resolve_policy(spec_text)
     if isinstance(spec, AsIs):
-        fn, dyn = bind_static(m.loss, args)
+        fn, dyn = bind_static(trained_only(m.loss, trained), args)
     elif model in INNER:
-        fn, dyn = bind_static(m.make_loss(spec.policy), args)  # policy None: no remat at all
+        fn, dyn = bind_static(trained_only(m.make_loss(spec.policy), trained), args)  # policy None: no remat at all
     else:
-        fn, dyn = bind_static(m.loss, args)
+        fn, dyn = bind_static(trained_only(m.loss, trained), args)
         if spec.policy is not None:
             fn = jax.checkpoint(fn, policy=spec.policy)
     return Counter(

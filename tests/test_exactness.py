@@ -50,3 +50,18 @@ def test_policies_order_by_memory(model: str) -> None:
     dots = report.result("checkpoint_dots").totals.activation_bytes
     assert nothing <= dots <= everything
     assert nothing < everything
+
+
+_everything: dict[str, object] = {}
+
+
+@pytest.mark.parametrize(("model", "policy"), CASES, ids=[f"{m}-{p}" for m, p in CASES])
+def test_residuals_equal_jax_with_every_input_trained(model: str, policy: str) -> None:
+    """`params="all"` (`--params all`): every float input differentiated, data included, as
+    `saved_residuals(fn, *args)` differentiates them; the residuals are still JAX's."""
+    if model not in _everything:
+        _everything[model] = audit_target(f"sample_models/{model}.py:loss", policies_for(model), params="all")
+    result = _everything[model].result(policy)  # type: ignore[attr-defined]
+    truth = reference(model, policy, module(model).loss_inputs(), trained=None)
+    assert Counter((r.shape, r.dtype) for r in result.residuals) == truth
+    assert result.totals.total_bytes == nbytes(truth)

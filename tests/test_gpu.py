@@ -12,12 +12,11 @@ own rematerialization is reported where the device is too small; reruns are byte
 
 from __future__ import annotations
 
-import importlib.util
+import dataclasses
 import json
 import math
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -25,34 +24,28 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _gpu_lane import LANE, ROOT, cli, gpu_target_missing  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from te_ckpt_audit import UsageError, audit
+from te_ckpt_audit import _textproto as textproto
 from te_ckpt_audit._jax_compat import GPU_TARGET_SINCE, JAX_VERSION
 from te_ckpt_audit.baselines import audit_key, baseline_text, merged, parse_baseline
 from te_ckpt_audit.config import load_config
 from te_ckpt_audit.gating import PeakGate, check
-from te_ckpt_audit.gpus import CATALOG, GpuRequest, Optimizer, gpu_model, model_of_config
+from te_ckpt_audit.gpus import (
+    CATALOG,
+    GPU_TARGET_CONFIG,
+    FractionSource,
+    GpuEnvironment,
+    GpuRequest,
+    Optimizer,
+    gpu_model,
+    model_of_config,
+)
 from te_ckpt_audit.records import Baseline, Figure
 
-ROOT = Path(__file__).resolve().parent.parent
-LANE = os.environ.get("TE_CKPT_AUDIT_GPU_LANE") == "1"
-
-
-def _gpu_target_here() -> str | None:
-    """Why a step cannot be compiled for a GPU here, or None."""
-    if JAX_VERSION < GPU_TARGET_SINCE:
-        return f"jax {jax.__version__} < 0.12"
-    for module in ("jax_plugins.xla_cuda12", "nvidia.cuda_nvcc", "optax"):
-        try:
-            if importlib.util.find_spec(module) is None:
-                return f"{module} is not installed"
-        except ImportError:
-            return f"{module} is not installed"
-    return None
-
-
-MISSING = _gpu_target_here()
+MISSING = gpu_target_missing()
 compiles = pytest.mark.skipif(MISSING is not None and not LANE, reason=f"no GPU target here: {MISSING}")
 
 
@@ -81,7 +74,8 @@ def test_a_catalog_config_reads_back_as_the_same_gpu(tmp_path: Path) -> None:
         assert (again.compute_capability, again.sms, again.memory_bytes, again.l2_bytes, again.bandwidth,
                 again.arch) == (model.compute_capability, model.sms, model.memory_bytes, model.l2_bytes,
                                 model.bandwidth, model.arch)
-        assert again.config_text() == model.config_text()
+        schema = GPU_TARGET_CONFIG
+        assert textproto.parse(again.config_text(), schema, "a") == textproto.parse(model.config_text(), schema, "b")
         assert f"device_memory_size: {2**26}" in again.config_text(2**26)
 
 
@@ -101,8 +95,8 @@ def test_topology_and_request_limits() -> None:
     assert request.usable_bytes == int(0.75 * gpu_model("h100").memory_bytes)
     with pytest.raises(UsageError, match="12 GPUs do not fill hosts of 8"):
         request.topology(12)
-    with pytest.raises(UsageError, match="--mem-fraction"):
-        GpuRequest(gpu_model("h100"), mem_fraction=1.5)
+    with pytest.raises(UsageError, match="mem_fraction 1.5 is not in"):
+        GpuEnvironment(mem_fraction=1.5)
 
 
 def test_pyproject_gpu_keys(tmp_path: Path) -> None:
@@ -121,23 +115,23 @@ def test_pyproject_gpu_keys(tmp_path: Path) -> None:
         load_config(tmp_path / "pyproject.toml")
 
 
-def test_baselines_are_keyed_by_gpu(tmp_path: Path) -> None:
+def test_baselines_match_with_or_without_a_gpu(tmp_path: Path) -> None:
+    """What JAX saves does not depend on the GPU a step is compiled for: a key has no GPU, and an
+    entry an older version saved under one still matches the same audit, with or without one."""
     plain = audit_key("m.py:loss")
-    on_h100 = audit_key("m.py:loss", gpu=GpuRequest(gpu_model("h100"), Optimizer.ADAMW))
-    assert on_h100.gpu == "h100-sxm+adamw" and plain != on_h100
-    text = baseline_text(Baseline({plain: {"none": 1}, on_h100: {"none": 2}}), tmp_path)
-    assert '"gpu": "h100-sxm+adamw"' in text and text.count('"gpu"') == 1  # absent without --gpu
+    assert audit_key("m.py:loss", gpu=GpuRequest(gpu_model("h100"), Optimizer.ADAMW)) == plain
+    older = dataclasses.replace(plain, gpu="h100-sxm+adamw")
+    text = baseline_text(Baseline({older: {"none": 2}}), tmp_path)
+    assert '"gpu": "h100-sxm+adamw"' in text
     again = parse_baseline(text, tmp_path)
-    assert again.figures(on_h100) == {"none": 2} and again.figures(plain) == {"none": 1}
+    assert again.figures(plain) == {"none": 2} and again.figures(older) == {"none": 2}
+    both = Baseline({older: {"none": 2}, plain: {"none": 1}})
+    assert both.figures(plain) == {"none": 1} and both.figures(older) == {"none": 2}
     assert merged(again, []) == again
 
 
 def _cli(*args: str, cwd: Path = ROOT, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    run_env = {**os.environ, **(env or {})}
-    run_env.pop("XLA_FLAGS", None)
-    run_env.pop("JAX_PLATFORMS", None)  # as a user's shell: the command keeps JAX on CPU itself
-    return subprocess.run([sys.executable, "-m", "te_ckpt_audit_cli", *args], cwd=cwd, env=run_env,
-                          capture_output=True, text=True, timeout=600)
+    return cli(*args, cwd=cwd, env=env)
 
 
 @pytest.mark.parametrize("args, says", [
@@ -154,7 +148,7 @@ def test_bad_gpu_options_are_one_line_and_exit_2(args: list[str], says: str) -> 
 @pytest.mark.skipif(JAX_VERSION >= GPU_TARGET_SINCE, reason="this jax compiles for GPUs")
 def test_an_older_jax_says_what_to_install() -> None:
     run = _cli("sample_models/mlp.py:loss", "--gpu", "h100")
-    assert run.returncode == 2 and "te-ckpt-audit[gpu]" in run.stderr and "jax >= 0.12" in run.stderr
+    assert run.returncode == 2 and '".[gpu]"' in run.stderr and "jax >= 0.12" in run.stderr
 
 
 def test_gpus_lists_the_catalog() -> None:
@@ -254,7 +248,8 @@ def test_xla_rematerializes_on_a_device_too_small(tmp_path: Path) -> None:
     its own and cannot fit it; the finding says what the step needed, and --fit fails."""
     small = gpu_model("h100").config_text(300 * 2**20)
     (tmp_path / "small.txtpb").write_text(small)
-    request = GpuRequest(model_of_config(tmp_path / "small.txtpb"), mem_fraction=1.0)
+    whole = GpuEnvironment(1.0, FractionSource.GIVEN)
+    request = GpuRequest(model_of_config(tmp_path / "small.txtpb"), environment=whole)
     report = audit(stack, *STACK_ARGS, policies=["everything_saveable"], gpu=request)
     peak = report.results[0].peak
     assert peak is not None and peak.xla_rematerialized, peak
@@ -300,7 +295,7 @@ def test_reruns_are_byte_identical_and_gates_read_the_peak(tmp_path: Path) -> No
 
     assert without_seconds(cold.stdout) == without_seconds(first.stdout)  # XLA's plan does not vary
     doc = json.loads(first.stdout)
-    assert doc["schema"] == "te-ckpt-audit/3" and doc["step"]["optimizer"] == "adamw"
+    assert doc["schema"] == "te-ckpt-audit/4" and doc["step"]["optimizer"] == "adamw"
     peaks = [r["peak"]["bytes_per_device"] for r in doc["results"]]
     limit = min(peaks) + (max(peaks) - min(peaks)) // 2 if max(peaks) > min(peaks) else min(peaks) - 1
     gated = _cli(*args, "--peak-budget", str(limit), env=cache)

@@ -1,5 +1,5 @@
 """The audit's records: what one target's trace holds and what each policy keeps, recomputes and
-offloads; `AuditReport.to_dict()` is the versioned JSON document (schema ``te-ckpt-audit/3``)."""
+offloads; `AuditReport.to_dict()` is the versioned JSON document (schema ``te-ckpt-audit/4``)."""
 
 from __future__ import annotations
 
@@ -205,40 +205,75 @@ class CompiledMemory:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class PeakMemory:
-    """XLA:GPU's memory plan for one device of one training step under a policy (`--gpu`),
-    compiled for a GPU model without one: no autotuning, so the peak is a range over both GEMM
-    backends (Triton's fusions, cuBLAS), and gates use its top."""
+    """XLA:GPU's memory plan for one device of one training step under a policy (compiled for a
+    GPU model without one): no autotuning, so the peak is a range over both GEMM backends
+    (Triton's fusions, cuBLAS), and gates use its top. XLA plans against the memory the run's
+    fraction gives it, as on a real GPU."""
 
-    bytes_per_device: int | None  # the larger peak of the two compiles
+    bytes_per_device: int | None  # the larger peak of the compiles
     bytes_per_device_min: int | None  # the smaller one
     argument_bytes: int | None  # of the compile with the larger peak
     output_bytes: int | None
     alias_bytes: int | None  # outputs written into donated arguments
     temp_bytes: int | None
-    fits: bool | None  # the larger peak within the usable memory
+    fits: bool | None  # the larger peak within the usable memory at the run's fraction
     xla_rematerialized: bool  # XLA recomputed values on its own to fit the device
-    needed_bytes: int | None  # with xla_rematerialized: the peak the step plans given all the memory it wants
-    compile_seconds: float  # both compiles, as they ran (kept with a cached result)
+    # What the step needs: the peak XLA plans with its own rematerialization off and unbounded
+    # memory; computed where the step does not fit or XLA rematerialized, else None.
+    needed_bytes: int | None
+    compile_seconds: float  # every compile, as they ran (kept with a cached result)
     error: str | None = None  # why it could not be compiled, if so
+    # The least memory fraction (to 0.01) whose usable memory holds the step's plan; None where no
+    # fraction the run can set does (or the allocator takes no fraction).
+    least_fraction: float | None = None
+    backends: tuple[str, ...] = ()  # the GEMM backends compiled: triton, cublas (or the run's own)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class GpuInfo:
-    """The GPU a report's peaks were compiled for."""
+    """The GPU a report's peaks were compiled for, and the run's environment."""
 
     name: str
     memory_bytes: int
-    usable_bytes: int  # memory_bytes times JAX's preallocated fraction
+    usable_bytes: int  # at the run's fraction (memory less the reserve where no fraction applies)
     gpus_per_host: int
+    mem_fraction: float = 0.75
+    fraction_source: str = "default"  # default, environment (fraction_variable), given
+    fraction_variable: str | None = None
+    max_fraction: float = 0.98  # the most a run can set, leaving `reserved_bytes` outside JAX's pool
+    reserved_bytes: int = 0  # CUDA context, NCCL: what the process needs outside JAX's allocator
+    allocator: str = "default"  # XLA_PYTHON_CLIENT_ALLOCATOR
+    preallocate: bool = True  # XLA_PYTHON_CLIENT_PREALLOCATE
+    xla_flags: str = ""  # XLA_FLAGS the compiles ran with
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class StepInfo:
-    """What was compiled for the GPU: `value_and_grad` of the target, its float inputs donated,
-    with an optax update when `optimizer` is set."""
+    """What was compiled for the GPU: `value_and_grad` over the trained inputs (`donated`), with
+    an optax update when `optimizer` is set; or (`own`) the target's own step, as it is."""
 
     optimizer: str | None
-    donated: tuple[str, ...]  # the donated inputs' paths
+    donated: tuple[str, ...]  # the donated inputs' paths (the trained ones, for te-ckpt-audit's step)
+    own: bool = False
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CompileProgress:
+    """A compile starting (`seconds` None) or done, as progress callbacks are told."""
+
+    policy: str
+    backend: str  # triton, cublas, needed (rematerialization off, unbounded memory), or the run's
+    gpu: str
+    seconds: float | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Trained:
+    """The inputs the audit differentiates and a GPU step trains."""
+
+    arguments: tuple[int, ...] | None  # positional arguments; None: every float input
+    inputs: tuple[str, ...]  # the differentiated inputs' paths
+    convention: bool  # the default (jax.grad's argnums=0), not the caller's choice
 
 
 class ShardingSource(enum.StrEnum):
@@ -317,6 +352,7 @@ class PolicyResult:
     requantize_flops: int = 0  # their recompute FLOPs
     # Why JAX could not differentiate the function under this policy; the row is then empty.
     error: str | None = None
+    audited: bool = True  # False for a training step of the target's own: its residuals are inside it
 
     @property
     def recompute_percent(self) -> float:
@@ -345,6 +381,7 @@ class AuditReport:
     sharding_source: ShardingSource | None = None
     gpu: GpuInfo | None = None  # --gpu: the peaks' GPU and the step compiled
     step: StepInfo | None = None
+    trained: Trained | None = None  # the inputs differentiated (None: not recorded)
 
     @property
     def forward_flops(self) -> int:
@@ -361,7 +398,7 @@ class AuditReport:
         return tuple(w for r in self.results for w in r.warnings)
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON document (schema ``te-ckpt-audit/3``): plain, ordered, deterministic."""
+        """The JSON document (schema ``te-ckpt-audit/4``): plain, ordered, deterministic."""
         return {"schema": SCHEMA, **_plain(self)}
 
 

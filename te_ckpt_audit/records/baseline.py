@@ -27,7 +27,10 @@ class AuditKey:
     defines: tuple[tuple[str, str], ...] = ()  # sorted by key
     scope: Scope = Scope.AUTO
     mesh: MeshSpec | None = None  # per-device figures on a mesh differ from single-device ones
-    gpu: str | None = None  # --gpu: the GPU and optimizer the step was compiled for ("h100-sxm+adamw")
+    # Files written before activation bytes were known not to depend on the GPU keyed entries by
+    # it ("h100-sxm+adamw"); such an entry still matches the same audit, with or without a GPU.
+    gpu: str | None = None
+    params: str | None = None  # the trained arguments when not the default ("0,2", "all")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -42,9 +45,18 @@ class Baseline:
     unknown: tuple[Mapping[str, Any], ...] = ()
 
     def figures(self, key: AuditKey) -> Mapping[str, int]:
-        """{policy: bytes} saved for `key`; {} when the baseline has no entry for it."""
+        """{policy: bytes} saved for `key`; {} when the baseline has no entry for it. The GPU a step
+        was compiled for changes nothing JAX saves: an entry saved with or without one (or for
+        another) holds the same audit's figures."""
         found = self.entries.get(key)
-        return found if found is not None else self.by_target.get(key.target, {})
+        if found is not None:
+            return found
+        plain = dataclasses.replace(key, gpu=None)
+        same = sorted((k for k in self.entries if dataclasses.replace(k, gpu=None) == plain),
+                      key=lambda k: (k.gpu is not None, k.gpu or ""))
+        if same:
+            return self.entries[same[0]]
+        return self.by_target.get(key.target, {})
 
 
 def is_file_target(where: str) -> bool:
@@ -67,7 +79,8 @@ def baseline_document(baseline: Baseline, folder: Path) -> dict[str, Any]:
 
     def order(key: AuditKey) -> tuple[Any, ...]:
         mesh = "" if key.mesh is None else str(key.mesh)
-        return portable(key.target), portable(key.inputs) or "", key.defines, key.scope.value, mesh, key.gpu or ""
+        return (portable(key.target), portable(key.inputs) or "", key.defines, key.scope.value, mesh, key.gpu or "",
+                key.params or "")
 
     rows: list[Mapping[str, Any]] = [
         {
@@ -76,7 +89,8 @@ def baseline_document(baseline: Baseline, folder: Path) -> dict[str, Any]:
             "defines": dict(key.defines),
             "scope": key.scope.value,
             "mesh": None if key.mesh is None else str(key.mesh),
-            **({} if key.gpu is None else {"gpu": key.gpu}),  # absent without --gpu: older files stay as they were
+            **({} if key.gpu is None else {"gpu": key.gpu}),  # older files' entries, kept as they were
+            **({} if key.params is None else {"params": key.params}),  # absent for the default
             "activation_bytes": dict(entries[key]),
         }
         for key in sorted(entries, key=order)

@@ -1,4 +1,4 @@
-"""The JSON Schema (draft 2020-12) of the audit's JSON document, ``te-ckpt-audit/3``: what
+"""The JSON Schema (draft 2020-12) of the audit's JSON document, ``te-ckpt-audit/4``: what
 `AuditReport.to_dict()` gives, plus the hotspots and each warning's words that the JSON renderer
 adds. The tests validate every sample model's document against it."""
 
@@ -39,6 +39,7 @@ _BOOL = {"type": "boolean"}
 _OPT_STR = {"type": ["string", "null"]}
 _OPT_INT = {"oneOf": [{"type": "null"}, _INT]}
 _SHAPE = {"type": "array", "items": _INT}
+_FRACTION = {"type": "number", "exclusiveMinimum": 0, "maximum": 1}
 _SOURCE = {
     "oneOf": [{"type": "null"}, _object(file=_STR, line=_INT, function=_STR)],
 }
@@ -168,12 +169,16 @@ JSON_SCHEMA: dict[str, Any] = {
                             needed_bytes=_OPT_INT,
                             compile_seconds={"type": "number", "minimum": 0},
                             error=_OPT_STR,
+                            least_fraction={"oneOf": [{"type": "null"},
+                                                      {"type": "number", "exclusiveMinimum": 0, "maximum": 1}]},
+                            backends=_array({"enum": ["triton", "cublas"]}),
                         ),
                     ]
                 },
                 requantized=_INT,
                 requantize_flops=_INT,
                 error=_OPT_STR,
+                audited=_BOOL,
                 recompute_percent={"type": "number", "minimum": 0},
             )
         ),
@@ -190,10 +195,19 @@ JSON_SCHEMA: dict[str, Any] = {
             "oneOf": [
                 {"type": "null"},
                 _object(
-                    name=_STR, memory_bytes=_INT, usable_bytes=_INT, gpus_per_host={"type": "integer", "minimum": 1}
+                    name=_STR, memory_bytes=_INT, usable_bytes=_INT, gpus_per_host={"type": "integer", "minimum": 1},
+                    mem_fraction=_FRACTION, fraction_source={"enum": ["default", "environment", "given"]},
+                    fraction_variable=_OPT_STR, max_fraction=_FRACTION, reserved_bytes=_INT, allocator=_STR,
+                    preallocate=_BOOL, xla_flags=_STR,
                 ),
             ]
         },
-        step={"oneOf": [{"type": "null"}, _object(optimizer=_OPT_STR, donated=_array(_STR))]},
+        step={"oneOf": [{"type": "null"}, _object(optimizer=_OPT_STR, donated=_array(_STR), own=_BOOL)]},
+        trained={
+            "oneOf": [
+                {"type": "null"},
+                _object(arguments={"oneOf": [{"type": "null"}, _array(_INT)]}, inputs=_array(_STR), convention=_BOOL),
+            ]
+        },
     ),
 }

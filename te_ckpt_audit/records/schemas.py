@@ -3,9 +3,11 @@ its id."""
 
 from __future__ import annotations
 
-AUDIT = "te-ckpt-audit/3"  # AuditReport.to_dict(), the audit's JSON; /3: gpu, step, results[].peak
-RECOMMEND = "te-ckpt-audit-recommend/2"  # Recommendation.to_dict(); /2: gpu, compiles, maximized, peaks
-CHECK = "te-ckpt-audit-check/3"  # check results; /2: unbounded growth explicit, never a non-finite number;
-# /3: each target's report is te-ckpt-audit/3, and peak figures (--gpu) may be violated
+AUDIT = "te-ckpt-audit/4"  # AuditReport.to_dict(), the audit's JSON; /3: gpu, step, results[].peak;
+# /4: trained, results[].audited, peak.least_fraction and backends, gpu's environment, step.own
+RECOMMEND = "te-ckpt-audit-recommend/3"  # Recommendation.to_dict(); /2: gpu, compiles, maximized, peaks;
+# /3: peaks and gpu as te-ckpt-audit/4 has them
+CHECK = "te-ckpt-audit-check/4"  # check results; /2: unbounded growth explicit, never a non-finite number;
+# /3: each target's report is te-ckpt-audit/3, and peak figures (--gpu) may be violated; /4: reports are /4
 BASELINE = "te-ckpt-audit-baseline/2"  # baseline files: one entry per audit key
 BASELINE_1 = "te-ckpt-audit-baseline/1"  # {target: {policy: bytes}}: still read, never written

@@ -61,10 +61,16 @@ class Column:
     header: str
     value: Callable[[AuditReport, PolicyResult], str]
     numeric: bool = True
+    compiled: bool = False  # a figure of the compiled GPU step, not of the residual audit
 
     def cell(self, report: AuditReport, result: PolicyResult) -> str:
-        """The column's text for a policy; a policy JAX could not differentiate under has no figures."""
-        return "error" if self.numeric and result.error is not None else self.value(report, result)
+        """The column's text for a policy; a policy JAX could not differentiate under has no figures,
+        and a training step of the target's own no residual figures."""
+        if self.numeric and result.error is not None:
+            return "error"
+        if self.numeric and not result.audited and not self.compiled:
+            return "not audited"
+        return self.value(report, result)
 
 
 def warning_message(w: AuditWarning) -> str:
@@ -168,9 +174,9 @@ def _compiled(field: str) -> Callable[[AuditReport, PolicyResult], str]:
 
 
 COMPILED_HEADERS = ("activation", "XLA temp", "XLA arguments", "XLA output", "XLA host")
-GPU_HEADERS = ("activation", "peak per device", "headroom", "fits", "GPU temp", "GPU arguments", "GPU aliased",
-               "compile s")
-GPU_TERMINAL = ("peak per device", "headroom", "fits", "GPU temp", "compile s")  # the terminal's narrower table
+GPU_HEADERS = ("activation", "peak per device", "headroom", "fits", "least fraction", "needed", "GPU temp",
+               "GPU arguments", "GPU aliased", "compile s")
+GPU_TERMINAL = ("peak per device", "headroom", "fits", "least fraction", "GPU temp", "compile s")  # narrower
 
 
 def peak_range(p: PeakMemory | None) -> str:
@@ -195,6 +201,53 @@ def _fits(r: PolicyResult) -> str:
     return ("yes" if r.peak.fits else "NO") + (" (XLA remat)" if r.peak.xla_rematerialized else "")
 
 
+def _least(report: AuditReport, r: PolicyResult) -> str:
+    if r.peak is None or r.peak.bytes_per_device is None:
+        return "n/a"
+    if report.gpu is not None and report.gpu.allocator == "platform":
+        return "n/a"
+    return "none" if r.peak.least_fraction is None else f"{r.peak.least_fraction:.2f}"
+
+
+FRACTION_VARIABLE = "XLA_PYTHON_CLIENT_MEM_FRACTION"  # read by every jax this supports
+
+
+def fraction_words(report: AuditReport) -> str:
+    """Where the run's fraction came from: "0.85 (XLA_PYTHON_CLIENT_MEM_FRACTION)"."""
+    gpu = report.gpu
+    assert gpu is not None
+    match gpu.fraction_source:
+        case "environment":
+            return f"{gpu.mem_fraction:.2f} ({gpu.fraction_variable})"
+        case "given":
+            return f"{gpu.mem_fraction:.2f} (given)"
+        case _:
+            return f"{gpu.mem_fraction:.2f} (JAX's default)"
+
+
+def fraction_advice(report: AuditReport, r: PolicyResult) -> str | None:
+    """What a policy's step needs of the GPU, and what would make it fit, in words."""
+    gpu, p = report.gpu, r.peak
+    if gpu is None or p is None or p.bytes_per_device is None:
+        return None
+    memory = format_bytes(gpu.memory_bytes)
+    if gpu.allocator == "platform":
+        verdict = "fits" if p.fits else "does not fit"
+        return (f"{r.policy}: {verdict} in {format_bytes(gpu.usable_bytes)} (the platform allocator takes no "
+                f"fraction: the memory less {format_bytes(gpu.reserved_bytes)} for the CUDA context and NCCL)")
+    variable = gpu.fraction_variable or FRACTION_VARIABLE
+    if p.least_fraction is None:
+        need = p.needed_bytes if p.needed_bytes is not None else p.bytes_per_device
+        return (f"{r.policy}: does not fit at any fraction: it needs {format_bytes(need)}, and at most "
+                f"{gpu.max_fraction:.2f} of {memory} can go to JAX ({format_bytes(gpu.reserved_bytes)} stay for "
+                "the CUDA context and NCCL)")
+    if p.fits:
+        return f"{r.policy}: fits at {fraction_words(report)}; needs {p.least_fraction:.2f} of {memory}"
+    suggested = min(gpu.max_fraction, -(-p.least_fraction * 20 // 1) / 20)
+    return (f"{r.policy}: does not fit at {fraction_words(report)}; needs {p.least_fraction:.2f} of {memory}: "
+            f"set {variable}={suggested:.2f}")
+
+
 def _gpu_bytes(field: str) -> Callable[[AuditReport, PolicyResult], str]:
     def cell(_: AuditReport, r: PolicyResult) -> str:
         value = None if r.peak is None else getattr(r.peak, field)
@@ -205,29 +258,59 @@ def _gpu_bytes(field: str) -> Callable[[AuditReport, PolicyResult], str]:
 
 def gpu_title(report: AuditReport) -> str:
     assert report.gpu is not None
+    if report.step is not None and report.step.own:
+        return f"The target's own training step per device: XLA:GPU compile for {report.gpu.name}, no autotuning"
     optimizer = report.step.optimizer if report.step is not None and report.step.optimizer else "no optimizer"
     return f"Training step ({optimizer}) per device: XLA:GPU compile for {report.gpu.name}, no autotuning"
 
 
+def trained_note(report: AuditReport) -> str | None:
+    """Which inputs were differentiated (and, on a GPU, trained), in words."""
+    t = report.trained
+    if t is None:
+        return None
+    if t.arguments is None:
+        return f"Differentiated: every float input ({len(t.inputs)}), as jax.ad_checkpoint.saved_residuals does."
+    shown = ", ".join(f"args[{a}]" for a in t.arguments) + f" ({len(t.inputs)} arrays)"
+    why = " (the default: the first argument, as jax.grad trains it)" if t.convention else ""
+    return f"Trained: {shown}{why}; the other inputs are the batch, not differentiated."
+
+
 def gpu_notes(report: AuditReport) -> list[str]:
-    """What the peak columns mean, and each policy's finding (XLA's own remat, no compile)."""
-    assert report.gpu is not None
+    """What the peak columns mean, the run's environment, and each policy's finding."""
+    gpu = report.gpu
+    assert gpu is not None
+    backends = next((r.peak.backends for r in report.results if r.peak is not None and r.peak.backends), ())
+    plan = ("with Triton GEMM fusions..with cuBLAS (its workspace included); gates use the larger"
+            if len(backends) != 1 else f"with the GEMM backend XLA_FLAGS choose ({backends[0]})")
+    pool = (f"Usable: {format_bytes(gpu.usable_bytes)} of {format_bytes(gpu.memory_bytes)}, the fraction "
+            f"{fraction_words(report)} JAX's allocator may take; XLA plans against it, as on a real run"
+            if gpu.allocator != "platform" else
+            f"Usable: {format_bytes(gpu.usable_bytes)} of {format_bytes(gpu.memory_bytes)} (the platform allocator)")
     notes = [
-        f"Peak: XLA:GPU's plan for one device, with Triton GEMM fusions..with cuBLAS (its workspace "
-        f"included); gates use the larger. Usable: {format_bytes(report.gpu.usable_bytes)} of "
-        f"{format_bytes(report.gpu.memory_bytes)} (JAX preallocates that share). Compiled without a GPU: "
-        "no real GPU has checked these figures."
+        f"Peak: XLA:GPU's plan for one device, {plan}. {pool}. 'needed': the peak XLA plans with its own "
+        "rematerialization off and unbounded memory, where the step does not fit or XLA rematerialized. "
+        "Compiled without a GPU: no real GPU has checked these figures."
     ]
+    if gpu.xla_flags:
+        notes.append(f"XLA_FLAGS of the run applied to every compile: {gpu.xla_flags}")
     for r in report.results:
         if r.peak is None:
             continue
         if r.peak.error:
             notes.append(f"{r.policy}: not compiled for the GPU: {r.peak.error}")
-        elif r.peak.xla_rematerialized:
-            needed = "" if r.peak.needed_bytes is None else f"; it needed {format_bytes(r.peak.needed_bytes)}"
-            notes.append(f"{r.policy}: the step did not fit, so XLA rematerialized on its own to plan "
-                         f"{format_bytes(r.peak.bytes_per_device or 0)}{needed}")
+            continue
+        advice = fraction_advice(report, r)
+        if advice:
+            notes.append(advice)
+        if r.peak.xla_rematerialized:
+            need = r.peak.needed_bytes
+            without = "" if need is None else f"; without it, it needs {format_bytes(need)}"
+            notes.append(f"{r.policy}: XLA rematerialized on its own to plan "
+                         f"{format_bytes(r.peak.bytes_per_device or 0)}{without}")
     return notes
+
+
 PER_DEVICE = "per device"  # on a mesh: activation bytes on one device, shown first
 
 
@@ -289,13 +372,15 @@ COLUMNS: dict[str, Column] = {
         Column("XLA arguments", _compiled("argument_bytes")),
         Column("XLA output", _compiled("output_bytes")),
         Column("XLA host", _compiled("host_bytes")),
-        Column("peak per device", lambda _, r: peak_range(r.peak)),
-        Column("headroom", _headroom),
-        Column("fits", lambda _, r: _fits(r), numeric=False),
-        Column("GPU temp", _gpu_bytes("temp_bytes")),
-        Column("GPU arguments", _gpu_bytes("argument_bytes")),
-        Column("GPU aliased", _gpu_bytes("alias_bytes")),
-        Column("compile s", lambda _, r: "n/a" if r.peak is None else f"{r.peak.compile_seconds:.1f}"),
+        Column("peak per device", lambda _, r: peak_range(r.peak), compiled=True),
+        Column("headroom", _headroom, compiled=True),
+        Column("fits", lambda _, r: _fits(r), numeric=False, compiled=True),
+        Column("least fraction", _least, compiled=True),
+        Column("needed", _gpu_bytes("needed_bytes"), compiled=True),
+        Column("GPU temp", _gpu_bytes("temp_bytes"), compiled=True),
+        Column("GPU arguments", _gpu_bytes("argument_bytes"), compiled=True),
+        Column("GPU aliased", _gpu_bytes("alias_bytes"), compiled=True),
+        Column("compile s", lambda _, r: "n/a" if r.peak is None else f"{r.peak.compile_seconds:.1f}", compiled=True),
     )
 }
 

@@ -38,6 +38,7 @@ from ._common import (
     gpu_title,
     hotspots,
     peak_range,
+    trained_note,
 )
 from ._text import printable
 from .plot import PlotPoint, recommendation_points, report_points
@@ -316,8 +317,10 @@ def _sections(
 
 def _meta(report: AuditReport) -> str:
     args = ", ".join(report.arguments)
+    trained = trained_note(report)
     return (f'<p class="meta">jax {_e(report.jax_version)} · TE: {_e(report.te)} · forward '
-            f"{_e(format_flops(report.forward_flops))} · arguments: <code>{_e(args)}</code></p>")
+            f"{_e(format_flops(report.forward_flops))} · arguments: <code>{_e(args)}</code></p>"
+            + (f'<p class="meta">{_e(trained)}</p>' if trained else ""))
 
 
 def render_audit_html(report: AuditReport) -> str:

@@ -25,6 +25,7 @@ from ._common import (
     quantizes,
     shown_columns,
     standin_note,
+    trained_note,
     warning_message,
 )
 from ._text import printable_records
@@ -82,6 +83,8 @@ def render_markdown(report: AuditReport, top: int = 10, by: HotspotKey | None = 
     ]
     if report.te is TeKind.STANDIN:
         lines += [f"> {standin_note(report)}", ""]
+    if trained_note(report) is not None:
+        lines += [f"> {md_text(trained_note(report) or '')}", ""]
     if report.mesh is not None:
         lines += [f"> {mesh_note(report)}", ""]
     if report.emulated_device:

@@ -40,6 +40,7 @@ from ._common import (
     producer_headers,
     shown_columns,
     standin_note,
+    trained_note,
     warning_message,
 )
 from ._text import printable_records
@@ -268,6 +269,8 @@ def _sections(report: AuditReport, view: TableView) -> list[list[RenderableType]
     sections.append(_warnings(report))
     if report.te is TeKind.STANDIN:
         sections.append([Text(f"Note: {standin_note(report)}", style="dim")])
+    if trained_note(report) is not None:
+        sections.append([Text(f"Note: {trained_note(report)}", style="dim")])
     if report.mesh is not None:
         sections.append([Text(f"Note: {mesh_note(report)}", style="dim")])
     if report.emulated_device:

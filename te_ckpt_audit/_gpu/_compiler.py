@@ -1,0 +1,352 @@
+"""One policy's training step compiled for a GPU that is not here, and what its plan needs.
+
+Each policy's step (`_step`) is lowered for a CUDA topology of the GPU (`_placement`) and
+compiled with the run's XLA_FLAGS, XLA planning against the memory the run gives it (as jaxlib
+hands XLA the allocator's limit on a real GPU), twice at once: with Triton's GEMM fusions (what
+XLA picks untuned) and with cuBLAS; without a device XLA cannot autotune, so the peak is a range
+over the two (one backend when XLA_FLAGS choose it). Where the step does not fit, or XLA
+rematerialized to make it fit, one more compile says what it needs: the peak XLA plans with its
+own rematerialization off and unbounded memory (`needed_bytes`). The least memory fraction is
+the compiled peak over the GPU's memory, from the plan at the run's fraction where it fits, else
+from the plan at the largest fraction the run could set.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+
+from .. import _jax_compat as jc
+from .._apply import policy_function
+from .._progress import Progress, quiet
+from .._step import TrainingStep, own_step, state_on, trained_paths, training_step
+from .._trace import Traced
+from ..errors import UsageError, first_line
+from ..gpus import GpuRequest, Optimizer, least_fraction, xla_flags
+from ..records import CompileProgress, GpuInfo, MeshSpec, PeakMemory, Scope, StepInfo
+from ..specs import AsIs, PolicySpec
+from ._cache import CompileCache, Measured
+from ._machine import INSTALL_HINT, check_available, versions
+from ._placement import gpu_mesh, on, rehomed, replicated
+
+UNBOUNDED = 2**50  # device memory for the compile that says what a step needs
+TRITON_GEMM = "xla_gpu_enable_triton_gemm"
+DISABLED_PASSES = "xla_disable_hlo_passes"
+_REMAT_NAME = re.compile(r"%?([\w.\-]+\.remat\d*)\b")
+LogCapture = Callable[[], contextlib.AbstractContextManager[object]]  # keeps XLA's log lines off stderr
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Backend:
+    name: str  # triton, cublas, or the run's (XLA_FLAGS chose it)
+    options: tuple[tuple[str, Any], ...]
+
+
+def _typed(value: str) -> Any:
+    """An XLA flag's value as JAX's compile options take it: bools and numbers typed."""
+    if value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    for kind in (int, float):
+        try:
+            return kind(value)
+        except ValueError:
+            pass
+    return value
+
+
+def unbounded_failure(peak: PeakMemory | None) -> bool:
+    return peak is None or peak.bytes_per_device is None
+
+
+def gpu_info(request: GpuRequest, devices: int = 1) -> GpuInfo:
+    env = request.environment
+    return GpuInfo(
+        name=request.model.name,
+        memory_bytes=request.model.memory_bytes,
+        usable_bytes=request.usable_at(request.mem_fraction, devices),
+        gpus_per_host=request.gpus_per_host,
+        mem_fraction=request.mem_fraction,
+        fraction_source=env.fraction_source.value,
+        fraction_variable=env.fraction_variable,
+        max_fraction=request.max_fraction(devices),
+        reserved_bytes=request.reserved_bytes(devices),
+        allocator=env.allocator.value,
+        preallocate=env.preallocate,
+        xla_flags=env.xla_flags,
+    )
+
+
+def step_info(traced: Traced, request: GpuRequest) -> StepInfo:
+    if request.step:
+        donated = tuple(n for n in traced.arg_names if _argument(n) in request.donate)
+        return StepInfo(None, donated, True)
+    return StepInfo(None if request.optimizer is None else request.optimizer.value, trained_paths(traced), False)
+
+
+def _argument(name: str) -> int:
+    from .._trained import argument_of
+
+    return argument_of(name)
+
+
+def check_loss(traced: Traced) -> None:
+    """The step differentiates the target's first output: it must be a float scalar (the loss)."""
+    outs = traced.jaxpr.out_avals
+    first: Any = outs[0] if outs else None  # an aval with a shape and a dtype
+    scalar = first is not None and getattr(first, "shape", None) == ()
+    if not scalar or not jax.numpy.issubdtype(first.dtype, jax.numpy.floating):
+        got = "nothing" if first is None else str(first.str_short())
+        raise UsageError(
+            f"{traced.target} returns {got} first, not a scalar loss: the GPU step is value_and_grad of it",
+            "return the loss first (a float scalar); other outputs may follow it",
+        )
+
+
+def _optimizer(kind: Optimizer) -> Any:  # an optax GradientTransformation
+    try:
+        import optax
+    except ImportError:
+        raise UsageError("an optimizer in the step needs optax, which is not installed", INSTALL_HINT) from None
+    if kind is Optimizer.SGD:
+        return optax.sgd(1e-3, momentum=0.9)
+    if kind is Optimizer.ADAM:
+        return optax.adam(1e-3)
+    if kind is Optimizer.ADAMW:
+        return optax.adamw(1e-3)
+    return optax.adafactor(1e-3)
+
+
+class Compiler:
+    """Compiles one trace's training step for one GPU request, policy by policy. `capture` (the
+    caller's: it owns the process's streams) wraps each compile, to keep XLA's log lines off
+    the user's stderr."""
+
+    def __init__(self, traced: Traced, request: GpuRequest, mesh: MeshSpec | None,
+                 capture: LogCapture | None = None) -> None:
+        check_available()
+        if request.step:
+            arguments = {_argument(n) for n in traced.arg_names}
+            missing = [d for d in request.donate if d not in arguments]
+            if missing:
+                raise UsageError(f"donate {missing[0]}: {traced.target} has no array argument {missing[0]}",
+                                 f"its array arguments: {', '.join(map(str, sorted(arguments)))}")
+        else:
+            check_loss(traced)
+        self.traced, self.request, self.mesh = traced, request, mesh
+        self.cache = CompileCache(request.cache)
+        self.capture = capture or contextlib.nullcontext
+        self.devices = 1 if mesh is None else mesh.devices
+        self.optimizer = None if request.optimizer is None else _optimizer(request.optimizer)
+        self._meshes: dict[int, tuple[Any, Traced]] = {}
+        self._programs: dict[tuple[str, Scope], str] = {}  # the hash of each policy's lowered step
+        self.options = self._checked_options()
+        chosen = dict(self.options)
+        self.backends: tuple[Backend, ...]
+        if TRITON_GEMM in chosen:  # the run's flags choose the GEMM backend: one compile
+            self.backends = (Backend("cublas" if chosen[TRITON_GEMM] is False else "triton", self.options),)
+        else:
+            self.backends = (Backend("triton", self.options), Backend("cublas", (*self.options, (TRITON_GEMM, False))))
+
+    # --- placing and lowering ------------------------------------------------------------------
+
+    def _placed(self, memory: int) -> tuple[Any, Traced]:
+        """The GPU mesh of a device described with `memory` bytes, and the trace moved onto it."""
+        if memory not in self._meshes:
+            config = self.request.model.config_text(memory)
+            try:
+                topology = jc.cuda_topology(config, self.request.topology(self.devices))
+            except jc.CudaPluginMissing as exc:
+                raise UsageError(f"JAX's CUDA plugin cannot be used here ({first_line(exc)})", INSTALL_HINT) from None
+            mesh = gpu_mesh(topology, self.mesh)
+            self._meshes[memory] = (mesh, rehomed(self.traced, mesh) if self.mesh is not None else self.traced)
+        return self._meshes[memory]
+
+    def _checked_options(self) -> tuple[tuple[str, Any], ...]:
+        """The run's XLA_FLAGS as compile options, each checked on a trivial program first: a
+        flag XLA does not know as a compile option is left to XLA's own reading of XLA_FLAGS; a
+        value of the wrong type is tried as text, then refused."""
+        flags = [(name, _typed(value)) for name, value in xla_flags(self.request.environment.xla_flags)]
+        if not flags:
+            return ()
+        mesh, _ = self._placed(self.request.planning_memory(self.request.mem_fraction))
+        probe = jax.jit(lambda x: x + 1).lower(on(mesh, jax.ShapeDtypeStruct((8,), jax.numpy.float32)))
+        options = dict(flags)
+        for _ in range(2 * len(flags) + 1):
+            try:
+                with self.capture():
+                    probe.compile(compiler_options=options)
+                return tuple(options.items())
+            except Exception as exc:  # noqa: BLE001 - XLA says which option, in its message
+                text = str(exc)
+                unknown = re.search(r"No such compile option: '([^']+)'", text)
+                wrong = re.search(r"While setting option (\w+)", text)
+                if unknown and unknown.group(1) in options:
+                    options.pop(unknown.group(1))
+                elif wrong and wrong.group(1) in options and not isinstance(options[wrong.group(1)], str):
+                    options[wrong.group(1)] = str(dict(xla_flags(self.request.environment.xla_flags))[wrong.group(1)])
+                else:
+                    raise UsageError(f"XLA_FLAGS: XLA refuses them for a GPU compile: {first_line(exc)}",
+                                     "fix the flag XLA names") from None
+        return tuple(options.items())
+
+    def step(self, spec: PolicySpec, scope: Scope, memory: int) -> TrainingStep:
+        mesh, traced = self._placed(memory)
+        fun = policy_function(traced, spec, scope)
+        avals = [on(mesh, a) for a in traced.avals]
+        if self.request.step:
+            return own_step(traced, fun, avals, self.request.donate)
+        return training_step(traced, fun, avals, self.optimizer, lambda _, s: state_on(_, s, replicated(mesh)))
+
+    def lowered(self, spec: PolicySpec, scope: Scope, memory: int | None = None) -> Any:  # jax.stages.Lowered
+        """The step under `spec`, lowered for the GPU XLA plans against `memory` bytes of (by
+        default, the run's fraction of it)."""
+        memory = self.request.planning_memory(self.request.mem_fraction) if memory is None else memory
+        step = self.step(spec, scope, memory)
+        with jax.numpy_dtype_promotion("standard"):  # optax mixes Python scalars with its counts
+            return jax.jit(step.fn, donate_argnums=step.donate).lower(*step.args)
+
+    def program_hash(self, spec: PolicySpec, scope: Scope) -> str:
+        """A hash of the step lowered at the run's fraction: what a worker process compiles must
+        be this program."""
+        if (spec.text, scope) not in self._programs:
+            text = self.lowered(spec, scope).as_text()
+            self._programs[(spec.text, scope)] = hashlib.sha256(text.encode()).hexdigest()
+        return self._programs[(spec.text, scope)]
+
+    # --- compiling ------------------------------------------------------------------------------
+
+    def peak(self, spec: PolicySpec, scope: Scope, progress: Progress = quiet) -> PeakMemory:
+        """The step's peak per device under `spec`, over the GEMM backends; a step that does not
+        compile is reported, not raised."""
+        if self.request.step and not isinstance(spec, AsIs):
+            return _not_compiled("a training step of the target's own is compiled as it is: only as-is")
+        try:
+            return self._peak(spec, scope, progress)
+        except UsageError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - reported per policy; the audit itself stands
+            return _not_compiled(f"{type(exc).__name__}: {first_line(exc)}")
+
+    def _peak(self, spec: PolicySpec, scope: Scope, progress: Progress) -> PeakMemory:
+        request = self.request
+        run = request.planning_memory(request.mem_fraction)
+        lowered = self.lowered(spec, scope, run)
+        self._programs[(spec.text, scope)] = hashlib.sha256(lowered.as_text().encode()).hexdigest()
+        measured = self._compile_all(lowered, spec, self.backends, run, progress)
+        top_index = max(range(len(measured)), key=lambda i: measured[i].peak)
+        top, backend = measured[top_index], self.backends[top_index]
+        seconds = sum(m.seconds for m in measured)
+        usable = request.usable_at(request.mem_fraction, self.devices)
+        fits = top.peak <= usable
+        rematerialized = any(m.remat for m in measured)
+        needed = None
+        if rematerialized or not fits:
+            unbounded = self.lowered(spec, scope, UNBOUNDED)
+            options = Backend("needed", (*backend.options, (DISABLED_PASSES, self._disabled("rematerialization"))))
+            (plan,) = self._compile_all(unbounded, spec, (options,), UNBOUNDED, progress)
+            needed, seconds = plan.peak, seconds + plan.seconds
+        least = self._least(spec, scope, backend, top.peak if fits else None, needed, progress)
+        if least is not None:
+            seconds += least[1]
+        return PeakMemory(
+            bytes_per_device=top.peak,
+            bytes_per_device_min=min(m.peak for m in measured),
+            argument_bytes=top.argument,
+            output_bytes=top.output,
+            alias_bytes=top.alias,
+            temp_bytes=top.temp,
+            fits=fits,
+            xla_rematerialized=rematerialized,
+            needed_bytes=needed,
+            compile_seconds=round(seconds, 2),
+            least_fraction=None if least is None else least[0],
+            backends=tuple(b.name for b in self.backends),
+        )
+
+    def _least(self, spec: PolicySpec, scope: Scope, backend: Backend, fitting: int | None, needed: int | None,
+               progress: Progress) -> tuple[float | None, float] | None:
+        """(the least fraction the step needs, the seconds spent finding it); None for it when no
+        fraction the run can set holds the step."""
+        request, memory = self.request, self.request.model.memory_bytes
+        if not request.environment.allocator.pooled:  # the fraction does not apply
+            return None
+        most = request.max_fraction(self.devices)
+        if fitting is not None:  # the plan at the run's fraction: XLA plans no higher with less
+            return least_fraction(fitting, memory), 0.0
+        if needed is not None and needed <= most * memory:
+            return least_fraction(needed, memory), 0.0
+        if most <= request.mem_fraction:
+            return None, 0.0
+        planned = request.planning_memory(most)
+        (plan,) = self._compile_all(self.lowered(spec, scope, planned), spec, (backend,), planned, progress)
+        fits = plan.peak <= request.usable_at(most, self.devices)
+        return (least_fraction(plan.peak, memory) if fits else None), plan.seconds
+
+    def _disabled(self, name: str) -> str:
+        """XLA's disabled passes: the run's (XLA_FLAGS) and `name`."""
+        given = dict(self.options).get(DISABLED_PASSES)
+        passes = [p for p in str(given).split(",") if p] if given else []
+        return ",".join(dict.fromkeys([*passes, name]))
+
+    def _compile_all(self, lowered: Any, spec: PolicySpec, backends: Sequence[Backend], memory: int,
+                     progress: Progress) -> list[Measured]:
+        """Each backend's compile of `lowered`, at once where there are several and cores for them
+        (XLA compiles without Python's lock)."""
+        if len(backends) == 1 or (os.cpu_count() or 1) < 2:
+            return [self._compile(lowered, spec, b, memory, progress) for b in backends]
+        with self.capture(), concurrent.futures.ThreadPoolExecutor(len(backends)) as pool:
+            futures = [pool.submit(self._compile, lowered, spec, b, memory, progress, False) for b in backends]
+            return [f.result() for f in futures]
+
+    def _compile(self, lowered: Any, spec: PolicySpec, backend: Backend, memory: int, progress: Progress,
+                 capture: bool = True) -> Measured:
+        key = self._key(lowered, backend, memory)
+        hit = self.cache.read(key)
+        if hit is not None:
+            return hit
+        name = self.request.model.name
+        progress(CompileProgress(spec.text, backend.name, name, None))
+        start = time.perf_counter()
+        with self.capture() if capture else contextlib.nullcontext():
+            compiled = lowered.compile(compiler_options=dict(backend.options))
+        seconds = time.perf_counter() - start
+        progress(CompileProgress(spec.text, backend.name, name, round(seconds, 1)))
+        stats = compiled.memory_analysis()
+        if stats is None:
+            raise RuntimeError("XLA:GPU reported no memory analysis for the step")
+        measured = Measured(
+            argument=int(stats.argument_size_in_bytes),
+            output=int(stats.output_size_in_bytes),
+            alias=int(stats.alias_size_in_bytes),
+            temp=int(stats.temp_size_in_bytes),
+            peak=int(stats.peak_memory_in_bytes),
+            remat=len(set(_REMAT_NAME.findall(compiled.as_text() or ""))),
+            seconds=round(seconds, 2),
+        )
+        self.cache.write(key, measured)
+        return measured
+
+    def _key(self, lowered: Any, backend: Backend, memory: int) -> str:
+        h = hashlib.sha256()
+        for part in (
+            lowered.as_text(), self.request.model.config_text(memory), json.dumps(backend.options, sort_keys=True),
+            versions(), self.request.topology(self.devices), os.environ.get("XLA_FLAGS", ""),
+            self.request.environment.xla_flags,
+        ):
+            h.update(part.encode())
+            h.update(b"\0")
+        return h.hexdigest()
+
+
+def _not_compiled(why: str) -> PeakMemory:
+    return PeakMemory(None, None, None, None, None, None, None, False, None, 0.0, why)
