@@ -139,7 +139,8 @@ def main() -> int:
               f"{plain_rss:.0f} MiB RSS, peak {plain['peak'] / 2**30:.2f} GiB")
         print(f"  te-ckpt-audit --gpu -p as-is: {ours_s:6.1f} s wall, {ours_rss:.0f} MiB RSS; compiles "
               f"{p['compile_seconds']:.1f} s ({', '.join(p['backends'])} at once)")
-        print(f"    peak {p['bytes_per_device'] / 2**30:.2f} GiB per device (min {p['bytes_per_device_min'] / 2**30:.2f}); "
+        low, high = p["bytes_per_device_min"] / 2**30, p["bytes_per_device"] / 2**30
+        print(f"    peak {high:.2f} GiB per device (min {low:.2f}); "
               f"fits {p['fits']}; least fraction {p['least_fraction']}; XLA remat {p['xla_rematerialized']}")
         print(f"  ratio: one policy's --gpu run / the plain compile = {ours_s / plain_s:.2f}x wall "
               f"(goal <= 1.3x); RSS {ours_rss / plain_rss:.2f}x")

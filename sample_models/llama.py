@@ -28,7 +28,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 MODELS = {  # MaxText's configs/models/*.yml
     "llama2-7b": dict(emb=4096, heads=32, kv_heads=32, head_dim=128, mlp=11008, layers=32, vocab=32000),
@@ -103,7 +104,7 @@ def _flash_forward(q: jax.Array, k: jax.Array, v: jax.Array, b: int) -> tuple[ja
         qi, i = xs
 
         def col(carry: tuple[jax.Array, ...], ys: tuple[jax.Array, ...]) -> tuple[tuple[jax.Array, ...], None]:
-            m, l, acc = carry
+            m, total, acc = carry
             kj, vj, j = ys
             s = _scores(qi, kj, i, j, b)
             top = jnp.maximum(m, s.max(-1))
@@ -111,12 +112,12 @@ def _flash_forward(q: jax.Array, k: jax.Array, v: jax.Array, b: int) -> tuple[ja
             scale = jnp.exp(m - top)
             acc = acc * scale[..., None] + jnp.einsum("bkgqs,bskd->bkgqd", p.astype(vj.dtype), vj,
                                                       preferred_element_type=jnp.float32)
-            return (top, l * scale + p.sum(-1), acc), None
+            return (top, total * scale + p.sum(-1), acc), None
 
         init = (jnp.full((batch, kv, g, b), -1e30), jnp.zeros((batch, kv, g, b)), jnp.zeros((batch, kv, g, b, d)))
-        (m, l, acc), _ = jax.lax.scan(col, init, (kt, vt, jnp.arange(n)))
-        out = jnp.moveaxis((acc / l[..., None]).astype(q.dtype), 3, 1)  # (B, b, KV, G, D)
-        return None, (out, m + jnp.log(l))
+        (m, total, acc), _ = jax.lax.scan(col, init, (kt, vt, jnp.arange(n)))
+        out = jnp.moveaxis((acc / total[..., None]).astype(q.dtype), 3, 1)  # (B, b, KV, G, D)
+        return None, (out, m + jnp.log(total))
 
     _, (out, lse) = jax.lax.scan(row, None, (qt, jnp.arange(n)))
     return _untile(out), lse
