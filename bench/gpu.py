@@ -32,6 +32,8 @@ ROOT = Path(__file__).resolve().parent.parent
 GPT3 = ["heads=96", "hidden=12288", "seq=2048", "layers=96"]
 CASES = [
     ("scanned GPT-24, 1 GPU", "sample_models/gpt.py:loss", ["layers=24"], None),
+    ("Llama-2 7B scanned (remat full), FSDP over 8 GPUs", "sample_models/llama.py:loss",
+     ["model=llama2-7b", "per_device_batch=4", "seq=4096", "remat=full", "scan=True"], "data=1,fsdp=8"),
     ("GPT-3 175B scanned, 8 GPUs", "sample_models/megatron_tp.py:scanned", [*GPT3, "batch=1"], "data=1,model=8"),
     ("GPT-3 175B scanned, 64 GPUs", "sample_models/megatron_tp.py:scanned", [*GPT3, "batch=8"], "data=8,model=8"),
     ("GPT-3 175B scanned, 512 GPUs", "sample_models/megatron_tp.py:scanned", [*GPT3, "batch=64"], "data=64,model=8"),

@@ -36,6 +36,7 @@ MODELS = {  # MaxText's configs/models/*.yml
     "llama2-70b": dict(emb=8192, heads=64, kv_heads=8, head_dim=128, mlp=28672, layers=80, vocab=32000),
     "llama3-8b": dict(emb=4096, heads=32, kv_heads=8, head_dim=128, mlp=14336, layers=32, vocab=128256),
     "llama3-70b": dict(emb=8192, heads=64, kv_heads=8, head_dim=128, mlp=28672, layers=80, vocab=128256),
+    "llama-1b": dict(emb=2048, heads=16, kv_heads=16, head_dim=128, mlp=5504, layers=24, vocab=32000),  # bench
     "tiny": dict(emb=64, heads=4, kv_heads=2, head_dim=16, mlp=128, layers=2, vocab=256),
 }
 BATCH_AXES = ("data", "fsdp")

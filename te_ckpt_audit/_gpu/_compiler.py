@@ -7,8 +7,8 @@ XLA picks untuned) and with cuBLAS; without a device XLA cannot autotune, so the
 over the two (one backend when XLA_FLAGS choose it). Where the step does not fit, or XLA
 rematerialized to make it fit, one more compile says what it needs: the peak XLA plans with its
 own rematerialization off and unbounded memory (`needed_bytes`). The least memory fraction is
-the compiled peak over the GPU's memory, from the plan at the run's fraction where it fits, else
-from the plan at the largest fraction the run could set.
+the compiled peak (or the needs, where smaller) over the GPU's memory, when the most a run can
+set holds it.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from ._placement import gpu_mesh, on, rehomed, replicated
 UNBOUNDED = 2**50  # device memory for the compile that says what a step needs
 TRITON_GEMM = "xla_gpu_enable_triton_gemm"
 DISABLED_PASSES = "xla_disable_hlo_passes"
+PARALLELISM = "xla_gpu_force_compilation_parallelism"  # LLVM's threads per compile (it changes no plan)
 _REMAT_NAME = re.compile(r"%?([\w.\-]+\.remat\d*)\b")
 LogCapture = Callable[[], contextlib.AbstractContextManager[object]]  # keeps XLA's log lines off stderr
 
@@ -149,6 +150,7 @@ class Compiler:
         self.optimizer = None if request.optimizer is None else _optimizer(request.optimizer)
         self._meshes: dict[int, tuple[Any, Traced]] = {}
         self._programs: dict[tuple[str, Scope], str] = {}  # the hash of each policy's lowered step
+        self._texts: dict[int, tuple[Any, str]] = {}  # id of a lowering -> (it, the hash of its text)
         self.options = self._checked_options()
         chosen = dict(self.options)
         self.backends: tuple[Backend, ...]
@@ -219,8 +221,7 @@ class Compiler:
         """A hash of the step lowered at the run's fraction: what a worker process compiles must
         be this program."""
         if (spec.text, scope) not in self._programs:
-            text = self.lowered(spec, scope).as_text()
-            self._programs[(spec.text, scope)] = hashlib.sha256(text.encode()).hexdigest()
+            self._programs[(spec.text, scope)] = self._program(self.lowered(spec, scope))
         return self._programs[(spec.text, scope)]
 
     # --- compiling ------------------------------------------------------------------------------
@@ -241,7 +242,7 @@ class Compiler:
         request = self.request
         run = request.planning_memory(request.mem_fraction)
         lowered = self.lowered(spec, scope, run)
-        self._programs[(spec.text, scope)] = hashlib.sha256(lowered.as_text().encode()).hexdigest()
+        self._programs[(spec.text, scope)] = self._program(lowered)
         measured = self._compile_all(lowered, spec, self.backends, run, progress)
         top_index = max(range(len(measured)), key=lambda i: measured[i].peak)
         top, backend = measured[top_index], self.backends[top_index]
@@ -255,9 +256,7 @@ class Compiler:
             options = Backend("needed", (*backend.options, (DISABLED_PASSES, self._disabled("rematerialization"))))
             (plan,) = self._compile_all(unbounded, spec, (options,), UNBOUNDED, progress)
             needed, seconds = plan.peak, seconds + plan.seconds
-        least = self._least(spec, scope, backend, top.peak if fits else None, needed, progress)
-        if least is not None:
-            seconds += least[1]
+        self._texts.clear()  # the lowerings: their hashes are kept
         return PeakMemory(
             bytes_per_device=top.peak,
             bytes_per_device_min=min(m.peak for m in measured),
@@ -269,28 +268,20 @@ class Compiler:
             xla_rematerialized=rematerialized,
             needed_bytes=needed,
             compile_seconds=round(seconds, 2),
-            least_fraction=None if least is None else least[0],
+            least_fraction=self._least(top.peak, needed),
             backends=tuple(b.name for b in self.backends),
         )
 
-    def _least(self, spec: PolicySpec, scope: Scope, backend: Backend, fitting: int | None, needed: int | None,
-               progress: Progress) -> tuple[float | None, float] | None:
-        """(the least fraction the step needs, the seconds spent finding it); None for it when no
-        fraction the run can set holds the step."""
+    def _least(self, peak: int, needed: int | None) -> float | None:
+        """The least fraction whose usable memory holds the step: the plan compiled at the run's
+        fraction (`peak`), or the step's needs where they are smaller. XLA plans no higher under a
+        looser limit than the plan it made under this one, so no compile is needed to say it; None
+        where neither fits the most a run can set, or the allocator takes no fraction."""
         request, memory = self.request, self.request.model.memory_bytes
-        if not request.environment.allocator.pooled:  # the fraction does not apply
+        if not request.environment.allocator.pooled:
             return None
-        most = request.max_fraction(self.devices)
-        if fitting is not None:  # the plan at the run's fraction: XLA plans no higher with less
-            return least_fraction(fitting, memory), 0.0
-        if needed is not None and needed <= most * memory:
-            return least_fraction(needed, memory), 0.0
-        if most <= request.mem_fraction:
-            return None, 0.0
-        planned = request.planning_memory(most)
-        (plan,) = self._compile_all(self.lowered(spec, scope, planned), spec, (backend,), planned, progress)
-        fits = plan.peak <= request.usable_at(most, self.devices)
-        return (least_fraction(plan.peak, memory) if fits else None), plan.seconds
+        least = least_fraction(min(peak, needed) if needed is not None else peak, memory)
+        return least if least <= request.max_fraction(self.devices) else None
 
     def _disabled(self, name: str) -> str:
         """XLA's disabled passes: the run's (XLA_FLAGS) and `name`."""
@@ -302,15 +293,23 @@ class Compiler:
                      progress: Progress) -> list[Measured]:
         """Each backend's compile of `lowered`, at once where there are several and cores for them
         (XLA compiles without Python's lock)."""
-        if len(backends) == 1 or (os.cpu_count() or 1) < 2:
+        cores = os.cpu_count() or 1
+        if len(backends) == 1 or cores < 2:
             return [self._compile(lowered, spec, b, memory, progress) for b in backends]
+        # the first (Triton's, the long one) keeps XLA's LLVM threads; the others compile on one
+        # beside it. Triton alone took 5.9 s (scanned GPT-24) and 14.0 s (Llama-2 7B on 8 GPUs) on 2
+        # cores; both at once, 7.6 s and 15.7 s with XLA's threads each, 9.1 s and 14.2 s with one
+        # core each, 7.1 s and 14.8 s so
+        one = (PARALLELISM, 1)
+        backends = [b if i == 0 or PARALLELISM in dict(b.options) else dataclasses.replace(b, options=(*b.options, one))
+                    for i, b in enumerate(backends)]
         with self.capture(), concurrent.futures.ThreadPoolExecutor(len(backends)) as pool:
             futures = [pool.submit(self._compile, lowered, spec, b, memory, progress, False) for b in backends]
             return [f.result() for f in futures]
 
     def _compile(self, lowered: Any, spec: PolicySpec, backend: Backend, memory: int, progress: Progress,
                  capture: bool = True) -> Measured:
-        key = self._key(lowered, backend, memory)
+        key = self._key(self._program(lowered), backend, memory)
         hit = self.cache.read(key)
         if hit is not None:
             return hit
@@ -336,10 +335,19 @@ class Compiler:
         self.cache.write(key, measured)
         return measured
 
-    def _key(self, lowered: Any, backend: Backend, memory: int) -> str:
+    def _program(self, lowered: Any) -> str:
+        """The hash of a lowered step's text (made once per lowering: the text of a large step is
+        not free)."""
+        found = self._texts.get(id(lowered))
+        if found is None or found[0] is not lowered:
+            found = (lowered, hashlib.sha256(lowered.as_text().encode()).hexdigest())
+            self._texts[id(lowered)] = found
+        return found[1]
+
+    def _key(self, program: str, backend: Backend, memory: int) -> str:
         h = hashlib.sha256()
         for part in (
-            lowered.as_text(), self.request.model.config_text(memory), json.dumps(backend.options, sort_keys=True),
+            program, self.request.model.config_text(memory), json.dumps(backend.options, sort_keys=True),
             versions(), self.request.topology(self.devices), os.environ.get("XLA_FLAGS", ""),
             self.request.environment.xla_flags,
         ):

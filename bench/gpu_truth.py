@@ -1,0 +1,129 @@
+"""On a machine with an NVIDIA GPU: run the steps `--gpu` predicts, for real, and print predicted
+against measured per policy (issue 26, item 10).
+
+    python bench/gpu_truth.py            # every case, about 6 minutes on one H100 or H200
+    python bench/gpu_truth.py --quick    # the first case only
+
+For each case and policy two fresh processes run:
+- predict: `te-ckpt-audit TARGET --gpu NAME -p POLICY -f json`, NAME the catalog's model of the GPU
+  found here, compiled without touching the GPU (JAX on its CPU backend, as the command keeps it);
+- measure: the same session's training step (`te_ckpt_audit._step.training_step`, the program the
+  prediction compiled) jitted on the real GPU with random inputs, run twice; the peak of
+  `jax.devices()[0].memory_stats()["peak_bytes_in_use"]` and the second step's time.
+Each process is fresh, so the device's peak is that step's alone. Both run at the same memory
+fraction (XLA_PYTHON_CLIENT_MEM_FRACTION, default 0.75). Printed: the compiled range, the
+measured peak, their ratio, the step time, and whether the prediction's fit verdict held.
+The cases are sized to fill a good part of an 80 GB or 141 GB device.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# (name, target, defines, policies): a Llama 2 architecture at 1.3B parameters (24 layers, 2048
+# wide), scanned, adamw; a deep unrolled GPT; the sample GPT with its own per-layer checkpoints
+CASES = [
+    ("llama-1.3B scanned, batch 8 x 2048", "sample_models/llama.py:loss",
+     ["model=llama-1b", "per_device_batch=8", "seq=2048", "remat=full"], ["as-is", "everything_saveable"]),
+    ("llama-1.3B unrolled minimal_flash, batch 4 x 2048", "sample_models/llama.py:loss",
+     ["model=llama-1b", "per_device_batch=4", "seq=2048", "remat=minimal_flash", "scan=False"], ["as-is"]),
+    ("GPT-48 d=1024 scanned", "sample_models/gpt.py:loss",
+     ["layers=48", "batch=16", "seq=1024", "d_model=1024", "heads=16", "vocab=32000"],
+     ["as-is", "nothing_saveable", "checkpoint_dots"]),
+]
+
+MEASURE = r"""
+import json, sys, time
+import jax, jax.numpy as jnp
+import optax
+from te_ckpt_audit import Session, resolve_policy
+from te_ckpt_audit._apply import policy_function
+from te_ckpt_audit._step import training_step
+from te_ckpt_audit.config import parse_defines
+
+target, policy, defines = sys.argv[1], sys.argv[2], sys.argv[3:]
+session = Session.of_target(target, defines=parse_defines(defines))
+spec = resolve_policy(policy)
+traced = session.traced
+fun = policy_function(traced, spec, session.resolved_scope(spec))
+step = training_step(traced, fun, traced.avals, optax.adamw(1e-3))
+key = iter(jax.random.split(jax.random.key(0), 100000))
+def real(a):
+    if not isinstance(a, jax.ShapeDtypeStruct):
+        return a
+    if jnp.issubdtype(a.dtype, jnp.floating):
+        return (0.02 * jax.random.normal(next(key), a.shape, jnp.float32)).astype(a.dtype)
+    return jax.random.randint(next(key), a.shape, 0, 2, a.dtype)
+*args, state = jax.tree.map(real, step.args)
+state = jax.tree.map(jnp.zeros_like, state)
+jitted = jax.jit(step.fn, donate_argnums=step.donate)
+params = step.donate[:-1]
+times = []
+for _ in range(2):
+    start = time.perf_counter()
+    with jax.numpy_dtype_promotion("standard"):
+        loss, new, state = jitted(*args, state)
+    jax.block_until_ready(state)
+    times.append(time.perf_counter() - start)
+    for i, p in zip(params, [new] if len(params) == 1 else new):
+        args[i] = p
+stats = jax.devices()[0].memory_stats() or {}
+print(json.dumps({"peak": stats.get("peak_bytes_in_use"), "limit": stats.get("bytes_limit"),
+                  "step_s": times[-1], "device": jax.devices()[0].device_kind}))
+"""
+
+
+def _catalog_name(device_kind: str) -> str:
+    kind = device_kind.lower()
+    for needle, name in (("h200", "h200"), ("h100", "h100-sxm"), ("a100", "a100-80gb"), ("l40s", "l40s"),
+                         ("b200", "b200")):
+        if needle in kind:
+            return name
+    sys.exit(f"no catalog GPU for {device_kind!r}: add --gpu-config support here")
+
+
+def _run(argv: list[str], env: dict[str, str]) -> dict[str, object]:
+    done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    if done.returncode not in (0, 1):
+        sys.exit(f"failed ({done.returncode}): {' '.join(argv)}\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1] if "{" not in done.stdout[:1] else done.stdout)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="the first case only")
+    args = parser.parse_args()
+    env = dict(os.environ)
+    env.pop("JAX_PLATFORMS", None)
+    fraction = env.get("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.75")
+    print(f"measured on the GPU here at XLA_PYTHON_CLIENT_MEM_FRACTION={fraction}; predicted by --gpu "
+          "without it (no autotuning: a range over Triton and cuBLAS GEMMs)")
+    rows = []
+    for name, target, defines, policies in CASES[:1] if args.quick else CASES:
+        for policy in policies:
+            measured = _run([sys.executable, "-c", MEASURE, target, policy, *defines], env)
+            gpu = _catalog_name(str(measured["device"]))
+            predict = [sys.executable, "-m", "te_ckpt_audit_cli", target, "--gpu", gpu, "--optimizer", "adamw",
+                       "-p", policy, "--jobs", "1", "-f", "json", *[f"-D{d}" for d in defines]]
+            doc = _run(predict, {**env, "TE_CKPT_AUDIT_CACHE": str(ROOT / "build" / "gpu-truth-cache")})
+            peak = doc["results"][0]["peak"]  # type: ignore[index]
+            high, low, peak_measured = peak["bytes_per_device"], peak["bytes_per_device_min"], measured["peak"]
+            ratio = peak_measured / high if peak_measured and high else float("nan")
+            rows.append((name, policy, low, high, peak_measured, ratio, measured["step_s"], peak["fits"]))
+            print(f"{name:<48} {policy:<20} predicted {low / 2**30:7.2f}..{high / 2**30:7.2f} GiB  "
+                  f"measured {peak_measured / 2**30:7.2f} GiB  measured/predicted-top {ratio:5.3f}  "
+                  f"step {measured['step_s']:.3f} s  predicted fits {peak['fits']}", flush=True)
+    inside = sum(1 for r in rows if r[2] <= r[4] <= r[3])
+    print(f"\n{inside} of {len(rows)} measured peaks inside the predicted range")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
