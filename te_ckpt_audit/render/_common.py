@@ -15,6 +15,7 @@ from ..records import (
     AuditReport,
     AuditWarning,
     Equation,
+    GpuInfo,
     Hotspot,
     HotspotKey,
     Outcome,
@@ -212,10 +213,8 @@ def _least(report: AuditReport, r: PolicyResult) -> str:
 FRACTION_VARIABLE = "XLA_PYTHON_CLIENT_MEM_FRACTION"  # read by every jax this supports
 
 
-def fraction_words(report: AuditReport) -> str:
-    """Where the run's fraction came from: "0.85 (XLA_PYTHON_CLIENT_MEM_FRACTION)"."""
-    gpu = report.gpu
-    assert gpu is not None
+def fraction_words(gpu: GpuInfo) -> str:
+    """The run's fraction and where it came from: "0.85 (XLA_PYTHON_CLIENT_MEM_FRACTION)"."""
     match gpu.fraction_source:
         case "environment":
             return f"{gpu.mem_fraction:.2f} ({gpu.fraction_variable})"
@@ -242,9 +241,9 @@ def fraction_advice(report: AuditReport, r: PolicyResult) -> str | None:
                 f"{gpu.max_fraction:.2f} of {memory} can go to JAX ({format_bytes(gpu.reserved_bytes)} stay for "
                 "the CUDA context and NCCL)")
     if p.fits:
-        return f"{r.policy}: fits at {fraction_words(report)}; needs {p.least_fraction:.2f} of {memory}"
+        return f"{r.policy}: fits at {fraction_words(gpu)}; needs {p.least_fraction:.2f} of {memory}"
     suggested = min(gpu.max_fraction, -(-p.least_fraction * 20 // 1) / 20)
-    return (f"{r.policy}: does not fit at {fraction_words(report)}; needs {p.least_fraction:.2f} of {memory}: "
+    return (f"{r.policy}: does not fit at {fraction_words(gpu)}; needs {p.least_fraction:.2f} of {memory}: "
             f"set {variable}={suggested:.2f}")
 
 
@@ -284,7 +283,7 @@ def gpu_notes(report: AuditReport) -> list[str]:
     plan = ("with Triton GEMM fusions..with cuBLAS (its workspace included); gates use the larger"
             if len(backends) != 1 else f"with the GEMM backend XLA_FLAGS choose ({backends[0]})")
     pool = (f"Usable: {format_bytes(gpu.usable_bytes)} of {format_bytes(gpu.memory_bytes)}, the fraction "
-            f"{fraction_words(report)} JAX's allocator may take; XLA plans against it, as on a real run"
+            f"{fraction_words(gpu)} JAX's allocator may take; XLA plans against it, as on a real run"
             if gpu.allocator != "platform" else
             f"Usable: {format_bytes(gpu.usable_bytes)} of {format_bytes(gpu.memory_bytes)} (the platform allocator)")
     notes = [

@@ -34,6 +34,7 @@ from ._common import (
     format_bytes,
     format_flops,
     format_percent,
+    fraction_words,
     gpu_notes,
     gpu_title,
     hotspots,
@@ -391,7 +392,8 @@ def render_recommend_html(rec: Recommendation) -> str:
         for c in rec.frontier
     )
     if rec.gpu is not None:
-        body.insert(3, f'<p class="meta">GPU {_e(rec.gpu.name)}: {_e(format_bytes(rec.gpu.usable_bytes))} usable; '
+        body.insert(3, f'<p class="meta">GPU {_e(rec.gpu.name)}: {_e(format_bytes(rec.gpu.usable_bytes))} usable at '
+                       f'{_e(fraction_words(rec.gpu))}; '
                        f"{rec.compiles} policies compiled (XLA:GPU, no autotuning); fits: the compiled peak</p>")
     peak_head = "<th>peak per device</th>" if rec.gpu is not None else ""
     body.append("<h2>Pareto frontier</h2><table><thead><tr><th></th><th>policy</th><th>activation</th><th>host</th>"

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 
 from ..records import TE_AWARE, Candidate, CandidateKind, Recommendation
-from ._common import format_bytes, format_flops, peak_range
+from ._common import format_bytes, format_flops, fraction_words, peak_range
 from ._text import printable_records
 from .plot import render_frontier_plot
 
@@ -144,8 +144,8 @@ def render_recommend_text(rec: Recommendation, width: int = 80) -> str:
         out.append(f"names a spec cannot spell, left out: {', '.join(rec.skipped_names)}")
     if rec.gpu is not None:
         out.append(f"GPU: {rec.gpu.name}, {format_bytes(rec.gpu.usable_bytes)} usable of "
-                   f"{format_bytes(rec.gpu.memory_bytes)}; {rec.compiles} policies compiled (XLA:GPU, no autotuning); "
-                   "fits: the compiled peak per device")
+                   f"{format_bytes(rec.gpu.memory_bytes)} at {fraction_words(rec.gpu)}; {rec.compiles} policies "
+                   "compiled (XLA:GPU, no autotuning), in order of recompute; fits: the compiled peak per device")
     shown = rec.recommended or rec.closest
     if rec.recommended is None:
         out.append(f"nothing fits the {'GPU' if rec.gpu is not None else 'budget'}; the closest candidate:")
