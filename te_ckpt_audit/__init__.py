@@ -7,7 +7,7 @@ starting with `_`) is private.
 
 from __future__ import annotations
 
-from ._api import DEFAULT_POLICIES, audit, audit_target, check_target
+from ._api import audit, audit_target, check_target
 from ._fit import DEFAULT_MAX_COMPILES
 from ._mesh import MAX_DEVICES
 from ._recommend import DEFAULT_MAX_EVALS, recommend, recommend_target
@@ -44,6 +44,7 @@ from .records import (
     Violation,
     WarningCode,
 )
+from .registry import DEFAULT_POLICIES
 from .sizes import parse_budget, parse_size
 from .specs import PolicySpec, parse_policies, resolve_policy
 

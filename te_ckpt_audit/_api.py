@@ -19,20 +19,11 @@ from .config import TargetConfig, as_defines, parse_mesh
 from .gating import check, check_budget_policies
 from .gpus import GpuRequest
 from .records import AuditReport, Baseline, CheckResult, MeshSpec, Scope, ShardingSource
+from .registry import AS_IS, DEFAULT_POLICIES
 from .sizes import percent_limit
 from .specs import PolicyLike, parse_policies
 
-DEFAULT_POLICIES = (
-    "none",
-    "nothing_saveable",
-    "checkpoint_dots",
-    "checkpoint_dots_and_te_gemms",
-    "dots_and_te_gemms_with_no_batch_dims",
-    "everything_saveable",
-)
-
 Policies = Sequence[PolicyLike]
-AS_IS = "as-is"
 
 
 def default_policies(session: Session) -> tuple[str, ...]:

@@ -27,6 +27,7 @@ import math
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 
+from . import registry
 from ._fit import DEFAULT_MAX_COMPILES, fit_on_gpu, largest_fitting
 from ._gpu._compiler import LogCapture
 from ._heap import without_gc
@@ -36,15 +37,12 @@ from ._trained import ParamsLike
 from .config import as_defines, parse_mesh
 from .errors import TargetError, UsageError
 from .gpus import GpuRequest
-from .records import PRESETS, Candidate, CandidateKind, MeshSpec, PolicyResult, Recommendation, Scope
+from .records import Candidate, CandidateKind, MeshSpec, PolicyResult, Recommendation, Scope
 from .sizes import count_at_least_one, positive_bytes
 from .specs import PolicySpec, names_spec, resolve_policy, spellable
 
-OFFLOAD_PRESETS = ("offload_dot_with_no_batch_dims",)
 # Presets a subset of names is combined with (`save_only_these_names:...+BASE`): TE-aware where the
 # model has TE GEMMs, JAX's own where it has none (the same policies there, with JAX's names).
-TE_BASES = ("te_gemms_saveable", "dots_and_te_gemms_with_no_batch_dims", "checkpoint_dots_and_te_gemms")
-JAX_BASES = ("checkpoint_dots_with_no_batch_dims", "checkpoint_dots")
 DEFAULT_MAX_EVALS = 64
 
 
@@ -59,7 +57,7 @@ def spec_text(base: str | None, saved: Iterable[str] = (), offloaded: Iterable[s
 
 def _spec(base: str | None, saved: tuple[str, ...], offloaded: tuple[str, ...]) -> PolicySpec:
     if not saved and not offloaded:
-        return resolve_policy(base or "nothing_saveable")  # a preset, by its name
+        return resolve_policy(base or registry.NOTHING_SAVEABLE)  # a preset, by its name
     return names_spec(saved, offloaded, base)
 
 
@@ -98,8 +96,13 @@ class _Evaluator:
             result, error = None, exc.message
         forward = self.session.traced.forward_flops
         text = spec.text
+        preset = base if base is not None else (text if kind is CandidateKind.PRESET else None)
+        entry = None if preset is None else registry.known(preset)
+        te_policy = preset if entry is not None and entry.te_aware else None
+        maxtext = entry.maxtext[0] if entry is not None and entry.maxtext and kind is CandidateKind.PRESET else None
         if result is None:
-            cand = Candidate(text, kind, base, tuple(saved), tuple(offloaded), 0, 0, 0, forward, False, error)
+            cand = Candidate(text, kind, base, tuple(saved), tuple(offloaded), 0, 0, 0, forward, False, error,
+                             te_policy=te_policy, maxtext=maxtext)
         else:
             self.results[text] = result
             t = result.totals
@@ -107,7 +110,7 @@ class _Evaluator:
             cand = Candidate(
                 text, kind, base, tuple(saved), tuple(offloaded), device, t.host_bytes,
                 result.recompute_flops, result.forward_flops, device <= self.budget, None,
-                None if self.session.mesh is None else t.activation_bytes,
+                None if self.session.mesh is None else t.activation_bytes, te_policy=te_policy, maxtext=maxtext,
             )
         self.done[text] = cand
         return cand
@@ -203,9 +206,9 @@ def recommend(
     """
     budget = positive_bytes(budget_bytes)
     count_at_least_one(max_evals, "max evaluations", "e.g. --max-evals 64")
-    preset_list = list(PRESETS if presets is None else presets)
+    preset_list = list(registry.presets() if presets is None else presets)
     if allow_offload and presets is None:
-        preset_list += OFFLOAD_PRESETS
+        preset_list += registry.searched(registry.Search.OFFLOAD)
     for p in preset_list:
         resolve_policy(p)  # a bad preset fails here, before any analysis
     traced = session.traced
@@ -223,7 +226,7 @@ def recommend(
             "tag activations with jax.ad_checkpoint.checkpoint_name, or search the presets too",
         )
     has_te = any(e.is_te_gemm for e in traced.rows.equations())
-    bases: list[str | None] = [None, *(TE_BASES if has_te else JAX_BASES)]
+    bases: list[str | None] = [None, *registry.bases(te_aware=has_te)]
     kind_of: dict[str | None, CandidateKind] = {None: CandidateKind.NAMES}
     if exhaustive:
         _exhaustive(ev, names, bases, allow_offload)
@@ -265,6 +268,7 @@ def _found(
         frontier=frontier,
         evaluated=evaluated,
         report=report,
+        presets=registry.presets(),
     )
 
 

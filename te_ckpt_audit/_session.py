@@ -37,7 +37,7 @@ from ._progress import Progress, quiet
 from ._step import trained_paths
 from ._trace import Traced, trace
 from ._trained import ALL, ParamsLike
-from ._warnings import NOTHING_SAVEABLE, warnings_for
+from ._warnings import NOTHING, warnings_for
 from .config import Defines
 from .errors import TargetError, UsageError
 from .gpus import GpuRequest
@@ -51,7 +51,7 @@ from .records import (
     TeKind,
     Trained,
 )
-from .specs import AsIs, Custom, PolicyLike, PolicySpec, Preset, policy_specs
+from .specs import AsIs, Custom, PolicyLike, PolicySpec, policy_specs
 
 Placement = jax.sharding.Mesh | jax.sharding.AbstractMesh | None
 
@@ -106,7 +106,7 @@ class Session:
         self.rebuild = rebuild
         self.own_step = own_step
         self.emulated_device = emulated_device()
-        self._outcomes: dict[tuple[str, int], _Outcome] = {}
+        self._outcomes: dict[PolicySpec, _Outcome] = {}  # keyed by the frozen spec
         self._compilers: dict[GpuRequest, Compiler] = {}
 
     # --- building one ---------------------------------------------------------------------------
@@ -172,7 +172,7 @@ class Session:
             yield
 
     def _outcome(self, spec: PolicySpec, progress: Progress = quiet) -> _Outcome:
-        key = (spec.text, id(spec.policy) if isinstance(spec, Custom) else 0)
+        key = spec
         if key not in self._outcomes:
             progress(f"analysing {spec.text}")
             try:
@@ -223,7 +223,7 @@ class Session:
         return outcome.placed
 
     def _nothing_saveable(self) -> PolicyResult | None:
-        outcome = self._outcome(Preset(NOTHING_SAVEABLE))
+        outcome = self._outcome(NOTHING)
         return outcome.placed
 
     def warned(self, spec: PolicySpec, result: PolicyResult, audited_nothing: bool = False) -> PolicyResult:
@@ -307,7 +307,7 @@ class Session:
             assert failure is not None
             raise failure
         if warnings and not self.own_step:
-            audited = any(s.text == NOTHING_SAVEABLE for s in specs)
+            audited = NOTHING in specs
             rows = [self.warned(s, r, audited) for s, r in zip(specs, rows, strict=True)]
         if compile:
             compiled = []

@@ -15,10 +15,11 @@ from . import _jax_compat as jc
 from ._apply import row_policy, verdict_of
 from ._jaxpr import open_jaxpr, sub_jaxprs
 from ._trace import Traced
-from .records import TE_AWARE, AuditWarning, Outcome, PolicyResult, Scope, Verdict, WarningCode
-from .specs import AsIs, NoCheckpoint, PolicySpec
+from .records import AuditWarning, Outcome, PolicyResult, Scope, Verdict, WarningCode
+from .registry import NOTHING_SAVEABLE
+from .specs import AsIs, NoCheckpoint, PolicySpec, Preset
 
-NOTHING_SAVEABLE = "nothing_saveable"
+NOTHING = Preset(NOTHING_SAVEABLE)
 
 
 @functools.cache
@@ -51,7 +52,7 @@ def warnings_for(
     policy that saves nothing itself, unless `audited_nothing` says it is in the report anyway."""
     warnings = _spec_warnings(traced, spec, result)
     saves = any(m.verdict in (Verdict.SAVE, Verdict.OFFLOAD) for m in result.marks)
-    if is_policy(spec) and spec.text != NOTHING_SAVEABLE and (audited_nothing or not saves):
+    if is_policy(spec) and spec != NOTHING and (audited_nothing or not saves):
         base = nothing_saveable()
         if base is not None and base.error is None and _signature(base) == _signature(result):
             warnings.append(AuditWarning(WarningCode.SAME_AS_NOTHING_SAVEABLE, spec.text))
@@ -181,7 +182,7 @@ def _requantized(traced: Traced, spec: PolicySpec, result: PolicyResult) -> Audi
         e.name for e in (r.equation for r in traced.rows.by_id.values())
         if e.name and (e.is_te_quantize or e.dtype.startswith(("float8", "float4")))
     })
-    base = spec.text if spec.text in TE_AWARE else "te_gemms_saveable"
+    base = spec.text if isinstance(spec, Preset) and spec.known.te_aware else "te_gemms_saveable"
     suggestion = f"save_only_these_names:{','.join(names)}+{base}" if names else None
     delayed = any("DELAYED" in str(r.eqn.params.get("scaling_mode", "")) for r in again)
     totals = [traced.rows.equation(r.equation.id) for r in again]

@@ -24,6 +24,7 @@ import jax
 from . import policies as te_policies
 from .errors import PolicySpecError, UsageError
 from .policies import Policy
+from .registry import AS_IS, KNOWN, NONE, NOTHING_SAVEABLE, KnownPolicy, known
 
 _cp = jax.checkpoint_policies
 
@@ -67,14 +68,14 @@ class PolicySpec:
 class NoCheckpoint(PolicySpec):
     """`none`: no checkpointing at all, plain autodiff (the model's own checkpoints inlined)."""
 
-    text: str = "none"
+    text: str = NONE
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class AsIs(PolicySpec):
     """`as-is`: the model's own checkpoint policies, unchanged."""
 
-    text: str = "as-is"
+    text: str = AS_IS
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -83,7 +84,14 @@ class Preset(PolicySpec):
 
     @property
     def policy(self) -> Policy:
-        return _PRESETS[self.text][0]
+        found = _PRESETS[self.text].policy
+        assert found is not None
+        return found
+
+    @property
+    def known(self) -> KnownPolicy:
+        """The registry's entry for it."""
+        return _PRESETS[self.text]
 
 
 class NameRule(enum.StrEnum):
@@ -145,7 +153,9 @@ class OffloadDots(_Made):
     """`offload_dot_with_no_batch_dims`: dots without batch dimensions go to host memory."""
 
     def _make(self) -> Policy:
-        return _cp.offload_dot_with_no_batch_dims(OFFLOAD_SRC, OFFLOAD_DST)
+        entry = known("offload_dot_with_no_batch_dims")
+        assert entry is not None and entry.policy is not None
+        return entry.policy
 
     @property
     def offloads(self) -> bool:
@@ -213,36 +223,15 @@ class Combined(_Made):
 class Custom(PolicySpec):
     """A policy callable of the user's own, `module:attr` or `file.py:attr` (or given directly)."""
 
-    function: Policy | None = dataclasses.field(default=None, compare=False)
+    function: Policy | None = None  # compared by identity: two callables are two policies
 
     @property
     def policy(self) -> Policy | None:
         return self.function
 
 
-_PRESETS: dict[str, tuple[Policy, str]] = {
-    "everything_saveable": (_cp.everything_saveable, "save every value (no recomputation)"),
-    "nothing_saveable": (_cp.nothing_saveable, "save nothing but inputs; recompute everything"),
-    "dots_saveable": (_cp.dots_saveable, "save dot and convolution outputs"),
-    "checkpoint_dots": (_cp.checkpoint_dots, "same as dots_saveable"),
-    "dots_with_no_batch_dims_saveable": (
-        _cp.dots_with_no_batch_dims_saveable,
-        "save dots whose operands have no batch dimensions",
-    ),
-    "checkpoint_dots_with_no_batch_dims": (
-        _cp.checkpoint_dots_with_no_batch_dims,
-        "same as dots_with_no_batch_dims_saveable",
-    ),
-    "te_gemms_saveable": (te_policies.te_gemms_saveable, "save TE GEMM and scaled_matmul outputs"),
-    "checkpoint_dots_and_te_gemms": (
-        te_policies.checkpoint_dots_and_te_gemms,
-        "save dots, TE GEMMs and scaled_matmul outputs (TE-aware checkpoint_dots)",
-    ),
-    "dots_and_te_gemms_with_no_batch_dims": (
-        te_policies.dots_and_te_gemms_with_no_batch_dims,
-        "save dots without batch dims, TE GEMMs and scaled_matmul outputs",
-    ),
-}
+# A preset is a named policy with a callable and no arguments; the registry holds each once.
+_PRESETS: dict[str, KnownPolicy] = {k.name: k for k in KNOWN if k.policy is not None and k.form is None}
 
 _PARAMETRIC: dict[str, tuple[str, str]] = {
     "save_only_these_names": ("save_only_these_names:NAME[,NAME...]", "save only these names"),
@@ -254,26 +243,18 @@ _PARAMETRIC: dict[str, tuple[str, str]] = {
         "save_anything_except_these_names:NAME[,NAME...]",
         "jax's policy of that name (in jax 0.10 it saves everything)",
     ),
-    "offload_dot_with_no_batch_dims": (
-        "offload_dot_with_no_batch_dims[:src=device,dst=pinned_host]",
-        "offload dots without batch dims to host memory",
-    ),
     "save_and_offload_only_these_names": (
         "save_and_offload_only_these_names:save=A,B;offload=C[;src=device;dst=pinned_host]",
         "save some names, offload others to host memory",
     ),
 }
 
-_SPECIAL: dict[str, tuple[type[PolicySpec], str]] = {
-    "none": (NoCheckpoint, "no checkpointing at all: plain autodiff"),
-    "as-is": (AsIs, "the model's own checkpoint policies, unchanged"),
-}
+_SPECIAL: dict[str, type[PolicySpec]] = {NONE: NoCheckpoint, AS_IS: AsIs}
 
 
 def available_policies() -> list[tuple[str, str]]:
     """Every spec form understood, with a one-line description, in display order."""
-    rows = [(name, text) for name, (_, text) in _SPECIAL.items()]
-    rows += [(name, text) for name, (_, text) in _PRESETS.items()]
+    rows = [(k.form or k.name, k.doc) for k in KNOWN]
     rows += list(_PARAMETRIC.values())
     rows.append(("SPEC+SPEC[+SPEC...]", "save what any of them saves, e.g. save_only_these_names:a+checkpoint_dots"))
     rows.append(("module:attr | path/to/file.py:attr", "any policy callable of your own"))
@@ -290,13 +271,13 @@ def resolve_policy(text: str) -> PolicySpec:
     if not spec:
         raise PolicySpecError("empty policy spec", "name a policy; `te-ckpt-audit policies` lists them")
     if spec in _SPECIAL:
-        return _SPECIAL[spec][0](spec)
+        return _SPECIAL[spec](spec)
     if spec in _PRESETS:
         return Preset(spec)
     if "+" in spec:
         return _combined(spec)
     head, sep, rest = spec.partition(":")
-    if head in _PARAMETRIC or (head == "offload_dot_with_no_batch_dims" and not sep):
+    if head in _PARAMETRIC or (known(head) is not None and known(head).form is not None):  # type: ignore[union-attr]
         return _parametric(spec, head, rest)
     if sep and (head.endswith(".py") or "." in head or "/" in head or head.isidentifier()):
         return _custom(spec, head, rest)
@@ -332,8 +313,8 @@ def parse_policies(policies: Sequence[PolicyLike], what: str) -> tuple[PolicySpe
 
 
 def _close_to(spec: str) -> str | None:
-    known = list(_SPECIAL) + list(_PRESETS) + list(_PARAMETRIC)
-    close = difflib.get_close_matches(spec.partition(":")[0], known, n=1, cutoff=0.5)
+    names = [k.name for k in KNOWN] + list(_PARAMETRIC)
+    close = difflib.get_close_matches(spec.partition(":")[0], names, n=1, cutoff=0.5)
     return close[0] if close else None
 
 
@@ -444,7 +425,7 @@ def names_spec(saved: Sequence[str] = (), offloaded: Sequence[str] = (), base: s
         names = NamePolicy("", NameRule.ONLY, tuple(saved))
         spec = names if base is None else Combined("", (names, Preset(base)))
     else:
-        spec = Preset(base or "nothing_saveable")
+        spec = Preset(base or NOTHING_SAVEABLE)
     return _respelled(spec)
 
 

@@ -38,13 +38,11 @@ from .audit import (
 from .baseline import AuditKey, Baseline, baseline_document, is_file_target
 from .check import Budget, Change, CheckResult, Figure, Run, Violation, check_document
 from .json_schema import JSON_SCHEMA
-from .recommendation import PRESETS, TE_AWARE, Candidate, CandidateKind, Maximized, Recommendation, Trial
+from .recommendation import Candidate, CandidateKind, Maximized, Recommendation, Trial
 
 __all__ = [
     "JSON_SCHEMA",
-    "PRESETS",
     "SCHEMA",
-    "TE_AWARE",
     "AuditKey",
     "AuditReport",
     "AuditWarning",

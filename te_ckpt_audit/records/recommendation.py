@@ -10,22 +10,6 @@ from typing import Any
 from .audit import AuditReport, GpuInfo, MeshSpec, PeakMemory, _plain
 from .schemas import RECOMMEND
 
-# The named policies `recommend` searches, in the order a frontier lists them (fewest saved first);
-# a plot letters them in this order. `everything_saveable` and `nothing_saveable` are its two ends.
-PRESETS = (
-    "nothing_saveable",
-    "checkpoint_dots_with_no_batch_dims",
-    "checkpoint_dots",
-    "te_gemms_saveable",
-    "dots_and_te_gemms_with_no_batch_dims",
-    "checkpoint_dots_and_te_gemms",
-    "everything_saveable",
-)
-
-
-# The presets that ship in te_ckpt_audit.policies (TE-aware); the others are jax.checkpoint_policies'.
-TE_AWARE = ("te_gemms_saveable", "checkpoint_dots_and_te_gemms", "dots_and_te_gemms_with_no_batch_dims")
-
 
 class CandidateKind(enum.StrEnum):
     PRESET = "preset"  # a named policy
@@ -53,6 +37,8 @@ class Candidate:
     error: str | None = None  # why JAX could not differentiate under it
     global_activation_bytes: int | None = None  # with a mesh: the activation bytes of whole arrays
     peak: PeakMemory | None = None  # --gpu: the compiled step's peak (only candidates compiled)
+    te_policy: str | None = None  # the TE-aware policy it uses (te_ckpt_audit.policies), if any
+    maxtext: str | None = None  # MaxText's remat_policy value that is exactly this candidate, if any
 
     @property
     def recompute_percent(self) -> float:
@@ -74,6 +60,8 @@ class Candidate:
             "error": self.error,
             "global_activation_bytes": self.global_activation_bytes,
             "peak": _plain(self.peak),
+            "te_policy": self.te_policy,
+            "maxtext": self.maxtext,
         }
 
 
@@ -121,6 +109,7 @@ class Recommendation:
     gpu: GpuInfo | None = None  # --gpu: `fits` is the compiled peak within its usable memory
     compiles: int = 0  # candidates compiled for the GPU
     maximized: Maximized | None = None
+    presets: tuple[str, ...] = ()  # the named policies searched, in the order a frontier lists them
 
     @property
     def fits(self) -> bool:
@@ -147,4 +136,5 @@ class Recommendation:
             "gpu": _plain(self.gpu),
             "compiles": self.compiles,
             "maximized": _plain(self.maximized),
+            "presets": list(self.presets),
         }

@@ -11,7 +11,7 @@ import dataclasses
 import string
 from collections.abc import Sequence
 
-from ..records import PRESETS, AuditReport, CandidateKind, Recommendation
+from ..records import AuditReport, CandidateKind, Recommendation
 from ._common import format_bytes, format_flops
 
 
@@ -24,14 +24,16 @@ class PlotPoint:
     frontier: bool
     winner: bool
     fits: bool
+    rank: int | None = None  # where a named policy stands in the frontier's order (letters follow it)
 
 
 def recommendation_points(rec: Recommendation) -> tuple[PlotPoint, ...]:
     """Every candidate analysed, the frontier and the winner marked."""
     front = set(rec.frontier)
+    order = {p: i for i, p in enumerate(rec.presets)}
     return tuple(
         PlotPoint(c.policy, c.activation_bytes, c.recompute_flops, c.kind is CandidateKind.PRESET,
-                  c in front, c == rec.recommended, c.fits)
+                  c in front, c == rec.recommended, c.fits, order.get(c.policy))
         for c in rec.evaluated if c.error is None
     )
 
@@ -50,15 +52,16 @@ def report_points(report: AuditReport) -> tuple[PlotPoint, ...]:
             front.add(r.policy)
             best = r.recompute_flops
     return tuple(
-        PlotPoint(r.policy, r.totals.activation_bytes, r.recompute_flops, True, r.policy in front, False, True)
-        for r in ok
+        PlotPoint(r.policy, r.totals.activation_bytes, r.recompute_flops, True, r.policy in front, False, True, i)
+        for i, r in enumerate(ok)
     )
 
 
 def _letters(points: Sequence[PlotPoint]) -> dict[str, str]:
-    """A letter per labelled point, presets in their usual order first."""
-    order = {p: i for i, p in enumerate(PRESETS)}
-    labels = sorted({p.label for p in points if p.preset}, key=lambda s: (order.get(s, len(order)), s))
+    """A letter per labelled point, in their order (the frontier's for presets, the report's for an
+    audit's policies), the others after them by name."""
+    order = {p.label: p.rank for p in points if p.rank is not None}
+    labels = sorted({p.label for p in points if p.preset}, key=lambda s: (order.get(s, len(points)), s))
     alphabet = string.ascii_uppercase + string.ascii_lowercase + string.digits
     return {label: alphabet[i] if i < len(alphabet) else "?" for i, label in enumerate(labels)}
 

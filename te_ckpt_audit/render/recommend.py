@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 
-from ..records import TE_AWARE, Candidate, CandidateKind, Recommendation
+from ..records import Candidate, CandidateKind, Recommendation
 from ._common import format_bytes, format_flops, fraction_words, peak_range
 from ._text import printable_records
 from .plot import render_frontier_plot
@@ -31,8 +31,8 @@ def _quoted(names: tuple[str, ...]) -> str:
     return ", ".join(json.dumps(n) for n in names)
 
 
-def _preset_expr(name: str) -> str:
-    if name in TE_AWARE:
+def _preset_expr(c: Candidate, name: str) -> str:
+    if name == c.te_policy:
         return name
     if name == "offload_dot_with_no_batch_dims":
         return 'jax.checkpoint_policies.offload_dot_with_no_batch_dims("device", "pinned_host")'
@@ -42,11 +42,10 @@ def _preset_expr(name: str) -> str:
 def python_snippet(c: Candidate) -> str:
     """Python that builds the candidate's policy, ending in its use with `jax.checkpoint`."""
     lines = ["import jax"]
-    te = [p for p in (c.base, c.policy) if p in TE_AWARE]
-    if te:
-        lines.append(f"from te_ckpt_audit.policies import {te[0]}")
+    if c.te_policy is not None:
+        lines.append(f"from te_ckpt_audit.policies import {c.te_policy}")
     if c.kind is CandidateKind.PRESET:
-        lines.append(f"policy = {_preset_expr(c.policy)}")
+        lines.append(f"policy = {_preset_expr(c, c.policy)}")
     elif c.kind is CandidateKind.OFFLOAD:
         lines += [
             "policy = jax.checkpoint_policies.save_and_offload_only_these_names(",
@@ -62,7 +61,7 @@ def python_snippet(c: Candidate) -> str:
         lines += [
             "policy = jax.checkpoint_policies.save_from_both_policies(",
             f"    jax.checkpoint_policies.save_only_these_names({_quoted(c.saved)}),",
-            f"    {_preset_expr(c.base)},",
+            f"    {_preset_expr(c, c.base)},",
             ")",
         ]
     lines.append("layer = jax.checkpoint(layer, policy=policy)")
@@ -92,8 +91,8 @@ def maxtext_config(c: Candidate, names: tuple[str, ...]) -> str:
     MaxText keys, and what a preset saves beyond names, are comments: MaxText cannot take them. A
     candidate that saves TE's quantizers (`quantization`) with MaxText's projections is its
     `minimal_with_quantization` policy (or `minimal_with_context_and_quantization`)."""
-    if c.kind is CandidateKind.PRESET and c.policy == "nothing_saveable":
-        return "remat_policy: 'full'"
+    if c.maxtext is not None:
+        return f"remat_policy: '{c.maxtext}'"
     minimal = _minimal_with_quantization(c)
     if minimal is not None:
         extra = sorted(set(MAXTEXT_MINIMAL) & set(names) - set(c.saved))
