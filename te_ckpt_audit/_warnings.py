@@ -15,7 +15,22 @@ from . import _jax_compat as jc
 from ._apply import row_policy, verdict_of
 from ._jaxpr import open_jaxpr, sub_jaxprs
 from ._trace import Traced
-from .records import AuditWarning, Outcome, PolicyResult, Scope, Verdict, WarningCode
+from .records import (
+    AuditWarning,
+    GemmBatchDimsMissed,
+    InnerScopeWithoutCheckpoints,
+    OffloadMissing,
+    Outcome,
+    PolicyResult,
+    Remat3,
+    SameAsNothingSaveable,
+    SavesEverything,
+    Scope,
+    TeGemmsRecomputed,
+    TeRequantized,
+    UnknownName,
+    Verdict,
+)
 from .registry import NOTHING_SAVEABLE
 from .specs import AsIs, NoCheckpoint, PolicySpec, Preset
 
@@ -55,12 +70,12 @@ def warnings_for(
     if is_policy(spec) and spec != NOTHING and (audited_nothing or not saves):
         base = nothing_saveable()
         if base is not None and base.error is None and _signature(base) == _signature(result):
-            warnings.append(AuditWarning(WarningCode.SAME_AS_NOTHING_SAVEABLE, spec.text))
+            warnings.append(SameAsNothingSaveable(spec.text))
     return tuple(warnings)
 
 
 def _spec_warnings(traced: Traced, spec: PolicySpec, result: PolicyResult) -> list[AuditWarning]:
-    warnings = []
+    warnings: list[AuditWarning] = []
     te_rows = [r for r in traced.rows.by_id.values() if r.equation.is_te_gemm]
     if te_rows and not isinstance(spec, NoCheckpoint):
         recomputed = [r for r in te_rows if result.mark(r.equation.id).outcome is Outcome.RECOMPUTED]
@@ -70,7 +85,7 @@ def _spec_warnings(traced: Traced, spec: PolicySpec, result: PolicyResult) -> li
             totals = [traced.rows.equation(r.equation.id) for r in recomputed]
             flops = sum(e.flops * e.multiplicity for e in totals)
             ids = tuple(e.id for e in totals)
-            warnings.append(AuditWarning(WarningCode.TE_GEMMS_RECOMPUTED, spec.text, equations=ids, flops=flops))
+            warnings.append(TeGemmsRecomputed(spec.text, ids, flops))
     requantized = _requantized(traced, spec, result) if result.requantized else None
     if requantized is not None:
         warnings.append(requantized)
@@ -78,26 +93,18 @@ def _spec_warnings(traced: Traced, spec: PolicySpec, result: PolicyResult) -> li
     if missed is not None:
         warnings.append(missed)
     if result.scope is Scope.INNER and is_policy(spec) and not traced.has_remat:
-        warnings.append(AuditWarning(WarningCode.INNER_SCOPE_WITHOUT_CHECKPOINTS, spec.text))
+        warnings.append(InnerScopeWithoutCheckpoints(spec.text))
     used = set(traced.rows.names)
     for name in (*spec.names, *spec.offload_names):
         if name not in used:
             close = difflib.get_close_matches(name, sorted(used), n=1)
-            warnings.append(
-                AuditWarning(
-                    WarningCode.UNKNOWN_NAME,
-                    spec.text,
-                    name=name,
-                    suggestion=close[0] if close else None,
-                    known=tuple(sorted(used)),
-                )
-            )
+            warnings.append(UnknownName(spec.text, name, close[0] if close else None, tuple(sorted(used))))
     if spec.saves_everything_regardless:
-        warnings.append(AuditWarning(WarningCode.SAVES_EVERYTHING, spec.text))
+        warnings.append(SavesEverything(spec.text))
     if spec.offloads and result.totals.host_bytes == 0:
-        warnings.append(AuditWarning(WarningCode.OFFLOAD_MISSING, spec.text))
+        warnings.append(OffloadMissing(spec.text))
     if is_policy(spec) and jax.config.values.get("jax_remat3"):
-        warnings.append(AuditWarning(WarningCode.REMAT3, spec.text))
+        warnings.append(Remat3(spec.text))
     return warnings
 
 
@@ -140,7 +147,7 @@ def _origin(eqn: jc.JaxprEqn) -> str:
     return f"einsum {spec}" if spec else "dot_general"
 
 
-def _batch_dims_missed(traced: Traced, spec: PolicySpec, result: PolicyResult) -> AuditWarning | None:
+def _batch_dims_missed(traced: Traced, spec: PolicySpec, result: PolicyResult) -> GemmBatchDimsMissed | None:
     """A dot policy that skips GEMMs with batch dimensions (`dots_with_no_batch_dims_saveable`,
     `dots_and_te_gemms_with_no_batch_dims`, `offload_dot_with_no_batch_dims`, or a combination)
     recomputes the weight GEMMs a vmap (per-example models, vmapped experts, pipeline stages) or an
@@ -160,16 +167,15 @@ def _batch_dims_missed(traced: Traced, spec: PolicySpec, result: PolicyResult) -
     where = dict.fromkeys(
         e.module or (f"{e.source.file}:{e.source.line}" if e.source else e.id) for e, _ in missed
     )
-    return AuditWarning(
-        WarningCode.GEMM_BATCH_DIMS_MISSED, spec.text, equations=tuple(e.id for e, _ in missed),
-        flops=sum(e.flops * e.multiplicity for e, _ in missed), modules=tuple(where),
-        origins=tuple(dict.fromkeys(o for _, o in missed)),
+    return GemmBatchDimsMissed(
+        spec.text, tuple(e.id for e, _ in missed), sum(e.flops * e.multiplicity for e, _ in missed), tuple(where),
+        tuple(dict.fromkeys(o for _, o in missed)),
     )
 
 
 # --- TE quantizations run again in the backward pass ------------------------------------------------
 
-def _requantized(traced: Traced, spec: PolicySpec, result: PolicyResult) -> AuditWarning | None:
+def _requantized(traced: Traced, spec: PolicySpec, result: PolicyResult) -> TeRequantized | None:
     """The policy recomputes TE quantizations: name them, the quantizers' checkpoint names, and a
     spec that saves those names with the GEMM outputs (the backward pass then has the quantized
     tensors it needs). Under delayed scaling the forward quantize also updates the amax history, so
@@ -186,10 +192,6 @@ def _requantized(traced: Traced, spec: PolicySpec, result: PolicyResult) -> Audi
     suggestion = f"save_only_these_names:{','.join(names)}+{base}" if names else None
     delayed = any("DELAYED" in str(r.eqn.params.get("scaling_mode", "")) for r in again)
     totals = [traced.rows.equation(r.equation.id) for r in again]
-    return AuditWarning(
-        WarningCode.TE_REQUANTIZED, spec.text, equations=tuple(e.id for e in totals),
-        flops=sum(e.flops * e.multiplicity for e in totals), known=tuple(names), suggestion=suggestion,
-        name="delayed" if delayed else None,
-        modules=tuple(dict.fromkeys(e.module or (f"{e.source.file}:{e.source.line}" if e.source else e.id)
-                                    for e in totals)),
-    )
+    where = tuple(dict.fromkeys(e.module or (f"{e.source.file}:{e.source.line}" if e.source else e.id) for e in totals))
+    return TeRequantized(spec.text, tuple(e.id for e in totals), sum(e.flops * e.multiplicity for e in totals), where,
+                         tuple(names), suggestion, delayed)

@@ -59,11 +59,11 @@ def test_requantizations_are_counted_and_the_saving_spec_ends_them(report: Audit
         result = report.result(policy)
         assert result.requantized == forward and result.requantize_flops > 0
         (found,) = [w for w in result.warnings if w.code is WarningCode.TE_REQUANTIZED]
-        assert len(found.equations) == forward and found.known == ("quantization",)
+        assert len(found.equations) == forward and found.quantizer_names == ("quantization",)
         assert all(result.mark(e).outcome is Outcome.RECOMPUTED for e in found.equations)
     warned = report.result("checkpoint_dots_and_te_gemms").warnings
     dots_te = [w for w in warned if w.code is WarningCode.TE_REQUANTIZED]
-    assert dots_te[0].suggestion == SAVING and SAVING in warning_message(dots_te[0])
+    assert dots_te[0].saving_spec == SAVING and SAVING in warning_message(dots_te[0])
     saved = report.result(SAVING)
     assert saved.requantized == 0 and not [w for w in saved.warnings if w.code is WarningCode.TE_REQUANTIZED]
 

@@ -319,7 +319,7 @@ def test_blackwell_requantization_is_counted_and_the_saving_spec_ends_it(quant_c
         result = report.result(policy)
         assert result.requantized > 0, policy
         (warned,) = [w for w in result.warnings if w.code is WarningCode.TE_REQUANTIZED]
-        assert (warned.name == "delayed") == (recipe == "delayed")
+        assert warned.delayed == (recipe == "delayed")
     if kind == "TransformerLayer":
         return  # its quantizers take no checkpoint name in TE 2.20.2: nothing to save them by
     saved = report.result(SAVING)

@@ -31,7 +31,7 @@ def test_a_name_no_checkpoint_name_carries() -> None:
     result = audit(_fn, *ARGS, policies=["save_only_these_names:hiden"]).results[0]
     assert [w.code for w in result.warnings] == [WarningCode.UNKNOWN_NAME, WarningCode.SAME_AS_NOTHING_SAVEABLE]
     unknown = result.warnings[0]
-    assert (unknown.name, unknown.suggestion, unknown.known) == ("hiden", "hidden", ("hidden",))
+    assert (unknown.name, unknown.closest, unknown.model_names) == ("hiden", "hidden", ("hidden",))
     assert "'hiden'" in warning_message(unknown) and "did you mean 'hidden'" in warning_message(unknown)
 
 

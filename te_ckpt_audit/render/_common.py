@@ -15,16 +15,24 @@ from ..records import (
     AuditReport,
     AuditWarning,
     Equation,
+    GemmBatchDimsMissed,
     GpuInfo,
     Hotspot,
     HotspotKey,
+    InnerScopeWithoutCheckpoints,
+    OffloadMissing,
     Outcome,
     PeakMemory,
     PolicyResult,
+    Remat3,
     Residual,
     ResidualKind,
+    SameAsNothingSaveable,
+    SavesEverything,
     ShardingSource,
-    WarningCode,
+    TeGemmsRecomputed,
+    TeRequantized,
+    UnknownName,
 )
 from ._text import printable_records
 
@@ -75,67 +83,67 @@ class Column:
 
 
 def warning_message(w: AuditWarning) -> str:
-    """The words for a warning, from its code and fields."""
+    """The words for a finding, from its record: one case per kind of finding."""
     w = printable_records(w)
-    match w.code:
-        case WarningCode.TE_GEMMS_RECOMPUTED:
+    match w:
+        case TeGemmsRecomputed():
             return (
                 f"{w.policy} saves dots but recomputes all {len(w.equations)} TE GEMMs "
-                f"({format_flops(w.flops or 0)}): JAX's dot policies do not know TE's primitives; "
+                f"({format_flops(w.flops)}): JAX's dot policies do not know TE's primitives; "
                 "use checkpoint_dots_and_te_gemms"
             )
-        case WarningCode.SAME_AS_NOTHING_SAVEABLE:
+        case SameAsNothingSaveable():
             return f"{w.policy} saves exactly what nothing_saveable saves: it checkpoints nothing in this model"
-        case WarningCode.UNKNOWN_NAME:
+        case UnknownName():
             hint = (
-                f"did you mean {w.suggestion!r}?"
-                if w.suggestion
-                else f"names in the model: {', '.join(w.known) or 'none'}"
+                f"did you mean {w.closest!r}?"
+                if w.closest
+                else f"names in the model: {', '.join(w.model_names) or 'none'}"
             )
             return f"{w.policy}: no checkpoint_name in the model is {w.name!r} ({hint})"
-        case WarningCode.SAVES_EVERYTHING:
+        case SavesEverything():
             return (
                 "this jax's save_anything_except_these_names ignores its names and saves everything; "
                 "use save_any_names_but_these"
             )
-        case WarningCode.OFFLOAD_MISSING:
+        case OffloadMissing():
             return f"{w.policy} offloads nothing to host memory in this model"
-        case WarningCode.INNER_SCOPE_WITHOUT_CHECKPOINTS:
+        case InnerScopeWithoutCheckpoints():
             return (
                 f"--scope inner applies {w.policy} to the model's own checkpoints, and it has none: "
                 "the policy changes nothing; use --scope outer (or auto)"
             )
-        case WarningCode.GEMM_BATCH_DIMS_MISSED:
+        case GemmBatchDimsMissed():
             return (
                 f"{w.policy} keeps dots only without batch dimensions, so it recomputes "
                 f"{len(w.equations)} weight GEMMs that have them ({', '.join(w.origins)}; "
-                f"{format_flops(w.flops or 0)}): {', '.join(w.modules)}; use checkpoint_dots (or "
+                f"{format_flops(w.flops)}): {', '.join(w.modules)}; use checkpoint_dots (or "
                 "checkpoint_dots_and_te_gemms), or name them with checkpoint_name and save the names"
             )
-        case WarningCode.TE_REQUANTIZED:
+        case TeRequantized():
             fix = (
-                f"save the quantizers' checkpoint names with the GEMM outputs: --policy {w.suggestion}"
-                if w.suggestion
+                f"save the quantizers' checkpoint names with the GEMM outputs: --policy {w.saving_spec}"
+                if w.saving_spec
                 else "name them (TE's quantization_checkpoint_name='quantization' on its layers), then save "
                 "save_only_these_names:quantization+te_gemms_saveable"
             )
             delayed = (
                 "; under delayed scaling the forward quantize also updates the amax history, so it runs "
                 "again whatever is saved"
-                if w.name == "delayed"
+                if w.delayed
                 else ""
             )
             return (
                 f"{w.policy} quantizes again in the backward pass: {len(w.equations)} TE quantizations "
-                f"({format_flops(w.flops or 0)}) at {', '.join(w.modules)}; {fix}{delayed}"
+                f"({format_flops(w.flops)}) at {', '.join(w.modules)}; {fix}{delayed}"
             )
-        case WarningCode.REMAT3:
+        case Remat3():
             return (
                 "jax_remat3 is on: jax.checkpoint takes another path, which this audit does not model; "
                 "turn it off (JAX_REMAT3=0) for exact figures"
             )
         case _:
-            assert_never(w.code)
+            assert_never(w)
 
 
 QUANTIZATION_HEADERS = ("quantized", "requantized")  # shown where the model quantizes
