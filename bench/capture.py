@@ -56,7 +56,6 @@ def main() -> int:
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
     env["COLUMNS"] = "120"
     shim = Path(tempfile.mkdtemp(prefix="capture-"))
-    (shim / "te_ckpt_audit").symlink_to(ROOT / "te_ckpt_audit")
     (shim / "te_ckpt_audit_cli").symlink_to(ROOT / "cli")
     env["PYTHONPATH"] = os.pathsep.join([str(shim), str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     for name, args in COMMANDS:

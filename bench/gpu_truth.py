@@ -51,7 +51,7 @@ from te_ckpt_audit.config import parse_defines
 target, policy, defines = sys.argv[1], sys.argv[2], sys.argv[3:]
 session = Session.of_target(target, defines=parse_defines(defines))
 spec = resolve_policy(policy)
-traced = session.traced
+traced = session._traced
 fun = policy_function(traced, spec, session.resolved_scope(spec))
 step = training_step(traced, fun, traced.avals, optax.adamw(1e-3))
 key = iter(jax.random.split(jax.random.key(0), 100000))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import assert_never
@@ -10,17 +9,17 @@ from typing import assert_never
 from rich.console import Console
 
 from te_ckpt_audit import (
-    DEFAULT_POLICIES,
     AuditReport,
     CheckResult,
     Scope,
     ShardingSource,
+    TargetConfig,
     UsageError,
-    audit_target,
+    check_config,
+    check_target,
     parse_policies,
 )
-from te_ckpt_audit.baselines import audit_key, load_baseline
-from te_ckpt_audit.gating import check, check_budget_policies
+from te_ckpt_audit.baselines import load_baseline
 from te_ckpt_audit.gpus import DEFAULT_GPUS_PER_HOST
 from te_ckpt_audit.render import (
     TableView,
@@ -31,7 +30,6 @@ from te_ckpt_audit.render import (
     render_markdown,
     render_table,
 )
-from te_ckpt_audit.sizes import percent_limit
 
 from . import options as opt
 from . import process
@@ -138,26 +136,21 @@ def audit(
         given = "--params" if what.params is not None else "--budget, --max-recompute and baselines"
         raise UsageError(f"{given}: --step compiles a training step of the target's own, whose residuals are "
                          "inside it and not audited", "gate its peak with --fit or --peak-budget")
-    # Bad limits and baselines fail before the user's code runs.
-    percent_limit(gate.tolerance, "--tolerance")
-    audited = [s.text for s in specs] if specs else ("as-is", *DEFAULT_POLICIES)
-    check_budget_policies(gate.budgets, audited)
-    check_budget_policies(on_gpu.peak.budgets, audited)
+    # one gate, as `check` runs it: its limits fail before the user's code runs
+    config = TargetConfig(what.target, what.inputs, what.defines, specs or (), what.scope, gate.budgets,
+                          gate.max_recompute, where.mesh, where.shardings, compile, on_gpu.request, on_gpu.peak,
+                          what.params)
+    check_config(config, gate.tolerance)
     reference = load_baseline(gate.baseline) if gate.baseline is not None else None
-    key = audit_key(what.target, what.inputs, what.defines, what.scope, where.mesh, on_gpu.request, what.params)
     process.prepare(emulate_gpu, where.devices, None if on_gpu.request is None else on_gpu.request.model)
     # The user's code may print, but stdout carries only the report. The spinner nests inside the
     # redirect: it swaps sys.stdout too while it runs, and must restore the redirect, not stdout.
-    with stdout_kept_for_the_report(), progress_on_stderr() as progress, process.workers(on_gpu.jobs) as pool:
-        report = audit_target(
-            what.target, specs, inputs=what.inputs, defines=what.defines,
-            scope=what.scope, progress=progress, compile=compile, mesh=where.mesh, shardings=where.shardings,
-            gpu=on_gpu.request, params=what.params, executor=pool, capture=process.xla_log_kept_off_stderr,
-        )
-    figures = None if reference is None else reference.figures(key)
-    result = check(report, gate.budgets, gate.max_recompute, figures, gate.tolerance, gate.require_baseline,
-                   on_gpu.peak)
-    result = dataclasses.replace(result, key=key)
+    with stdout_kept_for_the_report(), progress_on_stderr() as progress, process.running(on_gpu.jobs) as pool:
+        report, result = check_target(config, baseline=reference, tolerance=gate.tolerance,
+                                      require_baseline=gate.require_baseline, progress=progress, executor=pool,
+                                      capture=process.xla_log_kept_off_stderr)
+    key = result.key
+    assert key is not None
     gated = gate.gating or on_gpu.peak.active
     emit(renderer(out.format, table_view(out))(report, result if gated else None), out.output)
     if gate.save_baseline is not None:

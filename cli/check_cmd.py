@@ -107,7 +107,7 @@ def check(
     targets = [t if t.gpu is None else dataclasses.replace(t, gpu=_in_this_environment(t.gpu)) for t in cfg.targets]
     runs: list[Run] = []
     jobs = default_jobs() if any(t.gpu is not None for t in targets) else 1
-    with stdout_kept_for_the_report(), progress_on_stderr() as progress, process.workers(jobs) as pool:
+    with stdout_kept_for_the_report(), progress_on_stderr() as progress, process.running(jobs) as pool:
         for t in targets:
             runs.append(
                 check_target(t, baseline=reference, tolerance=cfg.tolerance, require_baseline=require_baseline,

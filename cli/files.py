@@ -98,7 +98,7 @@ def _readable(real: Path, shown: str | Path) -> Baseline:
         return load_baseline(real)
     except UsageError as err:
         raise UsageError(
-            f"{shown} is not a baseline this version can read, so it is left as it is: {err.message}",
+            f"{shown} is not a baseline this version can read, so it is left as it is: {err.template}",
             "save the baseline to another file, or remove this one if it should be replaced",
         ) from None
 

@@ -39,6 +39,17 @@ from te_ckpt_audit.sizes import parse_budget
 
 from .files import check_writable
 
+# The library names a value by its parameter (`$max_compiles$`); the command line, by its flag.
+FLAGS = {
+    "params": "--params", "max_evals": "--max-evals", "max_compiles": "--max-compiles", "budget_bytes": "--budget",
+    "budget": "--budget", "gpu": "--gpu", "gpu_config": "--gpu-config", "maximize": "--maximize", "defines": "-D",
+    "policies": "--policy", "tolerance": "--tolerance", "max_recompute": "--max-recompute", "fit": "--fit",
+    "peak_budgets": "--peak-budget", "shardings": "--shardings", "mesh": "--mesh", "inputs": "--inputs",
+    "save_baseline": "--save-baseline", "mem_fraction": "--mem-fraction", "donate": "--donate", "step": "--step",
+    "optimizer": "--optimizer", "gpus_per_host": "--gpus-per-host", "jobs": "--jobs",
+    "debug": "rerun with --debug for the traceback",
+}
+
 
 class OutputFormat(enum.StrEnum):
     TABLE = "table"
@@ -55,7 +66,8 @@ def _writable_output(text: str | None) -> str | None:
         try:
             check_writable(text)
         except UsageError as err:
-            raise typer.BadParameter(f"{err.message} ({err.hint})") from None
+            message, hint = err.worded(FLAGS)
+            raise typer.BadParameter(f"{message} ({hint})") from None
     return text
 
 

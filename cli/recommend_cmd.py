@@ -127,13 +127,13 @@ def recommend(
     size = None if budget is None else positive_bytes(parse_size(budget))  # fails before the user's code runs
     on_gpu = GpuOptions.parse(gpu, gpu_config, gpus_per_host, optimizer, mem_fraction, False, None, compile_cache(),
                               jobs=jobs)
-    count_at_least_one(max_evals, "max evaluations", "e.g. --max-evals 64")
+    count_at_least_one(max_evals, "max_evals", 64)
     what = TargetOptions.parse(target, inputs, define, scope, params)
     where = MeshOptions.parse(mesh, ShardingSource.COMPILED)
     written = output
     report_to(written)
     process.prepare(emulate_gpu, where.devices, None if on_gpu.request is None else on_gpu.request.model)
-    with stdout_kept_for_the_report(), progress_on_stderr() as progress, process.workers(on_gpu.jobs) as pool:
+    with stdout_kept_for_the_report(), progress_on_stderr() as progress, process.running(on_gpu.jobs) as pool:
         rec = recommend_target(
             what.target,
             size,

@@ -26,6 +26,7 @@ from te_ckpt_audit.records import CompileProgress
 from te_ckpt_audit.render import policy_errors, printable, violation_message
 
 from .files import write_output
+from .options import FLAGS
 
 PROG = "te-ckpt-audit"
 
@@ -72,7 +73,7 @@ def at_the_edge(command: Callable[..., int]) -> Callable[..., int]:
         except AuditError as err:
             if kwargs.get("debug"):
                 traceback.print_exc()
-            return fail(err.message, err.hint, err.exit_code)
+            return fail(*err.worded(FLAGS), err.exit_code)
         except KeyboardInterrupt:
             return fail("interrupted", "", ExitCode.INTERRUPTED)
         except PipeClosed:

@@ -7,7 +7,7 @@ starting with `_`) is private.
 
 from __future__ import annotations
 
-from ._api import audit, audit_target, check_target
+from ._api import audit, audit_target, check_config, check_target
 from ._fit import DEFAULT_MAX_COMPILES
 from ._mesh import MAX_DEVICES
 from ._recommend import DEFAULT_MAX_EVALS, recommend, recommend_target
@@ -93,6 +93,7 @@ __all__ = [
     "WarningCode",
     "audit",
     "audit_target",
+    "check_config",
     "check_target",
     "checkpoint_dots_and_te_gemms",
     "dots_and_te_gemms_with_no_batch_dims",

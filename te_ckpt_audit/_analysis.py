@@ -16,7 +16,6 @@ import jax
 
 from . import _jax_compat as jc
 from ._apply import policy_function, resolve_scope, row_verdict
-from ._heap import without_gc
 from ._jaxpr import AnyJaxpr, aval_bytes, aval_dtype, aval_shape, is_gemm, open_jaxpr, sub_jaxprs
 from ._source import Origin, user_location
 from ._trace import Row, Traced, id_key
@@ -58,7 +57,6 @@ class Analysis:
     forward: jc.ClosedJaxpr
 
 
-@without_gc
 def analyse_policy(traced: Traced, spec: PolicySpec, scope: Scope = Scope.AUTO) -> Analysis:
     """Residuals, marks and recompute cost of one policy on one trace: one linearization by JAX."""
     scope = resolve_scope(traced, spec, scope)
@@ -89,7 +87,7 @@ def analyse_policy(traced: Traced, spec: PolicySpec, scope: Scope = Scope.AUTO) 
         raise TargetError(
             f"differentiating {traced.target or 'the function'} under {spec.text} raised "
             f"{type(exc).__name__} at {user_location(exc)}: {first_line(exc)}",
-            "fix the model's differentiation rules (rerun with --debug for the traceback)",
+            "fix the model's differentiation rules ($debug$)",
         ) from exc
     rows = traced.rows.by_id  # complete now: custom_vjp forward rules were traced just above
     residuals = _residuals(traced, forward.jaxpr)

@@ -29,7 +29,7 @@ Policies = Sequence[PolicyLike]
 def default_policies(session: Session) -> tuple[str, ...]:
     """The default comparison: for a model with checkpoints of its own, what its own policy keeps
     comes first (`as-is`), then the set every model gets."""
-    return (AS_IS, *DEFAULT_POLICIES) if session.traced.has_remat else DEFAULT_POLICIES
+    return (AS_IS, *DEFAULT_POLICIES) if session.has_remat else DEFAULT_POLICIES
 
 
 def audit(
@@ -110,6 +110,18 @@ def audit_target(
     return session.report(chosen, compile=compile, gpu=gpu, progress=progress, executor=executor, capture=capture)
 
 
+def check_config(config: TargetConfig, tolerance: float = 0.0) -> None:
+    """A gate's limits checked, as `check_target` checks them before it runs the target: finite
+    percentages, and budgets only for policies the audit has."""
+    percent_limit(tolerance, "tolerance")
+    if config.max_recompute is not None:
+        percent_limit(config.max_recompute, "max_recompute")
+    specs = parse_policies(config.policies, config.target) if config.policies else ()
+    policies = [s.text for s in specs] if specs else (AS_IS, *DEFAULT_POLICIES)  # as-is: the defaults with checkpoints
+    check_budget_policies(config.budgets, policies)
+    check_budget_policies(config.peak.budgets, policies)
+
+
 def check_target(
     config: TargetConfig,
     *,
@@ -126,14 +138,9 @@ def check_target(
     >>> from te_ckpt_audit import TargetConfig, check_target, parse_budget
     >>> report, result = check_target(TargetConfig("model.py:loss", budgets=(parse_budget("6GiB"),)))  # doctest: +SKIP
     """
-    policies = config.policies or (AS_IS, *DEFAULT_POLICIES)  # as-is: in the defaults with checkpoints
+    check_config(config, tolerance)  # before the user's code runs
     key = audit_key(config.target, config.inputs, config.defines, config.scope, config.mesh, config.gpu,
                     config.params)
-    percent_limit(tolerance, "--tolerance")
-    if config.max_recompute is not None:
-        percent_limit(config.max_recompute, "--max-recompute")
-    check_budget_policies(config.budgets, policies)  # before the user's code runs
-    check_budget_policies(config.peak.budgets, policies)
     report = audit_target(
         config.target, config.policies or None, inputs=config.inputs, defines=config.defines, scope=config.scope,
         progress=progress, compile=config.compile, mesh=config.mesh, shardings=config.shardings, gpu=config.gpu,

@@ -40,7 +40,7 @@ def fit_on_gpu(
     `executor`'s processes), until one fits: a policy that keeps fewer activation bytes can peak
     higher, so no point is skipped on the assumption that it would not."""
     if max_compiles < 1:
-        raise UsageError(f"max_compiles {max_compiles} must be at least 1", "e.g. 8")
+        raise UsageError(f"$max_compiles$ {max_compiles} must be at least 1", "e.g. $max_compiles$ 8")
     session.compiler(request, capture)  # what the machine lacks, or a target with no loss: before any compile
     order = sorted((c for c in rec.frontier if c.error is None), key=lambda c: (c.recompute_flops, -c.activation_bytes))
     compiled: dict[str, Candidate] = {}
@@ -95,7 +95,7 @@ def largest_fitting(
             progress(f"{define}={value}: tracing and compiling {policy}")
             try:
                 session = build(value)
-                session.row(spec)  # the policy applies (an error here is the value's)
+                session.row_of(spec)  # the policy applies (an error here is the value's)
                 peak = session.peaks([spec], request, progress, capture=capture)[spec.text]
             except AuditError as exc:  # a value the model cannot take (a shape it refuses)
                 trials[value] = Trial(value, None, False, first_line(exc))

@@ -71,7 +71,7 @@ def user_code(what: str) -> Iterator[None]:
             shown = exc.__context__  # the user's exception, whose message could not be made
         raise TargetError(
             f"{what}: the user's code raised {type(shown).__name__} at {user_location(shown)}: {first_line(shown)}",
-            "fix the model code (rerun with --debug for the traceback)",
+            "fix the model code ($debug$)",
         ) from exc
 
 
@@ -139,7 +139,7 @@ def import_module(where: str) -> ModuleType:
     except Exception as exc:
         raise TargetError(
             f"importing {where} raised {type(exc).__name__} at {user_location(exc)}: {first_line(exc)}",
-            "the model module runs on import; fix the error there (rerun with --debug for the traceback)",
+            "the model module runs on import; fix the error there ($debug$)",
         ) from exc
 
 
@@ -163,7 +163,7 @@ def _attribute(module: ModuleType, where: str, attr: str) -> object:
         raise UsageError(f"{where} has no attribute {attr!r}", hint) from None
 
 
-def anchored(spec: str | None, what: str = "--inputs") -> str | None:
+def anchored(spec: str | None, what: str = "$inputs$") -> str | None:
     """`FILE.py:NAME` with FILE checked and made absolute now, before the target's module runs (its
     code may change the working folder); `module:NAME` as it is."""
     if spec is None:
@@ -194,10 +194,10 @@ def load_target(text: str) -> Target:
 def find_inputs_callable(target: Target, inputs: str | None) -> tuple[Callable[..., object], str]:
     """`--inputs FILE:CALLABLE`, else `<attr>_inputs` beside the target, else `example_inputs`."""
     if inputs:
-        where, attr = split_target(inputs, "--inputs")
+        where, attr = split_target(inputs, "$inputs$")
         fn = import_attribute(where, attr)
         if not callable(fn):
-            raise UsageError(f"--inputs {inputs} is not callable", "name a function returning the arguments")
+            raise UsageError(f"$inputs$ {inputs} is not callable", "name a function returning the arguments")
         return fn, inputs
     prefix, _, last = target.attr.rpartition(".")
     candidates = [f"{prefix + '.' if prefix else ''}{last}{INPUTS_SUFFIX}", FALLBACK_INPUTS]
@@ -211,7 +211,7 @@ def find_inputs_callable(target: Target, inputs: str | None) -> tuple[Callable[.
     raise UsageError(
         f"no example inputs for {target.text}",
         f"define {candidates[0]}() beside it returning a tuple of arguments (jax.ShapeDtypeStruct "
-        "pytrees), or pass --inputs FILE.py:CALLABLE",
+        "pytrees), or pass $inputs$ FILE.py:CALLABLE",
     )
 
 
@@ -227,7 +227,7 @@ def parse_overrides(fn: Callable[..., object], defines: Defines) -> dict[str, ob
     for key, raw in defines.items():
         if key not in known and not takes_any:
             raise UsageError(
-                f"-D {key}: the inputs callable has no parameter {key!r}",
+                f"$defines$ {key}: the inputs callable has no parameter {key!r}",
                 f"it takes: {', '.join(sorted(known)) or 'no keyword parameters'}",
             )
         default = params[key].default if key in params else inspect.Parameter.empty
@@ -244,13 +244,13 @@ def _convert(key: str, raw: str, default: object) -> object:
         if default is inspect.Parameter.empty or default is None:
             return raw
         kind = {int: "an int", float: "a number", bool: "a bool"}.get(type(default), type(default).__name__)
-        raise UsageError(f"-D {key}={raw[:80]}: not {kind}", f"the default is {default!r}") from None
+        raise UsageError(f"$defines$ {key}={raw[:80]}: not {kind}", f"the default is {default!r}") from None
     if isinstance(default, bool) and not isinstance(value, bool):
-        raise UsageError(f"-D {key}={raw}: not a bool", "use True or False")
+        raise UsageError(f"$defines$ {key}={raw}: not a bool", "use True or False")
     if isinstance(default, int) and not isinstance(default, bool) and not isinstance(value, int):
-        raise UsageError(f"-D {key}={raw}: not an int", f"the default is {default!r}")
+        raise UsageError(f"$defines$ {key}={raw}: not an int", f"the default is {default!r}")
     if isinstance(default, float) and not isinstance(value, int | float):
-        raise UsageError(f"-D {key}={raw}: not a number", f"the default is {default!r}")
+        raise UsageError(f"$defines$ {key}={raw}: not a number", f"the default is {default!r}")
     return float(value) if isinstance(default, float) else value
 
 
@@ -263,8 +263,8 @@ def load_inputs(
     defines = defines or {}
     if mesh is not None and "mesh" in defines:
         raise UsageError(
-            "-D mesh: with a mesh, the inputs callable's `mesh` keyword is the mesh itself",
-            "drop -D mesh; give the mesh's shape with --mesh AXIS=SIZE,...",
+            "$defines$ mesh: with a mesh, the inputs callable's `mesh` keyword is the mesh itself",
+            "drop $defines$ mesh; give the mesh's shape with $mesh$ AXIS=SIZE,...",
         )
     kwargs = parse_overrides(fn, defines)
     try:
@@ -276,7 +276,7 @@ def load_inputs(
     except Exception as exc:
         raise TargetError(
             f"inputs callable {source} raised {type(exc).__name__} at {user_location(exc)}: {first_line(exc)}",
-            "fix the inputs callable (rerun with --debug for the traceback)",
+            "fix the inputs callable ($debug$)",
         ) from exc
     args = value if isinstance(value, tuple) else (value,)
     return Inputs(args, source, tuple(sorted(kwargs.items())), {**_defaults(fn), **kwargs})

@@ -46,7 +46,7 @@ def cpu_devices(n: int) -> list[jax.Device]:
         raise UsageError(
             f"a mesh of {n} devices is more than the {MAX_DEVICES} virtual CPU devices te-ckpt-audit provides",
             "audit a smaller mesh with the same per-device shapes (fewer data-parallel replicas), or an "
-            "explicit-sharding model with --shardings abstract (no devices needed)",
+            "explicit-sharding model with $shardings$ abstract (no devices needed)",
         )
     devices = jax.devices("cpu")
     if len(devices) < n:
@@ -99,7 +99,7 @@ def place_args(args: tuple[object, ...], mesh: Mesh | AbstractMesh) -> tuple[obj
         try:  # a ShapeDtypeStruct resolves a bare PartitionSpec against the mesh only when asked
             sharding = getattr(leaf, "sharding", None) if isinstance(leaf, jax.ShapeDtypeStruct | jax.Array) else None
         except ValueError as exc:  # an axis the mesh does not have: JAX's message names it
-            hint = "use the mesh's axes, or add AXIS=SIZE to --mesh"
+            hint = "use the mesh's axes, or add AXIS=SIZE to $mesh$"
             raise UsageError(f"input {name}: {str(exc).strip()}", hint) from None
         if sharding is None or (not isinstance(sharding, NamedSharding) and sharding.is_fully_replicated):
             spec = PartitionSpec()
@@ -139,7 +139,7 @@ def _check_spec(
             if axis not in sizes:
                 raise UsageError(
                     f"input {name}: axis {axis!r} of {spec} is not in the mesh ({', '.join(sizes)})",
-                    f"use the mesh's axes, or add {axis}=SIZE to --mesh",
+                    f"use the mesh's axes, or add {axis}=SIZE to $mesh$",
                 )
             if own is not None and dict(own.shape)[axis] != sizes[axis]:
                 raise UsageError(
@@ -151,7 +151,7 @@ def _check_spec(
             over = " x ".join(f"{a}={sizes[a]}" for a in axes)
             raise UsageError(
                 f"input {name}: dimension {dim} (size {shape[dim]}) is not divisible by mesh axis {over}",
-                "choose sizes the mesh divides (a -D value, or the --mesh sizes)",
+                "choose sizes the mesh divides (a $defines$ value, or the $mesh$ sizes)",
             )
 
 
@@ -168,7 +168,7 @@ def per_device(traced: Traced, analysis: Analysis, mesh: Mesh | AbstractMesh) ->
             raise TargetError(
                 f"{result.policy} on an abstract mesh: Transformer Engine's GEMMs give their outputs no sharding "
                 "of their own, so every residual after one would read as replicated",
-                "use --shardings compiled; real TE partitions only on GPUs (see the README), its CPU stand-in "
+                "use $shardings$ compiled; real TE partitions only on GPUs (see the README), its CPU stand-in "
                 "on virtual CPU devices",
             )
         out_shardings: list[Sharding | None] = [
@@ -206,7 +206,7 @@ def _compiled_shardings(closed: jc.ClosedJaxpr, traced: Traced, policy: str, mes
             f"partitioning {policy} on mesh {spec_of(mesh)}: XLA could not compile its forward pass for "
             f"virtual CPU devices: {_cause(exc)}",
             "every primitive needs a CPU lowering to be partitioned here; an explicit-sharding model can "
-            "use --shardings abstract",
+            "use $shardings$ abstract",
         ) from exc
     return list(jax.tree_util.tree_leaves(compiled.output_shardings))
 

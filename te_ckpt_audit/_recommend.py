@@ -30,7 +30,6 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from . import registry
 from ._fit import DEFAULT_MAX_COMPILES, fit_on_gpu, largest_fitting
 from ._gpu._compiler import LogCapture
-from ._heap import without_gc
 from ._progress import Progress, quiet
 from ._session import Session
 from ._trained import ParamsLike
@@ -94,7 +93,7 @@ class _Evaluator:
             error = None
         except TargetError as exc:
             result, error = None, exc.message
-        forward = self.session.traced.forward_flops
+        forward = self.session.forward_flops
         text = spec.text
         preset = base if base is not None else (text if kind is CandidateKind.PRESET else None)
         entry = None if preset is None else registry.known(preset)
@@ -181,7 +180,6 @@ def _ordered(names: Iterable[str], order: Sequence[str]) -> tuple[str, ...]:
     return tuple(n for n in order if n in chosen)
 
 
-@without_gc
 def recommend(
     session: Session,
     budget_bytes: float,
@@ -205,28 +203,26 @@ def recommend(
     ('save_only_these_names:a', 1024)
     """
     budget = positive_bytes(budget_bytes)
-    count_at_least_one(max_evals, "max evaluations", "e.g. --max-evals 64")
+    count_at_least_one(max_evals, "max_evals", 64)
     preset_list = list(registry.presets() if presets is None else presets)
     if allow_offload and presets is None:
         preset_list += registry.searched(registry.Search.OFFLOAD)
     for p in preset_list:
         resolve_policy(p)  # a bad preset fails here, before any analysis
-    traced = session.traced
     ev = _Evaluator(session, budget, math.inf if exhaustive else max_evals, progress)
     # JAX traces custom_vjp forward rules on the first differentiation: the names and equations in
     # them are known once one policy is analysed (without presets, the empty subset of names)
     for p in preset_list or [spec_text(None)]:
         ev.get(CandidateKind.PRESET, p)
-    found = sorted(traced.rows.names, key=_natural)
+    found = sorted(session.checkpoint_names, key=_natural)
     names = tuple(n for n in found if spellable(n))
     skipped = tuple(n for n in found if not spellable(n))
     if not names and not preset_list:
         raise UsageError(
-            f"{traced.target or 'the function'} has no checkpoint names and no presets are left to search",
+            f"{session.target or 'the function'} has no checkpoint names and no presets are left to search",
             "tag activations with jax.ad_checkpoint.checkpoint_name, or search the presets too",
         )
-    has_te = any(e.is_te_gemm for e in traced.rows.equations())
-    bases: list[str | None] = [None, *registry.bases(te_aware=has_te)]
+    bases: list[str | None] = [None, *registry.bases(te_aware=session.has_te_gemms)]
     kind_of: dict[str | None, CandidateKind] = {None: CandidateKind.NAMES}
     if exhaustive:
         _exhaustive(ev, names, bases, allow_offload)
@@ -243,7 +239,7 @@ def _found(
     evaluated = tuple(ev.done.values())
     if not evaluated or all(c.error is not None for c in evaluated):
         first = next((c.error for c in evaluated if c.error), None)
-        raise TargetError(first or "no candidate could be analysed", "rerun with --debug for the traceback")
+        raise TargetError(first or "no candidate could be analysed", "$debug$")
     winner = best_fit(evaluated)
     closest = None
     if winner is None:
@@ -256,7 +252,7 @@ def _found(
             shown.append(extra)
     report = ev.session.report_of([ev.results[c.policy] for c in shown if c.policy in ev.results])
     return Recommendation(
-        target=ev.session.traced.target,
+        target=ev.session.target,
         budget_bytes=ev.budget,
         mesh=report.mesh,
         names=names,
@@ -456,12 +452,12 @@ def recommend_target(
     code runs."""
     mesh = parse_mesh(mesh) if isinstance(mesh, str) else mesh
     if budget_bytes is None and gpu is None:
-        raise UsageError("recommend needs --budget SIZE, or --gpu NAME (its usable memory)", "e.g. --budget 6GiB")
+        raise UsageError("recommend needs $budget_bytes$, or $gpu$ (its usable memory)", "e.g. $budget_bytes$ 6GiB")
     if maximize is not None and gpu is None:
-        raise UsageError(f"--maximize {maximize} finds what fits a GPU", "add --gpu NAME")
+        raise UsageError(f"$maximize$ {maximize} finds what fits a GPU", "add $gpu$")
     budget = positive_bytes(budget_bytes if budget_bytes is not None else gpu.usable_bytes)  # type: ignore[union-attr]
-    count_at_least_one(max_evals, "max evaluations", "e.g. --max-evals 64")
-    count_at_least_one(max_compiles, "max compiles", "e.g. --max-compiles 8")
+    count_at_least_one(max_evals, "max_evals", 64)
+    count_at_least_one(max_compiles, "max_compiles", 8)
     given = as_defines(defines)
 
     def session_with(extra: Mapping[str, str]) -> Session:
@@ -482,8 +478,8 @@ def recommend_target(
     start = session.keywords.get(maximize)
     if isinstance(start, bool) or not isinstance(start, int) or start < 1:
         raise UsageError(
-            f"--maximize {maximize}: the inputs callable's {maximize} is {start!r}, not a positive int",
-            f"give it an int default, or a start with -D {maximize}=N",
+            f"$maximize$ {maximize}: the inputs callable's {maximize} is {start!r}, not a positive int",
+            f"give it an int default, or a start with $defines$ {maximize}=N",
         )
     found = largest_fitting(lambda v: session_with({maximize: str(v)}), maximize, start, rec.recommended.policy, gpu,
                              max_compiles, progress, capture)

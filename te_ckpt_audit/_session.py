@@ -2,8 +2,8 @@
 once and kept. `audit`, `recommend`, `check` and the pytest helper are thin clients of it.
 
     load (target, inputs) -> trace -> Session
-        Session.analysis(spec)   apply the policy, one JAX linearization      (_apply, _analysis)
-        Session.result(spec)     + bytes per device on the mesh, if placed    (_mesh)
+        Session.result(spec)     apply the policy, one JAX linearization      (_apply, _analysis)
+                                 + bytes per device on the mesh, if placed    (_mesh)
         Session.report(specs)    + warnings, + compiled step if asked         (_warnings, _compile)
                                  + the step's peak on a GPU model, if asked   (_gpu)
                                  -> AuditReport (records), which renderers draw
@@ -30,7 +30,6 @@ from ._compile import compiled_memory
 from ._emulated import emulated_device
 from ._gpu import Compiler, gpu_info, peaks_in_workers, step_info
 from ._gpu._compiler import LogCapture
-from ._heap import without_gc
 from ._loading import anchored, load_inputs, load_target, user_code
 from ._mesh import build_abstract_mesh, build_mesh, mesh_context, per_device, place_args, source_of, spec_of
 from ._progress import Progress, quiet
@@ -99,7 +98,7 @@ class Session:
         """`keywords`: what the inputs callable was called with; `rebuild`: a picklable callable
         that builds this session again (a worker process compiles from its own); `own_step`: the
         traced function is a training step of the user's own (compiled as it is, not audited)."""
-        self.traced = traced
+        self._traced = traced  # the trace: private (its types are the library's own)
         self.scope = Scope(scope)
         self.mesh = mesh
         self.keywords: Mapping[str, object] = dict(keywords or {})
@@ -168,7 +167,7 @@ class Session:
     def _running(self) -> Iterator[None]:
         """The user's code runs under JAX while a policy is analysed (policies, differentiation
         rules), with the mesh as JAX's context mesh."""
-        with user_code(self.traced.target or "the function"), mesh_context(self.mesh):
+        with user_code(self._traced.target or "the function"), mesh_context(self.mesh):
             yield
 
     def _outcome(self, spec: PolicySpec, progress: Progress = quiet) -> _Outcome:
@@ -177,7 +176,7 @@ class Session:
             progress(f"analysing {spec.text}")
             try:
                 with self._running():
-                    analysis = analyse_policy(self.traced, spec, self.scope)
+                    analysis = analyse_policy(self._traced, spec, self.scope)
             except TargetError as exc:  # JAX cannot differentiate under this policy
                 self._outcomes[key] = _Outcome(None, None, exc)
                 return self._outcomes[key]
@@ -185,11 +184,11 @@ class Session:
             if self.mesh is not None:
                 progress(f"partitioning {spec.text} on the mesh")
                 with self._running():
-                    placed = per_device(self.traced, analysis, self.mesh)
+                    placed = per_device(self._traced, analysis, self.mesh)
             self._outcomes[key] = _Outcome(analysis, placed, None)
         return self._outcomes[key]
 
-    def analysis(self, spec: PolicySpec) -> Analysis:
+    def _analysis(self, spec: PolicySpec) -> Analysis:
         """The policy's one linearization and what was read from it; a TargetError when JAX cannot
         differentiate the function under it."""
         outcome = self._outcome(spec)
@@ -207,18 +206,18 @@ class Session:
         assert outcome.placed is not None
         return outcome.placed
 
-    def row(self, spec: PolicySpec, progress: Progress = quiet) -> PolicyResult:
+    def row_of(self, spec: PolicySpec, progress: Progress = quiet) -> PolicyResult:
         """The policy's row in a report: its result, or an empty row saying why there is none (a
         training step of the user's own is not audited: the residuals are inside it)."""
         if self.own_step:
             if not isinstance(spec, AsIs):
-                raise UsageError(f"{self.traced.target} is a training step of its own: it is compiled as it is",
+                raise UsageError(f"{self._traced.target} is a training step of its own: it is compiled as it is",
                                  "audit it as-is alone")
-            return dataclasses.replace(failed(self.traced, spec, self.scope, TargetError("")), error=None,
+            return dataclasses.replace(failed(self._traced, spec, self.scope, TargetError("")), error=None,
                                        audited=False)
         outcome = self._outcome(spec, progress)
         if outcome.error is not None:
-            return failed(self.traced, spec, self.scope, outcome.error)
+            return failed(self._traced, spec, self.scope, outcome.error)
         assert outcome.placed is not None
         return outcome.placed
 
@@ -226,32 +225,32 @@ class Session:
         outcome = self._outcome(NOTHING)
         return outcome.placed
 
-    def warned(self, spec: PolicySpec, result: PolicyResult, audited_nothing: bool = False) -> PolicyResult:
+    def with_warnings(self, spec: PolicySpec, result: PolicyResult, audited_nothing: bool = False) -> PolicyResult:
         """`result` with its warnings (`_warnings`)."""
         if result.error is not None:  # an empty row: nothing to compare or warn about
             return result
         with self._running():
-            warnings = warnings_for(self.traced, spec, result, self._nothing_saveable, audited_nothing)
+            warnings = warnings_for(self._traced, spec, result, self._nothing_saveable, audited_nothing)
         return dataclasses.replace(result, warnings=warnings)
 
-    def compiled(self, spec: PolicySpec, result: PolicyResult) -> PolicyResult:
+    def with_compiled_memory(self, spec: PolicySpec, result: PolicyResult) -> PolicyResult:
         """`result` with XLA's memory analysis of the compiled training step under the policy."""
         if result.error is not None:
             return result
         with self._running():
-            return dataclasses.replace(result, compiled=compiled_memory(self.traced, spec, result.scope))
+            return dataclasses.replace(result, compiled=compiled_memory(self._traced, spec, result.scope))
 
     def compiler(self, request: GpuRequest, capture: LogCapture | None = None) -> Compiler:
         """The compiler of this trace's training step for `request`'s GPU (one per request);
         `capture` keeps XLA's log lines off the caller's stderr while it compiles."""
         if request.step != self.own_step:
             if request.step:
-                raise UsageError(f"{self.traced.target} was not traced as a training step of its own",
+                raise UsageError(f"{self._traced.target} was not traced as a training step of its own",
                                  "build the session with own_step=True")
-            raise UsageError(f"{self.traced.target} is a training step of its own", "compile it with step=True")
+            raise UsageError(f"{self._traced.target} is a training step of its own", "compile it with step=True")
         if request not in self._compilers:
             mesh = None if self.mesh is None else spec_of(self.mesh)
-            self._compilers[request] = Compiler(self.traced, request, mesh, capture)
+            self._compilers[request] = Compiler(self._traced, request, mesh, capture)
         return self._compilers[request]
 
     def peaks(
@@ -268,13 +267,13 @@ class Session:
         compiler = self.compiler(request, capture)
 
         def here(spec: PolicySpec) -> PeakMemory:
-            with user_code(self.traced.target or "the function"):
+            with user_code(self._traced.target or "the function"):
                 return compiler.peak(spec, self.resolved_scope(spec), progress)
 
         portable = [s for s in specs if not isinstance(s, Custom)]  # a callable given directly stays here
         out: dict[str, PeakMemory] = {}
         if executor is not None and self.rebuild is not None and len(portable) > 1:
-            with user_code(self.traced.target or "the function"):
+            with user_code(self._traced.target or "the function"):
                 wanted = [(s, compiler.program_hash(s, self.resolved_scope(s))) for s in portable]
             out = peaks_in_workers(executor, repr(self.rebuild), self.rebuild, wanted, request, here, progress)
         for spec in specs:
@@ -282,7 +281,6 @@ class Session:
                 out[spec.text] = here(spec)
         return out
 
-    @without_gc
     def report(
         self,
         policies: Sequence[PolicyLike],
@@ -300,7 +298,7 @@ class Session:
         specs = policy_specs(policies)
         if gpu is not None:
             self.compiler(gpu, capture)  # what the machine lacks, or a target with no loss: said before any work
-        rows = [self.row(spec, progress) for spec in specs]
+        rows = [self.row_of(spec, progress) for spec in specs]
         errors = [r for r in rows if r.error is not None]
         if errors and len(errors) == len(rows):
             failure = self._outcome(specs[0]).error
@@ -308,13 +306,13 @@ class Session:
             raise failure
         if warnings and not self.own_step:
             audited = NOTHING in specs
-            rows = [self.warned(s, r, audited) for s, r in zip(specs, rows, strict=True)]
+            rows = [self.with_warnings(s, r, audited) for s, r in zip(specs, rows, strict=True)]
         if compile:
             compiled = []
             for spec, row in zip(specs, rows, strict=True):
                 if row.error is None:
                     progress(f"compiling {spec.text}")
-                compiled.append(self.compiled(spec, row))
+                compiled.append(self.with_compiled_memory(spec, row))
             rows = compiled
         if gpu is not None:
             wanted = [s for s, r in zip(specs, rows, strict=True) if r.error is None]
@@ -325,10 +323,10 @@ class Session:
 
     def report_of(self, results: Sequence[PolicyResult], gpu: GpuRequest | None = None) -> AuditReport:
         """The report of this trace holding `results` (their peaks compiled for `gpu`)."""
-        equations = self.traced.rows.equations()
+        equations = self._traced.rows.equations()
         return AuditReport(
-            target=self.traced.target,
-            arguments=self.traced.arguments,
+            target=self._traced.target,
+            arguments=self._traced.arguments,
             jax_version=jax.__version__,
             te=TeKind.of(equations),
             equations=equations,
@@ -337,17 +335,42 @@ class Session:
             mesh=None if self.mesh is None else spec_of(self.mesh),
             sharding_source=None if self.mesh is None else source_of(self.mesh),
             gpu=None if gpu is None else gpu_info(gpu, self.devices),
-            step=None if gpu is None else step_info(self.traced, gpu),
+            step=None if gpu is None else step_info(self._traced, gpu),
             trained=None if self.own_step else self.trained(),
         )
 
     def trained(self) -> Trained:
         """The inputs this session differentiates, as a report records them."""
-        t = self.traced.trained
-        names = trained_paths(self.traced) if t.arguments is not None else tuple(
-            n for n, a in zip(self.traced.arg_names, self.traced.avals, strict=True)
+        t = self._traced.trained
+        names = trained_paths(self._traced) if t.arguments is not None else tuple(
+            n for n, a in zip(self._traced.arg_names, self._traced.avals, strict=True)
             if jax.numpy.issubdtype(a.dtype, jax.numpy.inexact))
         return Trained(t.arguments, names, t.convention)
+
+    @property
+    def target(self) -> str:
+        """The target as given (`file.py:fn`), or the function's name."""
+        return self._traced.target
+
+    @property
+    def has_remat(self) -> bool:
+        """Whether the function has checkpoints of its own (custom_vjp forward rules included)."""
+        return self._traced.has_remat
+
+    @property
+    def forward_flops(self) -> int:
+        """FLOPs of one forward pass."""
+        return self._traced.forward_flops
+
+    @property
+    def checkpoint_names(self) -> frozenset[str]:
+        """The checkpoint names the function's values carry (known once one policy is analysed:
+        JAX traces custom_vjp forward rules when it first differentiates)."""
+        return frozenset(self._traced.rows.names)
+
+    @property
+    def has_te_gemms(self) -> bool:
+        return any(e.is_te_gemm for e in self._traced.rows.equations())
 
     @property
     def devices(self) -> int:
@@ -355,4 +378,4 @@ class Session:
         return 1 if self.mesh is None else spec_of(self.mesh).devices
 
     def resolved_scope(self, spec: PolicySpec) -> Scope:
-        return resolve_scope(self.traced, spec, self.scope)
+        return resolve_scope(self._traced, spec, self.scope)

@@ -17,7 +17,6 @@ import numpy as np
 from jax.tree_util import KeyEntry
 
 from . import _jax_compat as jc
-from ._heap import without_gc
 from ._intern import SiteScopes, intern_bodies
 from ._jaxpr import (
     AnyJaxpr,
@@ -149,7 +148,6 @@ def _describe(x: jax.ShapeDtypeStruct) -> str:
     return f"{np.dtype(x.dtype).name}{list(x.shape)}"
 
 
-@without_gc
 def trace(
     fn: Callable[..., Any], args: tuple[object, ...], target: str = "", params: ParamsLike = ALL,
     differentiable: bool = True,
@@ -203,7 +201,7 @@ def trace(
         raise TargetError(
             f"tracing {target or 'the function'} raised {type(exc).__name__} at {user_location(exc)}: "
             f"{first_line(exc)}",
-            "fix the model code (rerun with --debug for the traceback)",
+            "fix the model code ($debug$)",
         ) from exc
     out_leaves = jax.tree_util.tree_leaves(out_shape)
     if not out_leaves:
@@ -234,7 +232,7 @@ def _abstract(leaf: Any, name: str) -> jax.ShapeDtypeStruct:  # an array leaf: s
     if any(not isinstance(d, int | np.integer) or d < 0 for d in shape):
         raise UsageError(
             f"input {name} has shape {shape}: every dimension must be a non-negative int",
-            "check the sizes the inputs callable computes (and any -D values)",
+            "check the sizes the inputs callable computes (and any $defines$ values)",
         )
     if isinstance(leaf, jax.ShapeDtypeStruct):
         return leaf

@@ -55,22 +55,22 @@ def parse_params(given: ParamsLike) -> tuple[int | str, ...] | Literal["all"] | 
     items: Sequence[int | str] = [given] if isinstance(given, int | str) else list(given)
     if any(isinstance(i, str) and i.strip() == ALL for i in items):
         if len(items) > 1:
-            raise UsageError("--params all trains every float input: it takes no other argument", "give all alone")
+            raise UsageError("$params$ all trains every float input: it takes no other argument", "give all alone")
         return "all"
     out: list[int | str] = []
     for item in items:
         if isinstance(item, bool) or not isinstance(item, int | str):
-            raise UsageError(f"--params {item!r} is not an argument position or name", "e.g. --params 0")
+            raise UsageError(f"$params$ {item!r} is not an argument position or name", "e.g. $params$ 0")
         value: int | str = item.strip() if isinstance(item, str) else item
         if isinstance(value, str) and re.fullmatch(r"[-+]?\d+", value):
             value = int(value)
         if isinstance(value, int) and value < 0:
-            raise UsageError(f"--params {value}: a position is 0 or more", "e.g. --params 0")
+            raise UsageError(f"$params$ {value}: a position is 0 or more", "e.g. $params$ 0")
         if isinstance(value, str) and not value.isidentifier():
-            raise UsageError(f"--params {value[:80]!r} is neither a position nor a parameter name", "e.g. --params 0")
+            raise UsageError(f"$params$ {value[:80]!r} is neither a position nor a parameter name", "e.g. $params$ 0")
         out.append(value)
     if not out:
-        raise UsageError("--params names no argument", "e.g. --params 0")
+        raise UsageError("$params$ names no argument", "e.g. $params$ 0")
     return tuple(out)
 
 
@@ -107,17 +107,17 @@ def resolve_trained(
         if isinstance(item, str):
             if item not in positional[:n_args]:
                 takes = ", ".join(positional[:n_args]) or "no named positional parameters"
-                raise UsageError(f"--params {item}: {target} has no positional parameter {item!r}",
+                raise UsageError(f"$params$ {item}: {target} has no positional parameter {item!r}",
                                  f"it takes: {takes}")
             item = positional.index(item)
         if item >= n_args:
-            raise UsageError(f"--params {item}: {target} is called with {n_args} positional argument(s)",
+            raise UsageError(f"$params$ {item}: {target} is called with {n_args} positional argument(s)",
                              f"a position from 0 to {n_args - 1}")
         chosen.append(item)
     arguments = tuple(sorted(set(chosen)))
     for a in arguments:
         if not any(argument_of(names[i]) == a for i in floats):
             shown = f" ({positional[a]})" if a < len(positional) else ""
-            raise UsageError(f"--params {a}: argument {a}{shown} of {target} holds no float array to train",
+            raise UsageError(f"$params$ {a}: argument {a}{shown} of {target} holds no float array to train",
                              "name the arguments that hold the parameters")
     return TrainedInputs(arguments, tuple(i for i in floats if argument_of(names[i]) in arguments))

@@ -48,7 +48,7 @@ def audit_key(
     """
     return AuditKey(
         _resolve(target),
-        None if inputs is None else _resolve(inputs, what="--inputs"),
+        None if inputs is None else _resolve(inputs, what="$inputs$"),
         tuple(sorted((defines or {}).items())),
         Scope(scope),
         mesh,
@@ -84,17 +84,17 @@ def baseline_text(baseline: Baseline, folder: Path) -> str:
 def load_baseline(path: str | Path) -> Baseline:
     """The baseline at `path`; a missing, unreadable, corrupt or wrong-schema file is a UsageError.
     Schema-1 files ({target: {policy: bytes}}) are still read."""
-    hint = f"regenerate it with --save-baseline {path}, or point at another file"
+    hint = f"regenerate it with $save_baseline$ {path}, or point at another file"
     try:
         text = read_text(path, "baseline", hint)
     except FileNotFoundError:
-        raise UsageError(f"baseline {path} does not exist", f"create it with --save-baseline {path}") from None
+        raise UsageError(f"baseline {path} does not exist", f"create it with $save_baseline$ {path}") from None
     return parse_baseline(text, Path(os.path.realpath(path)).parent, str(path))
 
 
 def parse_baseline(text: str, folder: Path, shown: str = "baseline") -> Baseline:
     """A baseline file's text (paths in it relative to `folder`)."""
-    hint = f"regenerate it with --save-baseline {shown}, or point at another file"
+    hint = f"regenerate it with $save_baseline$ {shown}, or point at another file"
     try:
         doc = json.loads(text, object_pairs_hook=_no_duplicates)
     except RecursionError:
@@ -112,7 +112,7 @@ def parse_baseline(text: str, folder: Path, shown: str = "baseline") -> Baseline
             _only(doc, {"schema", "targets"})
             return _legacy(doc["targets"], folder)
     except (KeyError, TypeError, ValueError, UsageError) as exc:
-        why = exc.message if isinstance(exc, UsageError) else str(exc)
+        why = exc.template if isinstance(exc, UsageError) else str(exc)
         raise UsageError(f"baseline {shown} is malformed: {why[:200]}", hint) from None
     raise UsageError(f"baseline {shown} has schema {str(schema)[:80]!r}, expected {schemas.BASELINE!r}", hint)
 

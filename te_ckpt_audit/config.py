@@ -54,6 +54,7 @@ from .gpus import (
 )
 from .records import Budget, MeshAxis, MeshSpec, Scope, ShardingSource
 from .sizes import parse_size, percent_limit
+from .specs import PolicyLike
 
 Defines = Mapping[str, str]  # `-D key=value`: keyword parameters of the inputs callable, raw text
 MAX_DEFINE = 4096  # characters in one -D value: no size or flag is longer
@@ -73,7 +74,7 @@ class TargetConfig:
     target: str
     inputs: str | None = None
     defines: Defines = dataclasses.field(default_factory=dict)
-    policies: tuple[str, ...] = ()  # empty: the default comparison set
+    policies: tuple[PolicyLike, ...] = ()  # spec strings (or specs parsed already); empty: the default set
     scope: Scope = Scope.AUTO
     budgets: tuple[Budget, ...] = ()
     max_recompute: float | None = None
@@ -126,11 +127,11 @@ def parse_defines(pairs: Sequence[str]) -> dict[str, str]:
         key, eq, raw = pair.partition("=")
         key = key.strip()
         if not eq or not key:
-            raise UsageError(f"-D {pair[:80]!r} is not key=value", "e.g. -D seq=8192")
+            raise UsageError(f"$defines$ {pair[:80]!r} is not key=value", "e.g. $defines$ seq=8192")
         if len(raw) > MAX_DEFINE:
-            raise UsageError(f"-D {key}: the value is {len(raw)} characters long", f"at most {MAX_DEFINE}")
+            raise UsageError(f"$defines$ {key}: the value is {len(raw)} characters long", f"at most {MAX_DEFINE}")
         if key in out:
-            raise UsageError(f"-D {key} is given twice ({out[key]} and {raw.strip()})", "give each key once")
+            raise UsageError(f"$defines$ {key} is given twice ({out[key]} and {raw.strip()})", "give each key once")
         out[key] = raw.strip()
     return out
 
@@ -160,9 +161,9 @@ def parse_mesh(text: str) -> MeshSpec:
         name, eq, size = (s.strip() for s in part.partition("="))
         if not eq or not name or not re.fullmatch(r"\+?\d{1,9}", size):
             shown = part.strip()[:40]
-            raise UsageError(f"--mesh {text[:80]!r}: {shown!r} is not AXIS=SIZE", "e.g. --mesh data=8,model=4")
+            raise UsageError(f"$mesh$ {text[:80]!r}: {shown!r} is not AXIS=SIZE", "e.g. $mesh$ data=8,model=4")
         axes.append((name, int(size)))
-    return mesh_spec(axes, "--mesh")
+    return mesh_spec(axes, "$mesh$")
 
 
 def mesh_spec(axes: Sequence[tuple[str, Any]] | Mapping[str, Any], what: str = "mesh") -> MeshSpec:

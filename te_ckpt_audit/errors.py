@@ -1,8 +1,15 @@
-"""Typed errors. The library raises them; only the CLI turns them into one line and an exit code."""
+"""Typed errors. The library raises them; only the CLI turns them into one line and an exit code.
+
+An error names what the caller gave by its parameter, written `$name$` in its message and hint:
+the library's words are the parameter's own name (`max_compiles 0 must be at least 1`), and the
+command line words it as its flag (`--max-compiles 0 must be at least 1`), through `worded`.
+"""
 
 from __future__ import annotations
 
 import enum
+import re
+from collections.abc import Mapping
 
 
 class ExitCode(enum.IntEnum):
@@ -17,15 +24,38 @@ class ExitCode(enum.IntEnum):
     PIPE_CLOSED = 141  # whoever read standard output stopped reading, as shells report SIGPIPE
 
 
+_PARAMETER = re.compile(r"\$(\w+)\$")
+# The library's words for what is not a parameter's name
+LIBRARY_WORDS = {"debug": "the traceback is this error's __cause__"}
+
+
+def worded(text: str, words: Mapping[str, str] = LIBRARY_WORDS) -> str:
+    """`text` with each `$name$` as `words` say it (else as the name itself)."""
+    return _PARAMETER.sub(lambda m: words.get(m.group(1), m.group(1)), text)
+
+
 class AuditError(Exception):
-    """Base class. `hint` says how to fix the problem; `exit_code` is the CLI's code for it."""
+    """Base class. `hint` says how to fix the problem; `exit_code` is the CLI's code for it.
+    `template` and `hint_template` keep the `$name$` of each parameter they name."""
 
     exit_code = ExitCode.INTERNAL
 
     def __init__(self, message: str, hint: str = "") -> None:
         super().__init__(message)
-        self.message = message
-        self.hint = hint
+        self.template = message
+        self.hint_template = hint
+
+    @property
+    def message(self) -> str:
+        return worded(self.template)
+
+    @property
+    def hint(self) -> str:
+        return worded(self.hint_template)
+
+    def worded(self, words: Mapping[str, str]) -> tuple[str, str]:
+        """(message, hint) with each parameter as `words` say it (a command line: its flags)."""
+        return worded(self.template, words), worded(self.hint_template, words)
 
     def __str__(self) -> str:
         return f"{self.message} (hint: {self.hint})" if self.hint else self.message

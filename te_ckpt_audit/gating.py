@@ -23,7 +23,7 @@ def check_budget_policies(budgets: Sequence[Budget], policies: Sequence[str]) ->
         if b.policy is not None and b.policy not in policies:
             raise UsageError(
                 f"budget for {b.policy!r}, which is not among the audited policies",
-                f"add --policy {b.policy}, or audited: {', '.join(policies)}",
+                f"add $policies$ {b.policy}, or audited: {', '.join(policies)}",
             )
 
 
@@ -53,13 +53,13 @@ def check(
     `tolerance` percent over `baseline` ({policy: activation bytes} of this audit's entry, or {}
     when the baseline has none), and of the `peak` gate. With `require_baseline`, a policy missing
     from the baseline is a violation."""
-    tolerance = percent_limit(tolerance, "--tolerance")
+    tolerance = percent_limit(tolerance, "tolerance")
     if max_recompute is not None:
-        max_recompute = percent_limit(max_recompute, "--max-recompute")
+        max_recompute = percent_limit(max_recompute, "max_recompute")
     check_budget_policies(budgets, [r.policy for r in report.results])
     check_budget_policies(peak.budgets, [r.policy for r in report.results])
     if peak.active and report.gpu is None:
-        raise UsageError("--fit and --peak-budget limit the compiled peak on a GPU", "add --gpu NAME")
+        raise UsageError("$fit$ and $peak_budgets$ limit the compiled peak on a GPU", "add $gpu$")
     violations: list[Violation] = []
     changes: list[Change] = []
     target = report.target

@@ -135,7 +135,7 @@ def gpu_model(name: str) -> GpuModel:
         return CATALOG[key]
     raise UsageError(
         f"no GPU named {name!r} in the catalog",
-        f"one of {', '.join(CATALOG)} (`te-ckpt-audit gpus` lists them), or --gpu-config FILE",
+        f"one of {', '.join(CATALOG)} (`te-ckpt-audit gpus` lists them), or $gpu_config$ FILE",
     )
 
 
@@ -296,7 +296,7 @@ class GpuEnvironment:
 
     def __post_init__(self) -> None:
         if isinstance(self.mem_fraction, bool) or not 0 < self.mem_fraction <= 1:
-            raise UsageError(f"mem_fraction {self.mem_fraction} is not in (0, 1]", "JAX's default is 0.75")
+            raise UsageError(f"$mem_fraction$ {self.mem_fraction} is not in (0, 1]", "JAX's default is 0.75")
 
 
 def _fraction(text: str, variable: str) -> float:
@@ -367,13 +367,13 @@ class GpuRequest:
 
     def __post_init__(self) -> None:
         if self.donate and not self.step:
-            raise UsageError("donate names the arguments a training step of the target's own donates",
-                             "the target must be a step (step=True)")
+            raise UsageError("$donate$ names the arguments a training step of the target's own donates",
+                             "add $step$")
         if self.step and self.optimizer is not None:
-            raise UsageError("an optimizer adds an update to the step te-ckpt-audit builds; a step of the "
-                             "target's own brings its own", "drop one of them")
+            raise UsageError("$optimizer$ adds an update to the step te-ckpt-audit builds; $step$ brings its own",
+                             "drop one of them")
         if self.gpus_per_host < 1:
-            raise UsageError(f"gpus_per_host {self.gpus_per_host} must be at least 1", "8 on an HGX host")
+            raise UsageError(f"$gpus_per_host$ {self.gpus_per_host} must be at least 1", "8 on an HGX host")
 
     @property
     def mem_fraction(self) -> float:
@@ -414,7 +414,7 @@ class GpuRequest:
         if devices % per_host:
             raise UsageError(
                 f"{devices} GPUs do not fill hosts of {per_host}",
-                f"a mesh of a multiple of {per_host} devices, or gpus_per_host {devices}",
+                f"a mesh of a multiple of {per_host} devices, or $gpus_per_host$ {devices}",
             )
         return f"1x{devices // per_host}x{per_host}"
 

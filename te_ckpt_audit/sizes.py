@@ -52,21 +52,21 @@ def percent_limit(value: object, what: str) -> float:
     """A percentage limit (tolerance, recompute ceiling): a finite number >= 0, or a UsageError. A
     NaN would switch its gate off, since every comparison with NaN is false."""
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
-        raise UsageError(f"{what} must be a finite number >= 0, not {value!r}", f"e.g. {what} 5")
+        raise UsageError(f"${what}$ must be a finite number >= 0, not {value!r}", f"e.g. ${what}$ 5")
     return float(value)
 
 
-def positive_bytes(value: object, what: str = "budget") -> int:
+def positive_bytes(value: object, what: str = "budget_bytes") -> int:
     """A byte count above zero (a budget to fit into), or a UsageError."""
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise UsageError(f"{what} must be a number of bytes, not {value!r}", "e.g. --budget 6GiB")
+        raise UsageError(f"${what}$ must be a number of bytes, not {value!r}", f"e.g. ${what}$ 6GiB")
     if not math.isfinite(value) or value <= 0:
-        raise UsageError(f"{what} must be a finite size above zero, not {value!r}", "e.g. --budget 6GiB")
+        raise UsageError(f"${what}$ must be a finite size above zero, not {value!r}", f"e.g. ${what}$ 6GiB")
     return int(value)
 
 
-def count_at_least_one(value: object, what: str, hint: str) -> int:
-    """A count that must be >= 1 (`--max-evals`), or a UsageError."""
+def count_at_least_one(value: object, what: str, example: int) -> int:
+    """A count that must be >= 1 (`max_evals`), or a UsageError naming the parameter `what`."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise UsageError(f"{what} must be at least 1, not {value!r}", hint)
+        raise UsageError(f"${what}$ must be at least 1, not {value!r}", f"e.g. ${what}$ {example}")
     return value

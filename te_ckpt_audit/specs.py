@@ -400,8 +400,8 @@ def _custom(spec: str, where: str, attr: str) -> PolicySpec:
         policy = import_attribute(where, attr)
     except UsageError as err:
         close = _close_to(spec)
-        hint = _list_hint(close) if close else err.hint
-        raise PolicySpecError(f"custom policy {spec!r} does not resolve: {err.message}", hint) from err
+        hint = _list_hint(close) if close else err.hint_template
+        raise PolicySpecError(f"custom policy {spec!r} does not resolve: {err.template}", hint) from err
     if not callable(policy):
         raise PolicySpecError(
             f"custom policy {spec!r} is a {type(policy).__name__}, not a callable",

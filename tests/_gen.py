@@ -510,6 +510,6 @@ def compare(result: Any, t: Truth) -> list[str]:
         out.append(f"recompute {result.recompute_flops} FLOPs above forward {result.forward_flops}")
     saved_ids = {r.equation for r in result.residuals if r.equation}
     for m in result.marks:
-        if m.outcome.value in ("SAVED", "OFFLOADED") and m.equation not in saved_ids:
+        if m.outcome.value in ("saved", "offloaded") and m.equation not in saved_ids:
             out.append(f"mark {m.equation} {m.outcome.value} without a residual")
     return out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
 from pathlib import Path
@@ -25,5 +26,26 @@ settings.load_profile("te-ckpt-audit")
 set_hypothesis_home_dir(Path(tempfile.gettempdir()) / "te-ckpt-audit-hypothesis")
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+
+
+def _this_checkout_first() -> None:
+    """The suite tests this checkout, installed or not: this checkout goes first on sys.path and
+    on PYTHONPATH for the commands the tests run, and since `cli/` installs as the package
+    `te_ckpt_audit_cli`, a folder with a link of that name to it goes there too."""
+    shim = Path(tempfile.gettempdir()) / f"te-ckpt-audit-checkout-{hashlib.sha256(str(ROOT).encode()).hexdigest()[:12]}"
+    shim.mkdir(exist_ok=True)
+    for name, folder in (("te_ckpt_audit_cli", ROOT / "cli"),):
+        link = shim / name
+        if not (link.is_symlink() and link.resolve() == folder.resolve()):
+            if link.is_symlink() or link.exists():
+                link.unlink()
+            link.symlink_to(folder)
+    for entry in (str(ROOT), str(shim)):
+        if entry in sys.path:
+            sys.path.remove(entry)
+        sys.path.insert(0, entry)
+    paths = [str(shim), str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+
+
+_this_checkout_first()

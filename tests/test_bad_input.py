@@ -392,7 +392,7 @@ LIBRARY_CASES: list[tuple[str, dict[str, str], Callable[[], Any], int, str]] = [
         QUIT,
         lambda: check_target(TargetConfig("quit.py:loss"), tolerance=math.nan),
         USAGE,
-        "--tolerance",
+        "tolerance must be",  # the library names its parameter; the command line names the flag
     ),
     ("lib-audit-target-exit", QUIT, lambda: audit_target("quit.py:loss"), TARGET, "sys.exit(0)"),
     ("lib-audit-fn-exits", {}, lambda: audit(_fn_exits, X), TARGET, "sys.exit(0)"),
@@ -510,7 +510,7 @@ def test_user_writes_to_fd_1_go_to_stderr(folder: Path) -> None:
     (folder / "model.py").write_text(
         NOISY + MODEL + "def noisy_inputs():\n    os.write(1, b'noise-inputs\\n')\n    return loss_inputs()\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}  # PYTHONPATH: this checkout (conftest)
     run = subprocess.run(
         [sys.executable, "-m", "te_ckpt_audit_cli", "model.py:loss", "--inputs", "model.py:noisy_inputs",
          "-p", "nothing_saveable", "-f", "json"],
@@ -569,3 +569,17 @@ def test_an_error_outside_the_users_code_names_no_file_of_ours(folder: Path) -> 
 def test_the_schema_validation_of_test_render_runs_in_ci() -> None:
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["test"]
     assert any(dep.startswith("jsonschema") for dep in extras)
+
+
+def test_the_library_names_parameters_and_the_command_line_names_flags() -> None:
+    """A Python caller of recommend_target(max_compiles=0) is told about max_compiles, not a flag."""
+    from te_ckpt_audit import UsageError, recommend_target
+
+    with pytest.raises(UsageError) as err:
+        recommend_target("sample_models/mlp.py:loss", 1024, max_compiles=0)
+    assert err.value.message == "max_compiles must be at least 1, not 0" and "--" not in str(err.value)
+    assert err.value.worded({"max_compiles": "--max-compiles"})[0] == "--max-compiles must be at least 1, not 0"
+    run = subprocess.run([sys.executable, "-m", "te_ckpt_audit_cli", "recommend", "sample_models/mlp.py:loss",
+                          "--budget", "1KiB", "--gpu", "h100", "--max-compiles", "0"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 2 and "--max-compiles must be at least 1" in run.stderr, run.stderr

@@ -138,4 +138,5 @@ def test_no_inputs_says_how_to_provide_them(tmp_path) -> None:
     path = _write(tmp_path, "bare.py", "def loss(x):\n    return x\n")
     with pytest.raises(UsageError) as err:
         load_inputs(load_target(f"{path}:loss"))
-    assert "loss_inputs" in err.value.hint and "--inputs" in err.value.hint
+    assert "loss_inputs" in err.value.hint and "pass inputs FILE.py:CALLABLE" in err.value.hint
+    assert "--inputs FILE.py:CALLABLE" in err.value.worded({"inputs": "--inputs"})[1]  # as the command line says it

@@ -250,12 +250,12 @@ def loss_inputs():
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--budget", "0"], "budget must be a finite size above zero"),
-        (["--budget", "0GiB"], "budget must be a finite size above zero"),
+        (["--budget", "0"], "--budget must be a finite size above zero"),
+        (["--budget", "0GiB"], "--budget must be a finite size above zero"),
         (["--budget", "-1"], "not a size"),
         (["--budget", "nan"], "not a size"),
         (["--budget", "inf"], "not a size"),
-        (["--budget", "1KiB", "--max-evals", "0"], "max evaluations must be at least 1"),
+        (["--budget", "1KiB", "--max-evals", "0"], "--max-evals must be at least 1"),
         (["--budget", "1KiB", "--no-presets"], "plain.py:loss has no checkpoint names and no presets"),
     ],
 )

@@ -139,7 +139,7 @@ class Compiler:
             arguments = {_argument(n) for n in traced.arg_names}
             missing = [d for d in request.donate if d not in arguments]
             if missing:
-                raise UsageError(f"donate {missing[0]}: {traced.target} has no array argument {missing[0]}",
+                raise UsageError(f"$donate$ {missing[0]}: {traced.target} has no array argument {missing[0]}",
                                  f"its array arguments: {', '.join(map(str, sorted(arguments)))}")
         else:
             check_loss(traced)

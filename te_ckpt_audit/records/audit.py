@@ -16,10 +16,10 @@ SCHEMA = AUDIT  # the audit's JSON schema id
 class Outcome(enum.StrEnum):
     """What the backward pass gets from a forward equation under a policy."""
 
-    SAVED = "SAVED"  # its output is kept in device memory
-    OFFLOADED = "OFFLOADED"  # its output is kept in host memory
-    RECOMPUTED = "RECOMPUTED"  # it runs again in the backward pass
-    NOT_NEEDED = "not needed"  # the backward pass needs neither its output nor a rerun
+    SAVED = "saved"  # its output is kept in device memory
+    OFFLOADED = "offloaded"  # its output is kept in host memory
+    RECOMPUTED = "recomputed"  # it runs again in the backward pass
+    NOT_NEEDED = "not_needed"  # the backward pass needs neither its output nor a rerun
 
 
 class Verdict(enum.StrEnum):
@@ -28,7 +28,7 @@ class Verdict(enum.StrEnum):
     SAVE = "save"
     RECOMPUTE = "recompute"
     OFFLOAD = "offload"
-    NONE = "-"
+    NONE = "none"
 
 
 class ResidualKind(enum.StrEnum):

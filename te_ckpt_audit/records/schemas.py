@@ -4,7 +4,8 @@ its id."""
 from __future__ import annotations
 
 AUDIT = "te-ckpt-audit/4"  # AuditReport.to_dict(), the audit's JSON; /3: gpu, step, results[].peak;
-# /4: trained, results[].audited, peak.least_fraction and backends, gpu's environment, step.own
+# /4: trained, results[].audited, peak.least_fraction and backends, gpu's environment, step.own;
+# mark values are identifiers (outcome saved/offloaded/recomputed/not_needed, verdict none for "-")
 RECOMMEND = "te-ckpt-audit-recommend/3"  # Recommendation.to_dict(); /2: gpu, compiles, maximized, peaks;
 # /3: peaks and gpu as te-ckpt-audit/4 has them
 CHECK = "te-ckpt-audit-check/4"  # check results; /2: unbounded growth explicit, never a non-finite number;

@@ -430,6 +430,12 @@ HOTSPOT_TITLES = {HotspotKey.MODULE: "module path (else line)", HotspotKey.LINE:
 
 # --- per-equation marks -------------------------------------------------------------------------
 
+OUTCOME_WORDS: dict[Outcome, str] = {
+    Outcome.SAVED: "saved",
+    Outcome.RECOMPUTED: "recomputed",
+    Outcome.OFFLOADED: "offloaded",
+    Outcome.NOT_NEEDED: "not needed",
+}
 MARK_SYMBOLS: dict[Outcome, str] = {
     Outcome.SAVED: "S",
     Outcome.RECOMPUTED: "R",

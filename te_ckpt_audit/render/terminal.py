@@ -27,6 +27,7 @@ from ._common import (
     GPU_TERMINAL,
     HOTSPOT_TITLES,
     MARK_SYMBOLS,
+    OUTCOME_WORDS,
     compiled_errors,
     format_bytes,
     format_flops,
@@ -148,7 +149,7 @@ def _short_dtype(dtype: str) -> str:
 
 def _equations(report: AuditReport, width: int) -> Group:
     """Every equation's outcome under each policy; the primitive column takes what the rest leave."""
-    legend = ", ".join(f"{s} {o.value.lower()}" for o, s in MARK_SYMBOLS.items())
+    legend = ", ".join(f"{s} {OUTCOME_WORDS[o]}" for o, s in MARK_SYMBOLS.items())
     table = _table()
     rows = marks_by_equation(report)
     equations = [e for e, _ in rows]
