@@ -11,10 +11,9 @@ import typer
 from typer.core import TyperGroup
 from typer.exceptions import TyperException
 
-from te_ckpt_audit import ExitCode
-
 from .audit_cmd import audit
 from .check_cmd import check
+from .exit_codes import ExitCode
 from .gpus_cmd import gpus
 from .policies_cmd import policies
 from .recommend_cmd import recommend

@@ -37,11 +37,11 @@ from .files import check_baseline_file, compile_cache, same_file, save_baseline
 from .options import GateOptions, GpuOptions, MeshOptions, OutputFormat, OutputOptions, TargetOptions
 from .terminal import (
     at_the_edge,
+    check_report_destination,
     emit,
     progress_on_stderr,
     report_gate,
     report_policy_errors,
-    report_to,
     stdout_kept_for_the_report,
 )
 
@@ -125,7 +125,7 @@ def audit(
         gpu, gpu_config, gpus_per_host, optimizer, mem_fraction, fit, peak_budget, compile_cache(), step, donate, jobs
     )
     out = OutputOptions(format, None if output is None else Path(output), top, by, equations)
-    report_to(out.output)
+    check_report_destination(out.output)
     if out.output is not None and gate.save_baseline is not None and same_file(out.output, gate.save_baseline):
         raise UsageError(f"--output and --save-baseline both name {out.output}",
                          "write the report and the baseline to two files")

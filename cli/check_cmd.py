@@ -23,11 +23,11 @@ from .options import OutputFormat, default_jobs
 from .terminal import (
     PROG,
     at_the_edge,
+    check_report_destination,
     emit,
     progress_on_stderr,
     report_gate,
     report_policy_errors,
-    report_to,
     say,
     stdout_kept_for_the_report,
 )
@@ -83,7 +83,7 @@ def check(
     --format github prints annotations."""
     render = check_renderer(format)  # --format html fails here, before any target runs
     written = output
-    report_to(written)
+    check_report_destination(written)
     cfg = load_config(config)
     baseline = cfg.baseline
     reference = None

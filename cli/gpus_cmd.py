@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from te_ckpt_audit.errors import ExitCode
 from te_ckpt_audit.gpus import ALIASES, CATALOG, GIB
+
+from .exit_codes import ExitCode
 
 
 def gpus() -> int:

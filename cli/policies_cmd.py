@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from te_ckpt_audit.errors import ExitCode
 from te_ckpt_audit.specs import available_policies
+
+from .exit_codes import ExitCode
 
 ALIGN_UP_TO = 40  # longer spec forms keep one space before their description
 

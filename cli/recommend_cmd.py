@@ -11,7 +11,6 @@ import typer
 from te_ckpt_audit import (
     DEFAULT_MAX_COMPILES,
     DEFAULT_MAX_EVALS,
-    ExitCode,
     Recommendation,
     Scope,
     ShardingSource,
@@ -23,9 +22,18 @@ from te_ckpt_audit.sizes import count_at_least_one, parse_size, positive_bytes
 
 from . import options as opt
 from . import process
+from .exit_codes import ExitCode
 from .files import compile_cache
 from .options import GpuOptions, MeshOptions, TargetOptions
-from .terminal import PROG, at_the_edge, emit, progress_on_stderr, report_to, say, stdout_kept_for_the_report
+from .terminal import (
+    PROG,
+    at_the_edge,
+    check_report_destination,
+    emit,
+    progress_on_stderr,
+    say,
+    stdout_kept_for_the_report,
+)
 
 
 class RecommendFormat(enum.StrEnum):
@@ -131,7 +139,7 @@ def recommend(
     what = TargetOptions.parse(target, inputs, define, scope, params)
     where = MeshOptions.parse(mesh, ShardingSource.COMPILED)
     written = output
-    report_to(written)
+    check_report_destination(written)
     process.prepare(emulate_gpu, where.devices, None if on_gpu.request is None else on_gpu.request.model)
     with stdout_kept_for_the_report(), progress_on_stderr() as progress, process.running(on_gpu.jobs) as pool:
         rec = recommend_target(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import os
 import sys
 import threading
@@ -21,10 +22,11 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
-from te_ckpt_audit import AuditError, AuditReport, CheckResult, ExitCode, UsageError
+from te_ckpt_audit import AuditError, AuditReport, CheckResult, UsageError
 from te_ckpt_audit.records import CompileProgress
 from te_ckpt_audit.render import policy_errors, printable, violation_message
 
+from .exit_codes import ExitCode, exit_code_of
 from .files import write_output
 from .options import FLAGS
 
@@ -55,7 +57,7 @@ def fail(message: str, hint: str, code: int) -> int:
     return code
 
 
-def report_to(output: str | Path | None) -> None:
+def check_report_destination(output: str | Path | None) -> None:
     """Before any work: the report must have somewhere to go."""
     if output is None and sys.stdout is None:
         raise UsageError("standard output is closed: the report has nowhere to go",
@@ -64,7 +66,10 @@ def report_to(output: str | Path | None) -> None:
 
 def at_the_edge(command: Callable[..., int]) -> Callable[..., int]:
     """Run a command; its errors become one line on stderr and an exit code (with the traceback
-    before it under --debug). Library errors carry their code; anything else is a bug: 4."""
+    before it under its `debug` option, which every command has). A library error's code is its
+    kind's; anything else is a bug: 4."""
+    if "debug" not in inspect.signature(command).parameters:
+        raise TypeError(f"command {command.__name__} has no debug option")
 
     @functools.wraps(command)
     def run(**kwargs: Any) -> int:
@@ -73,7 +78,7 @@ def at_the_edge(command: Callable[..., int]) -> Callable[..., int]:
         except AuditError as err:
             if kwargs.get("debug"):
                 traceback.print_exc()
-            return fail(*err.worded(FLAGS), err.exit_code)
+            return fail(*err.worded(FLAGS), exit_code_of(err))
         except KeyboardInterrupt:
             return fail("interrupted", "", ExitCode.INTERRUPTED)
         except PipeClosed:
@@ -117,7 +122,7 @@ def emit(text: str, output: str | Path | None) -> None:
     if output is not None:
         write_output(output, text)
         return
-    report_to(None)
+    check_report_destination(None)
     data = text.encode("utf-8", "backslashreplace")  # a lone surrogate (an undecodable name) as \udcff
     try:
         sys.stdout.flush()

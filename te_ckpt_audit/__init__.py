@@ -14,7 +14,7 @@ from ._recommend import DEFAULT_MAX_EVALS, recommend, recommend_target
 from ._session import Session
 from ._trained import parse_params
 from .config import TargetConfig, parse_mesh
-from .errors import AuditError, DevicesUnavailable, ExitCode, PolicyError, PolicySpecError, TargetError, UsageError
+from .errors import AuditError, DevicesUnavailable, PolicyError, PolicySpecError, TargetError, UsageError
 from .policies import checkpoint_dots_and_te_gemms, dots_and_te_gemms_with_no_batch_dims, te_gemms_saveable
 from .records import (
     SCHEMA,
@@ -68,7 +68,6 @@ __all__ = [
     "DevicesUnavailable",
     "Equation",
     "EquationMark",
-    "ExitCode",
     "MeshAxis",
     "MeshSpec",
     "Outcome",

@@ -164,7 +164,7 @@ def residual_outputs(jaxpr: jc.Jaxpr) -> list[tuple[jc.Atom, ResidualKind, int]]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class _Made:
+class _ProducerFacts:
     """What a residual's producing equation says of it: the same for every layer sharing a body."""
 
     equation: str | None  # the row's id
@@ -176,14 +176,15 @@ class _Made:
     quantize: bool = False  # the producer is one of TE's quantizations
 
 
-def _made(traced: Traced, eqn: jc.JaxprEqn | None) -> _Made:
+def _facts_of(traced: Traced, eqn: jc.JaxprEqn | None) -> _ProducerFacts:
     if eqn is None:
-        return _Made(None, None, None, None, Origin(None, None), False)
+        return _ProducerFacts(None, None, None, None, Origin(None, None), False)
     eid = jc.eqn_tag(eqn)
     row = traced.rows.by_id.get(eid) if eid else None
     category = Category.TE_GEMM if is_te_gemm(eqn.primitive) else Category.DOT if is_gemm(eqn.primitive) else None
-    return _Made(eid if row is not None else None, row, category, eqn.primitive.name, _origin(traced, row, eqn),
-                 is_te_standin(eqn.primitive), is_te_quantize(eqn.primitive, eqn.params))
+    return _ProducerFacts(eid if row is not None else None, row, category, eqn.primitive.name,
+                          _origin(traced, row, eqn), is_te_standin(eqn.primitive),
+                          is_te_quantize(eqn.primitive, eqn.params))
 
 
 _QUANTIZED_DTYPES = ("float8_e4m3", "float8_e5m2", "float4")  # data types of quantized values (not e8m0 scales)
@@ -192,7 +193,7 @@ _QUANTIZED_DTYPES = ("float8_e4m3", "float8_e5m2", "float4")  # data types of qu
 def _residuals(traced: Traced, jaxpr: jc.Jaxpr) -> list[Residual]:
     """The residual set exactly as `jax.ad_checkpoint.saved_residuals` forms it, with provenance."""
     resolver = _Resolver()
-    made: dict[int, tuple[jc.JaxprEqn | None, _Made]] = {}  # id(eqn) -> (eqn, what it says): layers share them
+    made: dict[int, tuple[jc.JaxprEqn | None, _ProducerFacts]] = {}  # id(eqn) -> (eqn, what it says): layers share them
     types: dict[jc.AbstractValue, tuple[tuple[int, ...], str, int]] = {}
     position = {v: i for i, v in enumerate(jaxpr.invars)}
     out = []
@@ -200,7 +201,7 @@ def _residuals(traced: Traced, jaxpr: jc.Jaxpr) -> list[Residual]:
         producer = resolver.resolve(jaxpr, var) if kind not in (ResidualKind.CONSTANT, ResidualKind.LITERAL) else None
         eqn = producer.eqn if producer else None
         if id(eqn) not in made:
-            made[id(eqn)] = (eqn, _made(traced, eqn))
+            made[id(eqn)] = (eqn, _facts_of(traced, eqn))
         m = made[id(eqn)][1]
         name = producer.name if producer else None
         if name is None and m.row is not None:

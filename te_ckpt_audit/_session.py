@@ -67,7 +67,7 @@ def _jax_is_jax(target: str) -> None:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class _Outcome:
+class _Analysed:
     """A policy's analysis, or why JAX could not differentiate under it."""
 
     analysis: Analysis | None
@@ -105,7 +105,7 @@ class Session:
         self.rebuild = rebuild
         self.own_step = own_step
         self.emulated_device = emulated_device()
-        self._outcomes: dict[PolicySpec, _Outcome] = {}  # keyed by the frozen spec
+        self._analysed: dict[PolicySpec, _Analysed] = {}  # keyed by the frozen spec
         self._compilers: dict[GpuRequest, Compiler] = {}
 
     # --- building one ---------------------------------------------------------------------------
@@ -170,28 +170,28 @@ class Session:
         with user_code(self._traced.target or "the function"), mesh_context(self.mesh):
             yield
 
-    def _outcome(self, spec: PolicySpec, progress: Progress = quiet) -> _Outcome:
+    def _analysed_as(self, spec: PolicySpec, progress: Progress = quiet) -> _Analysed:
         key = spec
-        if key not in self._outcomes:
+        if key not in self._analysed:
             progress(f"analysing {spec.text}")
             try:
                 with self._running():
                     analysis = analyse_policy(self._traced, spec, self.scope)
             except TargetError as exc:  # JAX cannot differentiate under this policy
-                self._outcomes[key] = _Outcome(None, None, exc)
-                return self._outcomes[key]
+                self._analysed[key] = _Analysed(None, None, exc)
+                return self._analysed[key]
             placed = analysis.result
             if self.mesh is not None:
                 progress(f"partitioning {spec.text} on the mesh")
                 with self._running():
                     placed = per_device(self._traced, analysis, self.mesh)
-            self._outcomes[key] = _Outcome(analysis, placed, None)
-        return self._outcomes[key]
+            self._analysed[key] = _Analysed(analysis, placed, None)
+        return self._analysed[key]
 
     def _analysis(self, spec: PolicySpec) -> Analysis:
         """The policy's one linearization and what was read from it; a TargetError when JAX cannot
         differentiate the function under it."""
-        outcome = self._outcome(spec)
+        outcome = self._analysed_as(spec)
         if outcome.error is not None:
             raise outcome.error
         assert outcome.analysis is not None
@@ -200,7 +200,7 @@ class Session:
     def result(self, spec: PolicySpec, progress: Progress = quiet) -> PolicyResult:
         """The policy's residuals, marks and recompute cost, per device on the mesh; a TargetError
         when JAX cannot differentiate the function under it."""
-        outcome = self._outcome(spec, progress)
+        outcome = self._analysed_as(spec, progress)
         if outcome.error is not None:
             raise outcome.error
         assert outcome.placed is not None
@@ -215,14 +215,14 @@ class Session:
                                  "audit it as-is alone")
             return dataclasses.replace(failed(self._traced, spec, self.scope, TargetError("")), error=None,
                                        audited=False)
-        outcome = self._outcome(spec, progress)
+        outcome = self._analysed_as(spec, progress)
         if outcome.error is not None:
             return failed(self._traced, spec, self.scope, outcome.error)
         assert outcome.placed is not None
         return outcome.placed
 
     def _nothing_saveable(self) -> PolicyResult | None:
-        outcome = self._outcome(NOTHING)
+        outcome = self._analysed_as(NOTHING)
         return outcome.placed
 
     def with_warnings(self, spec: PolicySpec, result: PolicyResult, audited_nothing: bool = False) -> PolicyResult:
@@ -301,7 +301,7 @@ class Session:
         rows = [self.row_of(spec, progress) for spec in specs]
         errors = [r for r in rows if r.error is not None]
         if errors and len(errors) == len(rows):
-            failure = self._outcome(specs[0]).error
+            failure = self._analysed_as(specs[0]).error
             assert failure is not None
             raise failure
         if warnings and not self.own_step:

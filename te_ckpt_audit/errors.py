@@ -1,4 +1,5 @@
-"""Typed errors. The library raises them; only the CLI turns them into one line and an exit code.
+"""Typed errors. The library raises them; only the command line turns them into one line and an
+exit code (its own: `te_ckpt_audit_cli.exit_codes`).
 
 An error names what the caller gave by its parameter, written `$name$` in its message and hint:
 the library's words are the parameter's own name (`max_compiles 0 must be at least 1`), and the
@@ -7,22 +8,8 @@ command line words it as its flag (`--max-compiles 0 must be at least 1`), throu
 
 from __future__ import annotations
 
-import enum
 import re
 from collections.abc import Mapping
-
-
-class ExitCode(enum.IntEnum):
-    """The command line's exit codes, one per kind of outcome; findings and failures stay apart."""
-
-    OK = 0
-    CHECK_FAILED = 1  # a budget, recompute or baseline check failed
-    USAGE = 2  # what the user typed is wrong: an option, a path, a spec
-    TARGET = 3  # the user's code failed to load, trace or differentiate
-    INTERNAL = 4  # a bug in te-ckpt-audit
-    INTERRUPTED = 130  # Ctrl-C, as shells report SIGINT
-    PIPE_CLOSED = 141  # whoever read standard output stopped reading, as shells report SIGPIPE
-
 
 _PARAMETER = re.compile(r"\$(\w+)\$")
 # The library's words for what is not a parameter's name
@@ -35,10 +22,8 @@ def worded(text: str, words: Mapping[str, str] = LIBRARY_WORDS) -> str:
 
 
 class AuditError(Exception):
-    """Base class. `hint` says how to fix the problem; `exit_code` is the CLI's code for it.
-    `template` and `hint_template` keep the `$name$` of each parameter they name."""
-
-    exit_code = ExitCode.INTERNAL
+    """Base class. `hint` says how to fix the problem. `template` and `hint_template` keep the
+    `$name$` of each parameter they name."""
 
     def __init__(self, message: str, hint: str = "") -> None:
         super().__init__(message)
@@ -64,7 +49,6 @@ class AuditError(Exception):
 class UsageError(AuditError):
     """What the user typed is wrong: a path, a name, a spec, an option value. Exit 2."""
 
-    exit_code = ExitCode.USAGE
 
 
 class PolicySpecError(UsageError):
@@ -74,7 +58,6 @@ class PolicySpecError(UsageError):
 class TargetError(AuditError):
     """The user's code failed: import, inputs callable, or tracing. Exit 3."""
 
-    exit_code = ExitCode.TARGET
 
 
 class PolicyError(TargetError):

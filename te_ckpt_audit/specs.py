@@ -101,7 +101,7 @@ class NameRule(enum.StrEnum):
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class _Made(PolicySpec):
+class _BuiltPolicy(PolicySpec):
     """A spec whose policy callable is made once from its fields: JAX caches partial evaluation on
     the policy object, so one spec keeps one."""
 
@@ -119,7 +119,7 @@ class _Made(PolicySpec):
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class NamePolicy(_Made):
+class NamePolicy(_BuiltPolicy):
     """A rule over checkpoint names: save only these, every name but these, or jax's
     save_anything_except_these_names."""
 
@@ -149,7 +149,7 @@ OFFLOAD_DST = "pinned_host"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class OffloadDots(_Made):
+class OffloadDots(_BuiltPolicy):
     """`offload_dot_with_no_batch_dims`: dots without batch dimensions go to host memory."""
 
     def _make(self) -> Policy:
@@ -166,7 +166,7 @@ class OffloadDots(_Made):
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class SaveAndOffload(_Made):
+class SaveAndOffload(_BuiltPolicy):
     """`save_and_offload_only_these_names`: some names kept on the device, others offloaded."""
 
     save: tuple[str, ...] = ()
@@ -193,7 +193,7 @@ class SaveAndOffload(_Made):
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class Combined(_Made):
+class Combined(_BuiltPolicy):
     """`A+B[+...]`: what any part saves is saved (JAX's save_from_both_policies), as one named,
     frozen, hashable policy (`SaveFromBoth`) whose name is the whole spec."""
 

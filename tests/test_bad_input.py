@@ -25,13 +25,13 @@ import jax
 import jax.numpy as jnp
 import pytest
 from te_ckpt_audit_cli import files
+from te_ckpt_audit_cli.exit_codes import ExitCode, exit_code_of
 from test_cli import MODEL, PREFIX, cli
 
 # Modules, not their names: this file also runs against older trees, where a missing name fails
 # the cases that use it rather than the whole file.
 from te_ckpt_audit import AuditError, TargetConfig, _loading, audit, audit_target, baselines, check_target, sizes
 from te_ckpt_audit.config import load_config, parse_defines
-from te_ckpt_audit.errors import ExitCode
 from te_ckpt_audit.specs import resolve_policy
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -409,7 +409,7 @@ def test_library_errors_are_typed(
         (folder / name).write_text(text)
     with pytest.raises(AuditError) as err:
         call()
-    assert err.value.exit_code == code
+    assert exit_code_of(err.value) == code
     assert fragment in str(err.value)
     assert "te_ckpt_audit/" not in str(err.value)
 

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import te_ckpt_audit_cli.audit_cmd as audit_cmd
 from te_ckpt_audit_cli.app import app
+from te_ckpt_audit_cli.exit_codes import ExitCode
 from te_ckpt_audit_cli.options import OutputFormat
 from typer.main import get_command
 from typer.testing import CliRunner, Result
@@ -29,7 +30,6 @@ from te_ckpt_audit import (
     __version__,
     audit_target,
 )
-from te_ckpt_audit.errors import ExitCode
 from te_ckpt_audit.render import TableView, render_json
 from te_ckpt_audit.specs import available_policies
 
@@ -86,17 +86,20 @@ def test_an_unexpected_exception_is_an_internal_error(model: Path, monkeypatch: 
     def explode(*_: Any, **__: Any) -> None:
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(audit_cmd, "audit_target", explode)
+    monkeypatch.setattr(audit_cmd, "check_target", explode)
     result = cli("model.py:loss")
     assert result.exit_code == ExitCode.INTERNAL
     hint = "rerun with --debug and report the traceback"
     assert result.stderr.splitlines() == [f"{PREFIX}internal error: RuntimeError: a bug (hint: {hint})"]
 
 
-def test_library_errors_carry_the_cli_exit_codes() -> None:
-    assert (UsageError.exit_code, PolicySpecError.exit_code) == (ExitCode.USAGE, ExitCode.USAGE)
-    assert TargetError.exit_code == ExitCode.TARGET
-    assert AuditError.exit_code == ExitCode.INTERNAL
+def test_each_kind_of_library_error_is_its_exit_code() -> None:
+    from te_ckpt_audit_cli.exit_codes import exit_code_of
+
+    from te_ckpt_audit import PolicyError
+
+    codes = [exit_code_of(e("x")) for e in (UsageError, PolicySpecError, TargetError, PolicyError, AuditError)]
+    assert codes == [ExitCode.USAGE, ExitCode.USAGE, ExitCode.TARGET, ExitCode.TARGET, ExitCode.INTERNAL]
 
 
 # --- outputs ------------------------------------------------------------------------------------

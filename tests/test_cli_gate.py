@@ -6,10 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
+from te_ckpt_audit_cli.exit_codes import ExitCode
 from test_cli import MODEL, cli  # the same small model and runner as the CLI tests
 
 from te_ckpt_audit import audit_target
-from te_ckpt_audit.errors import ExitCode
 
 POLICIES = ["checkpoint_dots", "everything_saveable"]
 

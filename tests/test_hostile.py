@@ -11,10 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from te_ckpt_audit_cli.exit_codes import ExitCode
 from test_bad_input import Case, _set_up, case, check_case
 from test_cli import MODEL, PREFIX, cli
-
-from te_ckpt_audit.errors import ExitCode
 
 ROOT = Path(__file__).resolve().parent.parent
 USAGE, TARGET = ExitCode.USAGE, ExitCode.TARGET

