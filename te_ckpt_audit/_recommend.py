@@ -101,7 +101,7 @@ class _Evaluator:
         maxtext = entry.maxtext[0] if entry is not None and entry.maxtext and kind is CandidateKind.PRESET else None
         if result is None:
             cand = Candidate(text, kind, base, tuple(saved), tuple(offloaded), 0, 0, 0, forward, False, error,
-                             te_policy=te_policy, maxtext=maxtext)
+                             te_policy=te_policy, maxtext_policy=maxtext)
         else:
             self.results[text] = result
             t = result.totals
@@ -109,7 +109,7 @@ class _Evaluator:
             cand = Candidate(
                 text, kind, base, tuple(saved), tuple(offloaded), device, t.host_bytes,
                 result.recompute_flops, result.forward_flops, device <= self.budget, None,
-                None if self.session.mesh is None else t.activation_bytes, te_policy=te_policy, maxtext=maxtext,
+                None if self.session.mesh is None else t.activation_bytes, te_policy=te_policy, maxtext_policy=maxtext,
             )
         self.done[text] = cand
         return cand

@@ -38,7 +38,7 @@ class Candidate:
     global_activation_bytes: int | None = None  # with a mesh: the activation bytes of whole arrays
     peak: PeakMemory | None = None  # --gpu: the compiled step's peak (only candidates compiled)
     te_policy: str | None = None  # the TE-aware policy it uses (te_ckpt_audit.policies), if any
-    maxtext: str | None = None  # MaxText's remat_policy value that is exactly this candidate, if any
+    maxtext_policy: str | None = None  # MaxText's remat_policy value that is exactly this candidate, if any
 
     @property
     def recompute_percent(self) -> float:
@@ -61,7 +61,7 @@ class Candidate:
             "global_activation_bytes": self.global_activation_bytes,
             "peak": _plain(self.peak),
             "te_policy": self.te_policy,
-            "maxtext": self.maxtext,
+            "maxtext_policy": self.maxtext_policy,
         }
 
 

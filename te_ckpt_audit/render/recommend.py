@@ -91,8 +91,8 @@ def maxtext_config(c: Candidate, names: tuple[str, ...]) -> str:
     MaxText keys, and what a preset saves beyond names, are comments: MaxText cannot take them. A
     candidate that saves TE's quantizers (`quantization`) with MaxText's projections is its
     `minimal_with_quantization` policy (or `minimal_with_context_and_quantization`)."""
-    if c.maxtext is not None:
-        return f"remat_policy: '{c.maxtext}'"
+    if c.maxtext_policy is not None:
+        return f"remat_policy: '{c.maxtext_policy}'"
     minimal = _minimal_with_quantization(c)
     if minimal is not None:
         extra = sorted(set(MAXTEXT_MINIMAL) & set(names) - set(c.saved))
