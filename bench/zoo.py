@@ -37,6 +37,8 @@ import jax
 module = importlib.import_module("zoo.models." + {model!r})
 args = module.loss_inputs()
 if {audit!r}:
+    import gc
+    gc.disable()  # as the command line does while it traces and analyses (the library leaves it alone)
     import te_ckpt_audit
     from te_ckpt_audit.render import render_json
     render_json(te_ckpt_audit.audit(module.loss, *args, policies={policies!r}))
@@ -78,7 +80,13 @@ def _warm(model: str, repeats: int) -> tuple[float, float]:
             print_saved_residuals(f, *dyn)
 
     def audit() -> None:
-        te_ckpt_audit.audit(module.loss, *args, policies=list(POLICIES))
+        import gc
+
+        gc.disable()  # as the command line does
+        try:
+            te_ckpt_audit.audit(module.loss, *args, policies=list(POLICIES))
+        finally:
+            gc.enable()
 
     once(), audit()  # warm-up: JAX's and the library's first-call costs are not the point here
     times: dict[str, list[float]] = {"once": [], "audit": []}
@@ -93,12 +101,14 @@ def _warm(model: str, repeats: int) -> tuple[float, float]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--only", default=None, help="one zoo model by name (e.g. haiku_resnet)")
     args = parser.parse_args()
     import jax
 
     from zoo import models
 
     names = sorted(m.name for m in pkgutil.iter_modules(models.__path__) if not m.name.startswith("_"))
+    names = [n for n in names if args.only in (None, n)]
     print(f"python {sys.version.split()[0]}, jax {jax.__version__}, {os.cpu_count()} cores; "
           f"(e) {len(POLICIES)} policies vs ONE print_saved_residuals, median of {args.repeats}")
     for name in names:

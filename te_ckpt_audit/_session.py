@@ -50,7 +50,7 @@ from .records import (
     TeKind,
     Trained,
 )
-from .specs import AsIs, Custom, PolicyLike, PolicySpec, policy_specs
+from .specs import AsIs, Custom, NoCheckpoint, PolicyLike, PolicySpec, policy_specs
 
 Placement = jax.sharding.Mesh | jax.sharding.AbstractMesh | None
 
@@ -172,6 +172,16 @@ class Session:
 
     def _analysed_as(self, spec: PolicySpec, progress: Progress = quiet) -> _Analysed:
         key = spec
+        if key not in self._analysed and isinstance(spec, AsIs) and not self._traced.has_remat:
+            # without checkpoints of its own, the model as it is is plain autodiff: the same function,
+            # the same linearization (every verdict "none" under both)
+            plain = self._analysed_as(NoCheckpoint(), progress)
+            if plain.error is None and plain.analysis is not None and plain.placed is not None:
+                scope = resolve_scope(self._traced, spec, self.scope)
+                analysis = dataclasses.replace(plain.analysis, result=dataclasses.replace(
+                    plain.analysis.result, policy=spec.text, scope=scope))
+                placed = dataclasses.replace(plain.placed, policy=spec.text, scope=scope)
+                self._analysed[key] = _Analysed(analysis, placed, None)
         if key not in self._analysed:
             progress(f"analysing {spec.text}")
             try:

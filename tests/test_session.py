@@ -88,3 +88,18 @@ def test_a_policy_jax_cannot_differentiate_under_is_tried_once(linearizations: l
     with pytest.raises(TargetError, match="reduce_precision"):  # under no policy at all: the target fails
         session.report(["everything_saveable"])
     assert len(linearizations) == 2
+
+
+def test_as_is_of_a_model_without_checkpoints_is_plain_autodiffs_linearization() -> None:
+    """Without checkpoints of its own, the model as it is is plain autodiff: its row is that one
+    linearization's, relabelled, and equal to a linearization of its own."""
+    import dataclasses
+
+    from te_ckpt_audit._analysis import analyse_policy
+    from te_ckpt_audit.specs import AsIs
+
+    for model in ("mlp", "fp8_block", "eight_names"):
+        session = Session.of_target(f"sample_models/{model}.py:loss")
+        shared = session.report(["none", "as-is"]).results[1]
+        alone = analyse_policy(Session.of_target(f"sample_models/{model}.py:loss")._traced, AsIs()).result
+        assert shared.policy == "as-is" and dataclasses.replace(shared, warnings=()) == alone

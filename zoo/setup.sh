@@ -26,6 +26,7 @@ KERAS_VERSION="${KERAS_VERSION:-3.15.1}"
 KERAS_HUB_VERSION="${KERAS_HUB_VERSION:-0.32.0}"
 RECURRENTGEMMA_VERSION="${RECURRENTGEMMA_VERSION:-1.0.1}"
 TUNIX_VERSION="${TUNIX_VERSION:-0.1.7}"
+HAIKU_VERSION="${HAIKU_VERSION:-0.0.17}"
 # transformers' Flax models end with 4.57 (5.x has none); MaxText's lanes keep the transformers 5
 # MaxText imports, and transformers' BERT skips there.
 TRANSFORMERS_VERSION="${TRANSFORMERS_VERSION:-4.57.6}"
@@ -43,7 +44,7 @@ if [ -n "$MAXTEXT_VERSION" ]; then TRANSFORMERS_VERSION=""; fi
 FLAX_SPEC="flax${FLAX_VERSION:+==$FLAX_VERSION}"
 
 KEY="jax-$JAX_VERSION-py$PYV-eqx$EQUINOX_VERSION-keras$KERAS_VERSION-hub$KERAS_HUB_VERSION"
-KEY="$KEY-rg$RECURRENTGEMMA_VERSION-tunix$TUNIX_VERSION${TRANSFORMERS_VERSION:+-tf$TRANSFORMERS_VERSION}"
+KEY="$KEY-rg$RECURRENTGEMMA_VERSION-tunix$TUNIX_VERSION-hk$HAIKU_VERSION${TRANSFORMERS_VERSION:+-tf$TRANSFORMERS_VERSION}"
 KEY="$KEY${FLAX_VERSION:+-flax$FLAX_VERSION}${MAXTEXT_VERSION:+-maxtext$MAXTEXT_VERSION}"
 ENV="$CACHE/zoo-$KEY"
 STAMP="$ENV/.complete"
@@ -69,6 +70,8 @@ if [ ! -f "$STAMP" ]; then
   log "installing tunix $TUNIX_VERSION (--no-deps, plus what its Llama 3 imports: not TensorFlow Datasets)"
   "${PIP[@]}" --no-deps "google-tunix==$TUNIX_VERSION"
   "${PIP[@]}" google-metrax perfetto jaxtyping pillow pandas
+  log "installing dm-haiku $HAIKU_VERSION (a conv net: ResNet-18)"
+  "${PIP[@]}" "dm-haiku==$HAIKU_VERSION"
   if [ -n "$TRANSFORMERS_VERSION" ]; then
     log "installing transformers $TRANSFORMERS_VERSION (its Flax models)"
     "${PIP[@]}" "transformers==$TRANSFORMERS_VERSION"
