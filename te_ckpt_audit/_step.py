@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeAlias
 
 import jax
 import jax.numpy as jnp
@@ -27,13 +27,16 @@ from . import _jax_compat as jc
 from ._trace import Traced
 from ._trained import argument_of
 
+Tree: TypeAlias = Any  # a pytree of arrays or ShapeDtypeStructs: the user's, whatever its types
+Fn: TypeAlias = Callable[..., Tree]
+
 
 @dataclasses.dataclass(frozen=True)
 class TrainingStep:
     """A step to lower: `jax.jit(fn, donate_argnums=donate).lower(*args)`."""
 
-    fn: Callable[..., Any]
-    args: tuple[Any, ...]
+    fn: Fn
+    args: tuple[Tree, ...]
     donate: tuple[int, ...]
 
 
@@ -44,13 +47,13 @@ class _Layout:
     trained_args: tuple[int, ...]  # the positional arguments differentiated
     frozen: tuple[int, ...]  # inputs inside a trained argument that are not differentiated
 
-    def split(self, traced: Traced, values: Sequence[Any]) -> tuple[list[Any], list[Any]]:
+    def split(self, traced: Traced, values: Sequence[Tree]) -> tuple[list[Tree], list[Tree]]:
         """The user's arguments holding `values` (frozen inputs left out), and the frozen inputs."""
         frozen = set(self.frozen)
         kept = [None if k in frozen else v for k, v in enumerate(values)]
         return _arguments(traced, kept), [values[k] for k in self.frozen]
 
-    def flat(self, traced: Traced, args: Sequence[Any], frozen: Sequence[Any]) -> list[Any]:
+    def flat(self, traced: Traced, args: Sequence[Tree], frozen: Sequence[Tree]) -> list[Tree]:
         """The flat inputs, in the trace's order, from the step's arguments."""
         leaves = [iter(jax.tree_util.tree_leaves(a)) for a in args]
         stuck = iter(frozen)
@@ -59,7 +62,7 @@ class _Layout:
                 for k, name in enumerate(traced.arg_names)]
 
 
-def _arguments(traced: Traced, values: Sequence[Any]) -> list[Any]:
+def _arguments(traced: Traced, values: Sequence[Tree]) -> list[Tree]:
     """The user's positional arguments with `values` at their array leaves (None elsewhere); a
     pytree whose own code refuses None leaves becomes the list of its array leaves."""
     structure = traced.structure
@@ -69,7 +72,7 @@ def _arguments(traced: Traced, values: Sequence[Any]) -> list[Any]:
         except Exception:  # noqa: BLE001 - a custom node that validates its leaves: flat, in order
             pass
     n = 1 + max((argument_of(n) for n in traced.arg_names), default=-1)
-    out: list[list[Any]] = [[] for _ in range(n)]
+    out: list[list[Tree]] = [[] for _ in range(n)]
     for name, value in zip(traced.arg_names, values, strict=True):
         if value is not None:
             out[argument_of(name)].append(value)
@@ -94,8 +97,8 @@ def trained_paths(traced: Traced) -> tuple[str, ...]:
 
 
 def training_step(
-    traced: Traced, fun: jc.ArrayFn, avals: Sequence[Any], optimizer: Any | None = None,
-    state_sharding: Callable[[Any, Any], Any] | None = None,
+    traced: Traced, fun: jc.ArrayFn, avals: Sequence[Tree], optimizer: Tree | None = None,
+    state_sharding: Callable[[Tree, Tree], Tree] | None = None,
 ) -> TrainingStep:
     """`value_and_grad` of `fun`'s first output (the loss) w.r.t. the trained arguments, and with
     an optax `optimizer` its update; `state_sharding(params, state_shapes)` places the state."""
@@ -104,23 +107,23 @@ def training_step(
     argnums: int | tuple[int, ...] = layout.trained_args[0] if len(layout.trained_args) == 1 else layout.trained_args
     n = len(args)
 
-    def loss(*given: Any) -> Any:
+    def loss(*given: Tree) -> Tree:
         return fun(*layout.flat(traced, given[:n], given[n] if len(given) > n else []))[0]
 
     extra = [frozen] if frozen else []
     if optimizer is None:
 
-        def step(*given: Any) -> Any:
+        def step(*given: Tree) -> Tree:
             return jax.value_and_grad(loss, argnums=argnums)(*given)
 
         return TrainingStep(step, (*args, *extra), layout.trained_args)
 
     import optax
 
-    def params_of(given: Sequence[Any]) -> Any:
+    def params_of(given: Sequence[Tree]) -> Tree:
         return given[argnums] if isinstance(argnums, int) else tuple(given[i] for i in argnums)
 
-    def update(*given: Any) -> Any:
+    def update(*given: Tree) -> Tree:
         *inputs, state = given
         value, grads = jax.value_and_grad(loss, argnums=argnums)(*inputs)
         params = params_of(inputs)
@@ -136,34 +139,34 @@ def training_step(
     return TrainingStep(_standard(update), all_args, (*layout.trained_args, len(all_args) - 1))
 
 
-def own_step(traced: Traced, fun: jc.ArrayFn, avals: Sequence[Any], donate: Sequence[int]) -> TrainingStep:
+def own_step(traced: Traced, fun: jc.ArrayFn, avals: Sequence[Tree], donate: Sequence[int]) -> TrainingStep:
     """The target's own training step, called with the user's arguments, donating `donate`."""
     args = _arguments(traced, list(avals))
 
-    def step(*given: Any) -> Any:
+    def step(*given: Tree) -> Tree:
         leaves = [iter(jax.tree_util.tree_leaves(a)) for a in given]
         return fun(*(next(leaves[argument_of(name)]) for name in traced.arg_names))
 
     return TrainingStep(step, tuple(args), tuple(sorted(set(donate))))
 
 
-def _standard(fn: Callable[..., Any]) -> Callable[..., Any]:
+def _standard(fn: Fn) -> Fn:
     """`fn` traced under standard dtype promotion (optax's updates need it)."""
 
-    def run(*args: Any) -> Any:
+    def run(*args: Tree) -> Tree:
         with jax.numpy_dtype_promotion("standard"):
             return fn(*args)
 
     return run
 
 
-def state_on(params: Any, shapes: Any, replicated: Any) -> Any:
+def state_on(params: Tree, shapes: Tree, replicated: Tree) -> Tree:
     """Optimizer-state shapes, each leaf sharded as the parameter it keeps a moment of (the
     parameter's path is a suffix of the leaf's, with the same shape), else `replicated` (a step
     count, Adafactor's factored moments)."""
     by_path = {jax.tree_util.keystr(p): leaf for p, leaf in jax.tree_util.tree_flatten_with_path(params)[0]}
 
-    def place(path: Sequence[Any], leaf: Any) -> Any:
+    def place(path: Sequence[Tree], leaf: Tree) -> Tree:
         for start in range(len(path)):
             param = by_path.get(jax.tree_util.keystr(tuple(path[start:])))
             if param is not None and tuple(param.shape) == tuple(leaf.shape):

@@ -203,6 +203,19 @@ def trace(
             f"{first_line(exc)}",
             "fix the model code ($debug$)",
         ) from exc
+    _check_outputs(out_shape, target, differentiable)
+    rows = Rows()
+    interned, rows.interned = intern_bodies(closed.jaxpr)
+    modules = [param_module(leaves_with_path[i][0]) for i in dynamic]
+    tagged = tag_jaxpr(closed.replace(jaxpr=interned), rows, modules)
+    dtypes = [a.dtype for a in avals]
+    trained = resolve_trained(fn, len(args), names, dtypes, parse_params(params), target or "the function")
+    structure = Structure(treedef, tuple(leaves), tuple(dynamic))
+    return Traced(tagged, avals, names, rows, target, trained, structure)
+
+
+def _check_outputs(out_shape: object, target: str, differentiable: bool) -> None:
+    """The function returns arrays, and (to be differentiated) floating ones."""
     out_leaves = jax.tree_util.tree_leaves(out_shape)
     if not out_leaves:
         raise TargetError(
@@ -216,14 +229,6 @@ def trace(
                 f"{target or 'the function'} returns a value of dtype {leaf.dtype}: it is not differentiable",
                 "return a floating-point loss (drop integer or boolean outputs)",
             )
-    rows = Rows()
-    interned, rows.interned = intern_bodies(closed.jaxpr)
-    modules = [param_module(leaves_with_path[i][0]) for i in dynamic]
-    tagged = tag_jaxpr(closed.replace(jaxpr=interned), rows, modules)
-    dtypes = [a.dtype for a in avals]
-    trained = resolve_trained(fn, len(args), names, dtypes, parse_params(params), target or "the function")
-    structure = Structure(treedef, tuple(leaves), tuple(dynamic))
-    return Traced(tagged, avals, names, rows, target, trained, structure)
 
 
 def _abstract(leaf: Any, name: str) -> jax.ShapeDtypeStruct:  # an array leaf: shape and dtype

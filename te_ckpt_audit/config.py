@@ -39,19 +39,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+from . import gpus
 from ._textfile import read_text
 from ._trained import parse_params
 from .errors import UsageError
 from .gating import PeakGate
-from .gpus import (
-    DEFAULT_GPUS_PER_HOST,
-    FractionSource,
-    GpuEnvironment,
-    GpuRequest,
-    Optimizer,
-    gpu_model,
-    model_of_config,
-)
+from .gpus import GpuRequest
 from .records import Budget, MeshAxis, MeshSpec, Scope, ShardingSource
 from .sizes import parse_size, percent_limit
 from .specs import PolicyLike
@@ -311,21 +304,22 @@ def _gpu(raw: Mapping[str, Any], where: str, p: Path) -> GpuRequest | None:
     name, config = raw.get("gpu"), raw.get("gpu_config")
     if not isinstance(name if name is not None else config, str):
         raise UsageError(f"{p}: {where}.gpu must be a string", 'e.g. gpu = "h100" (`te-ckpt-audit gpus`)')
-    model = gpu_model(name) if isinstance(name, str) else model_of_config(p.parent / str(config))
+    model = gpus.gpu_model(name) if isinstance(name, str) else gpus.model_of_config(p.parent / str(config))
     optimizer = raw.get("optimizer")
     try:
-        chosen = None if optimizer is None else Optimizer(optimizer)
+        chosen = None if optimizer is None else gpus.Optimizer(optimizer)
     except ValueError:
         raise UsageError(f"{p}: {where}.optimizer {optimizer!r} is not one of sgd, adam, adamw, adafactor",
                          'e.g. optimizer = "adamw"') from None
-    per_host, fraction = raw.get("gpus_per_host", DEFAULT_GPUS_PER_HOST), raw.get("mem_fraction")
+    per_host, fraction = raw.get("gpus_per_host", gpus.DEFAULT_GPUS_PER_HOST), raw.get("mem_fraction")
     if isinstance(per_host, bool) or not isinstance(per_host, int):
         raise UsageError(f"{p}: {where}.gpus_per_host must be an int", "e.g. gpus_per_host = 8")
     if fraction is not None and (isinstance(fraction, bool) or not isinstance(fraction, int | float)
                                  or not 0 < fraction <= 1):
         raise UsageError(f"{p}: {where}.mem_fraction must be a number in (0, 1]", "e.g. mem_fraction = 0.9")
     # the run's environment (XLA_FLAGS, the fraction's variables) is the caller's to add
-    environment = GpuEnvironment() if fraction is None else GpuEnvironment(float(fraction), FractionSource.GIVEN)
+    chosen_here = gpus.FractionSource.GIVEN
+    environment = gpus.GpuEnvironment() if fraction is None else gpus.GpuEnvironment(float(fraction), chosen_here)
     step, donate = raw.get("step", False), raw.get("donate", [])
     if not isinstance(step, bool):
         raise UsageError(f"{p}: {where}.step must be true or false", "e.g. step = true")

@@ -25,6 +25,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+from jax.sharding import Mesh
+from jax.stages import Lowered
 
 from .. import _jax_compat as jc
 from .._apply import policy_function
@@ -148,9 +150,9 @@ class Compiler:
         self.capture = capture or contextlib.nullcontext
         self.devices = 1 if mesh is None else mesh.devices
         self.optimizer = None if request.optimizer is None else _optimizer(request.optimizer)
-        self._meshes: dict[int, tuple[Any, Traced]] = {}
+        self._meshes: dict[int, tuple[Mesh, Traced]] = {}
         self._programs: dict[tuple[str, Scope], str] = {}  # the hash of each policy's lowered step
-        self._texts: dict[int, tuple[Any, str]] = {}  # id of a lowering -> (it, the hash of its text)
+        self._texts: dict[int, tuple[Lowered, str]] = {}  # id of a lowering -> (it, the hash of its text)
         self.options = self._checked_options()
         chosen = dict(self.options)
         self.backends: tuple[Backend, ...]
@@ -161,7 +163,7 @@ class Compiler:
 
     # --- placing and lowering ------------------------------------------------------------------
 
-    def _placed(self, memory: int) -> tuple[Any, Traced]:
+    def _placed(self, memory: int) -> tuple[Mesh, Traced]:
         """The GPU mesh of a device described with `memory` bytes, and the trace moved onto it."""
         if memory not in self._meshes:
             config = self.request.model.config_text(memory)
@@ -209,7 +211,7 @@ class Compiler:
             return own_step(traced, fun, avals, self.request.donate)
         return training_step(traced, fun, avals, self.optimizer, lambda _, s: state_on(_, s, replicated(mesh)))
 
-    def lowered(self, spec: PolicySpec, scope: Scope, memory: int | None = None) -> Any:  # jax.stages.Lowered
+    def lowered(self, spec: PolicySpec, scope: Scope, memory: int | None = None) -> Lowered:
         """The step under `spec`, lowered for the GPU XLA plans against `memory` bytes of (by
         default, the run's fraction of it)."""
         memory = self.request.planning_memory(self.request.mem_fraction) if memory is None else memory
@@ -289,7 +291,7 @@ class Compiler:
         passes = [p for p in str(given).split(",") if p] if given else []
         return ",".join(dict.fromkeys([*passes, name]))
 
-    def _compile_all(self, lowered: Any, spec: PolicySpec, backends: Sequence[Backend], memory: int,
+    def _compile_all(self, lowered: Lowered, spec: PolicySpec, backends: Sequence[Backend], memory: int,
                      progress: Progress) -> list[Measured]:
         """Each backend's compile of `lowered`, at once where there are several and cores for them
         (XLA compiles without Python's lock)."""
@@ -307,7 +309,7 @@ class Compiler:
             futures = [pool.submit(self._compile, lowered, spec, b, memory, progress, False) for b in backends]
             return [f.result() for f in futures]
 
-    def _compile(self, lowered: Any, spec: PolicySpec, backend: Backend, memory: int, progress: Progress,
+    def _compile(self, lowered: Lowered, spec: PolicySpec, backend: Backend, memory: int, progress: Progress,
                  capture: bool = True) -> Measured:
         key = self._key(self._program(lowered), backend, memory)
         hit = self.cache.read(key)
@@ -335,7 +337,7 @@ class Compiler:
         self.cache.write(key, measured)
         return measured
 
-    def _program(self, lowered: Any) -> str:
+    def _program(self, lowered: Lowered) -> str:
         """The hash of a lowered step's text (made once per lowering: the text of a large step is
         not free)."""
         found = self._texts.get(id(lowered))

@@ -16,8 +16,8 @@ from .audit import (
     ShardingSource,
     TeKind,
     Verdict,
-    WarningCode,
 )
+from .findings import WarningCode
 
 
 def _object(**properties: Any) -> dict[str, Any]:

@@ -15,24 +15,16 @@ from ..records import (
     AuditReport,
     AuditWarning,
     Equation,
-    GemmBatchDimsMissed,
     GpuInfo,
     Hotspot,
     HotspotKey,
-    InnerScopeWithoutCheckpoints,
-    OffloadMissing,
     Outcome,
     PeakMemory,
     PolicyResult,
-    Remat3,
     Residual,
     ResidualKind,
-    SameAsNothingSaveable,
-    SavesEverything,
     ShardingSource,
-    TeGemmsRecomputed,
-    TeRequantized,
-    UnknownName,
+    findings,
 )
 from ._text import printable_records
 
@@ -86,41 +78,41 @@ def warning_message(w: AuditWarning) -> str:
     """The words for a finding, from its record: one case per kind of finding."""
     w = printable_records(w)
     match w:
-        case TeGemmsRecomputed():
+        case findings.TeGemmsRecomputed():
             return (
                 f"{w.policy} saves dots but recomputes all {len(w.equations)} TE GEMMs "
                 f"({format_flops(w.flops)}): JAX's dot policies do not know TE's primitives; "
                 "use checkpoint_dots_and_te_gemms"
             )
-        case SameAsNothingSaveable():
+        case findings.SameAsNothingSaveable():
             return f"{w.policy} saves exactly what nothing_saveable saves: it checkpoints nothing in this model"
-        case UnknownName():
+        case findings.UnknownName():
             hint = (
                 f"did you mean {w.closest!r}?"
                 if w.closest
                 else f"names in the model: {', '.join(w.model_names) or 'none'}"
             )
             return f"{w.policy}: no checkpoint_name in the model is {w.name!r} ({hint})"
-        case SavesEverything():
+        case findings.SavesEverything():
             return (
                 "this jax's save_anything_except_these_names ignores its names and saves everything; "
                 "use save_any_names_but_these"
             )
-        case OffloadMissing():
+        case findings.OffloadMissing():
             return f"{w.policy} offloads nothing to host memory in this model"
-        case InnerScopeWithoutCheckpoints():
+        case findings.InnerScopeWithoutCheckpoints():
             return (
                 f"--scope inner applies {w.policy} to the model's own checkpoints, and it has none: "
                 "the policy changes nothing; use --scope outer (or auto)"
             )
-        case GemmBatchDimsMissed():
+        case findings.GemmBatchDimsMissed():
             return (
                 f"{w.policy} keeps dots only without batch dimensions, so it recomputes "
                 f"{len(w.equations)} weight GEMMs that have them ({', '.join(w.origins)}; "
                 f"{format_flops(w.flops)}): {', '.join(w.modules)}; use checkpoint_dots (or "
                 "checkpoint_dots_and_te_gemms), or name them with checkpoint_name and save the names"
             )
-        case TeRequantized():
+        case findings.TeRequantized():
             fix = (
                 f"save the quantizers' checkpoint names with the GEMM outputs: --policy {w.saving_spec}"
                 if w.saving_spec
@@ -137,7 +129,7 @@ def warning_message(w: AuditWarning) -> str:
                 f"{w.policy} quantizes again in the backward pass: {len(w.equations)} TE quantizations "
                 f"({format_flops(w.flops)}) at {', '.join(w.modules)}; {fix}{delayed}"
             )
-        case Remat3():
+        case findings.Remat3():
             return (
                 "jax_remat3 is on: jax.checkpoint takes another path, which this audit does not model; "
                 "turn it off (JAX_REMAT3=0) for exact figures"
