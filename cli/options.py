@@ -172,13 +172,7 @@ class GpuOptions:
                 hint = "add --gpu NAME (`te-ckpt-audit gpus` lists them)"
                 raise UsageError(f"{given[0]} is about the step compiled for a GPU", hint)
             return cls(None, peak)
-        if mem_fraction is not None and not (math.isfinite(mem_fraction) and 0 < mem_fraction <= 1):
-            raise UsageError(f"--mem-fraction {mem_fraction} is not in (0, 1]", "JAX's default is 0.75")
-        if donate and not step:
-            raise UsageError("--donate names the arguments a training step of the target's own donates", "add --step")
-        if step and optimizer is not None:
-            raise UsageError("--optimizer adds an update to the step te-ckpt-audit builds; --step brings its own",
-                             "drop one of them")
+        # the values are checked where they are made (GpuEnvironment, GpuRequest), named by their flags here
         model = gpu_model(gpu) if gpu is not None else model_of_config(str(gpu_config))
         environment = gpu_environment(os.environ, mem_fraction)
         request = GpuRequest(model, optimizer, gpus_per_host, environment, cache, step, tuple(donate or ()))

@@ -93,26 +93,14 @@ def analyse_policy(traced: Traced, spec: PolicySpec, scope: Scope = Scope.AUTO) 
     residuals = _residuals(traced, forward.jaxpr)
     recomputed, recompute_flops = _recomputed(traced, captured["tangent"])
 
-    saved: dict[str, Outcome] = {}
-    for r in residuals:
-        if r.equation is None or r.kind not in (ResidualKind.ACTIVATION, ResidualKind.HOST):
-            continue
-        outcome = Outcome.OFFLOADED if r.kind is ResidualKind.HOST else Outcome.SAVED
-        if saved.get(r.equation) is not Outcome.OFFLOADED:
-            saved[r.equation] = outcome
-    marks = []
-    for eid in sorted(rows, key=id_key):
-        row = rows[eid]
-        verdict = row_verdict(row, spec, scope)
-        outcome = saved.get(eid) or (Outcome.RECOMPUTED if eid in recomputed else Outcome.NOT_NEEDED)
-        marks.append(EquationMark(eid, verdict, outcome))
+    marks = _marks(traced, spec, scope, residuals, recomputed)
     requantized = [traced.rows.equation(e) for e in recomputed if e in rows and rows[e].equation.is_te_quantize]
     result = PolicyResult(
         policy=spec.text,
         scope=scope,
         residuals=tuple(residuals),
         totals=_totals(residuals),
-        marks=tuple(marks),
+        marks=marks,
         recompute_flops=recompute_flops,
         forward_flops=traced.forward_flops,
         warnings=(),
@@ -120,6 +108,24 @@ def analyse_policy(traced: Traced, spec: PolicySpec, scope: Scope = Scope.AUTO) 
         requantize_flops=sum(e.flops * e.multiplicity for e in requantized),
     )
     return Analysis(result, forward)
+
+
+def _marks(traced: Traced, spec: PolicySpec, scope: Scope, residuals: Iterable[Residual], recomputed: set[str]
+           ) -> tuple[EquationMark, ...]:
+    """Every forward equation's verdict under the policy and what the backward pass gets from it."""
+    saved: dict[str, Outcome] = {}
+    for r in residuals:
+        if r.equation is None or r.kind not in (ResidualKind.ACTIVATION, ResidualKind.HOST):
+            continue
+        outcome = Outcome.OFFLOADED if r.kind is ResidualKind.HOST else Outcome.SAVED
+        if saved.get(r.equation) is not Outcome.OFFLOADED:
+            saved[r.equation] = outcome
+    rows = traced.rows.by_id
+    return tuple(
+        EquationMark(eid, row_verdict(rows[eid], spec, scope),
+                     saved.get(eid) or (Outcome.RECOMPUTED if eid in recomputed else Outcome.NOT_NEEDED))
+        for eid in sorted(rows, key=id_key)
+    )
 
 
 def analyse(traced: Traced, spec: PolicySpec, scope: Scope = Scope.AUTO) -> PolicyResult:

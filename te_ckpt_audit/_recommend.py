@@ -475,12 +475,18 @@ def recommend_target(
     rec = fit_on_gpu(session, rec, gpu, max_compiles, progress, executor, jobs, capture)
     if maximize is None or rec.recommended is None:
         return rec
-    start = session.keywords.get(maximize)
-    if isinstance(start, bool) or not isinstance(start, int) or start < 1:
-        raise UsageError(
-            f"$maximize$ {maximize}: the inputs callable's {maximize} is {start!r}, not a positive int",
-            f"give it an int default, or a start with $defines$ {maximize}=N",
-        )
+    start = _start_of(session, maximize)
     found = largest_fitting(lambda v: session_with({maximize: str(v)}), maximize, start, rec.recommended.policy, gpu,
                              max_compiles, progress, capture)
     return dataclasses.replace(rec, maximized=found)
+
+
+def _start_of(session: Session, keyword: str) -> int:
+    """The value of the inputs keyword a search for the largest one starts from: its own."""
+    start = session.keywords.get(keyword)
+    if isinstance(start, bool) or not isinstance(start, int) or start < 1:
+        raise UsageError(
+            f"$maximize$ {keyword}: the inputs callable's {keyword} is {start!r}, not a positive int",
+            f"give it an int default, or a start with $defines$ {keyword}=N",
+        )
+    return start

@@ -163,14 +163,7 @@ def trace(
     >>> [e.primitive for e in t.rows.equations()]
     ['sin', 'reduce_sum']
     """
-    try:
-        leaves_with_path, treedef = jax.tree_util.tree_flatten_with_path(args)
-    except (RecursionError, SystemError) as exc:  # JAX's C++ flattening gives up on deep nesting
-        raise UsageError(
-            f"the inputs of {target or 'the function'} are nested too deeply for JAX to flatten "
-            f"({type(exc).__name__})",
-            "return a pytree a few levels deep from the inputs callable",
-        ) from None
+    leaves_with_path, treedef = _flattened(args, target)
     dynamic = [i for i, (_, leaf) in enumerate(leaves_with_path) if is_array_leaf(leaf)]
     leaves = [leaf for _, leaf in leaves_with_path]
     for _, leaf in leaves_with_path:
@@ -212,6 +205,17 @@ def trace(
     trained = resolve_trained(fn, len(args), names, dtypes, parse_params(params), target or "the function")
     structure = Structure(treedef, tuple(leaves), tuple(dynamic))
     return Traced(tagged, avals, names, rows, target, trained, structure)
+
+
+def _flattened(args: tuple[object, ...], target: str) -> tuple[list[tuple[Any, Any]], jax.tree_util.PyTreeDef]:
+    try:
+        return jax.tree_util.tree_flatten_with_path(args)
+    except (RecursionError, SystemError) as exc:  # JAX's C++ flattening gives up on deep nesting
+        raise UsageError(
+            f"the inputs of {target or 'the function'} are nested too deeply for JAX to flatten "
+            f"({type(exc).__name__})",
+            "return a pytree a few levels deep from the inputs callable",
+        ) from None
 
 
 def _check_outputs(out_shape: object, target: str, differentiable: bool) -> None:

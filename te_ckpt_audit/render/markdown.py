@@ -98,11 +98,7 @@ def render_markdown(report: AuditReport, top: int = 10, by: HotspotKey | None = 
         lines += [f"> {md_text(f'{policy}: not compiled: {why}')}" for policy, why in compiled_errors(report)]
         lines += [""] if compiled_errors(report) else []
     if report.gpu is not None:
-        shown = [COLUMNS[h] for h in ("policy", *shown_columns(report, GPU_HEADERS))]
-        lines += [f"### {md_text(gpu_title(report))}", ""]
-        lines += md_table([c.header for c in shown], [[c.cell(report, r) for c in shown] for r in report.results],
-                          [c.numeric for c in shown])
-        lines += ["", *(f"> {md_text(note)}" for note in gpu_notes(report)), ""]
+        lines += _gpu_section(report)
     if top:
         key = hotspot_key(report, by)
         spots = hotspots(report, top, key)
@@ -117,3 +113,12 @@ def render_markdown(report: AuditReport, top: int = 10, by: HotspotKey | None = 
     else:
         lines += ["None.", ""]
     return "\n".join(lines)
+
+
+def _gpu_section(report: AuditReport) -> list[str]:
+    """The compiled step's table, then what it means."""
+    shown = [COLUMNS[h] for h in ("policy", *shown_columns(report, GPU_HEADERS))]
+    lines = [f"### {md_text(gpu_title(report))}", ""]
+    lines += md_table([c.header for c in shown], [[c.cell(report, r) for c in shown] for r in report.results],
+                      [c.numeric for c in shown])
+    return [*lines, "", *(f"> {md_text(note)}" for note in gpu_notes(report)), ""]
