@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
+import pytest
 
 from te_ckpt_audit._jax_compat import GPU_TARGET_SINCE, JAX_VERSION
 
@@ -29,6 +31,22 @@ def gpu_target_missing() -> str | None:
         except ImportError:
             return f"{module} is not installed"
     return None
+
+
+MISSING_GPU_TARGET = gpu_target_missing()
+# a test that compiles for a GPU: skipped where the [gpu] extra is missing, except in the lane
+compiles = pytest.mark.skipif(MISSING_GPU_TARGET is not None and not LANE,
+                              reason=f"no GPU target here: {MISSING_GPU_TARGET}")
+
+
+def stack(w: jax.Array, x: jax.Array) -> jax.Array:
+    """Eight wide layers: what saving everything keeps (512 MiB) dwarfs cuBLAS's workspace."""
+    for i in range(w.shape[0]):
+        x = jnp.tanh(x @ w[i])
+    return jnp.mean(x)
+
+
+STACK_ARGS = (jax.ShapeDtypeStruct((8, 1024, 1024), jnp.float32), jax.ShapeDtypeStruct((8192, 1024), jnp.float32))
 
 
 def cli(*args: str, cwd: Path = ROOT, env: dict[str, str] | None = None,

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _gpu_lane import LANE, ROOT, cli, gpu_target_missing  # noqa: E402
+from _gpu_lane import LANE, MISSING_GPU_TARGET, ROOT, STACK_ARGS, cli, compiles, stack  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from te_ckpt_audit import UsageError, audit
@@ -45,8 +45,7 @@ from te_ckpt_audit.gpus import (
 )
 from te_ckpt_audit.records import Baseline, Figure
 
-MISSING = gpu_target_missing()
-compiles = pytest.mark.skipif(MISSING is not None and not LANE, reason=f"no GPU target here: {MISSING}")
+MISSING = MISSING_GPU_TARGET
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -216,16 +215,6 @@ def test_arguments_outputs_and_aliases_are_the_step_state_by_hand(optimizer: Opt
         assert peak.output_bytes == 4 + 3 * floats + 4 + TUPLE_ENTRY * (1 + 3 * n_floats + 1)
     assert report.step is not None and len(report.step.donated) == n_floats
     assert report.gpu is not None and report.gpu.name == "h100-sxm" and peak.fits is True
-
-
-def stack(w: jax.Array, x: jax.Array) -> jax.Array:
-    """Eight wide layers: what saving everything keeps (512 MiB) dwarfs cuBLAS's workspace."""
-    for i in range(w.shape[0]):
-        x = jnp.tanh(x @ w[i])
-    return jnp.mean(x)
-
-
-STACK_ARGS = (jax.ShapeDtypeStruct((8, 1024, 1024), jnp.float32), jax.ShapeDtypeStruct((8192, 1024), jnp.float32))
 
 
 @compiles

@@ -21,7 +21,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _gpu_lane import LANE, cli, gpu_target_missing
+from _gpu_lane import STACK_ARGS as STACK
+from _gpu_lane import cli, compiles
+from _gpu_lane import stack as _stack
 
 from te_ckpt_audit import UsageError, audit, audit_target
 from te_ckpt_audit._gpu._cache import CompileCache, Measured
@@ -41,9 +43,6 @@ from te_ckpt_audit.gpus import (
     xla_flags,
 )
 from te_ckpt_audit.records import Baseline, Candidate, CandidateKind, Figure, PeakMemory, Recommendation
-
-MISSING = gpu_target_missing()
-compiles = pytest.mark.skipif(MISSING is not None and not LANE, reason=f"no GPU target here: {MISSING}")
 
 CNN = """\
 import jax, jax.numpy as jnp
@@ -535,15 +534,6 @@ def _small_gpu(tmp_path: Path, mib: int) -> Path:
     path = tmp_path / f"gpu{mib}.txtpb"
     path.write_text(gpu_model("h100").config_text(mib * 2**20))
     return path
-
-
-def _stack(w: jax.Array, x: jax.Array) -> jax.Array:
-    for i in range(w.shape[0]):
-        x = jnp.tanh(x @ w[i])
-    return jnp.mean(x)
-
-
-STACK = (jax.ShapeDtypeStruct((8, 1024, 1024), jnp.float32), jax.ShapeDtypeStruct((8192, 1024), jnp.float32))
 
 
 @compiles
