@@ -31,7 +31,7 @@ case "$name" in
     # --gpu: steps compiled for GPU models through JAX's CUDA plugin (the [gpu] extra, ~0.6 GB more);
     # here every compile test must run: a missing piece fails the lane instead of skipping
     PY="$(bash .ci/venv.sh "$NEWEST_PYTHON" "$JAX_NEWEST" test,gpu | tail -n 1)"
-    TE_CKPT_AUDIT_GPU_LANE=1 TE_CKPT_AUDIT_CACHE="$(mktemp -d)" "$PY" -m pytest tests/test_gpu.py tests/test_user_step.py "$@"
+    TE_CKPT_AUDIT_GPU_LANE=1 TE_CKPT_AUDIT_CACHE="$(mktemp -d)" "$PY" -m pytest tests/test_gpu.py tests/test_user_step.py tests/test_own_mesh.py "$@"
     ;;
   te-jax0.10.2)
     bash te_cpu/test.sh -q "$@"

@@ -17,7 +17,6 @@ import concurrent.futures
 import dataclasses
 from collections.abc import Callable
 
-from ._gpu import gpu_info
 from ._gpu._compiler import LogCapture
 from ._progress import Progress, quiet
 from ._session import Session
@@ -66,7 +65,7 @@ def fit_on_gpu(
         closest=closest,
         frontier=tuple(shown(c) for c in rec.frontier),
         evaluated=tuple(shown(c) for c in rec.evaluated),
-        gpu=gpu_info(request, session.devices),
+        gpu=session.gpu_info(request),
         compiles=len(compiled),
     )
 

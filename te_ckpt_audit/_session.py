@@ -28,7 +28,7 @@ from ._analysis import Analysis, analyse_policy, failed
 from ._apply import resolve_scope
 from ._compile import compiled_memory
 from ._emulated import emulated_device
-from ._gpu import Compiler, gpu_info, peaks_in_workers, step_info
+from ._gpu import Compiler, gpu_info, peaks_in_workers, step_info, step_mesh
 from ._gpu._compiler import LogCapture
 from ._loading import anchored, load_inputs, load_target, user_code
 from ._mesh import build_abstract_mesh, build_mesh, mesh_context, per_device, place_args, source_of, spec_of
@@ -42,6 +42,7 @@ from .errors import TargetError, UsageError
 from .gpus import GpuRequest
 from .records import (
     AuditReport,
+    GpuInfo,
     MeshSpec,
     PeakMemory,
     PolicyResult,
@@ -259,8 +260,7 @@ class Session:
                                  "build the session with own_step=True")
             raise UsageError(f"{self._traced.target} is a training step of its own", "compile it with step=True")
         if request not in self._compilers:
-            mesh = None if self.mesh is None else spec_of(self.mesh)
-            self._compilers[request] = Compiler(self._traced, request, mesh, capture)
+            self._compilers[request] = Compiler(self._traced, request, self.gpu_mesh, capture)
         return self._compilers[request]
 
     def peaks(
@@ -344,7 +344,7 @@ class Session:
             emulated_device=self.emulated_device,
             mesh=None if self.mesh is None else spec_of(self.mesh),
             sharding_source=None if self.mesh is None else source_of(self.mesh),
-            gpu=None if gpu is None else gpu_info(gpu, self.devices),
+            gpu=None if gpu is None else self.gpu_info(gpu),
             step=None if gpu is None else step_info(self._traced, gpu),
             trained=None if self.own_step else self.trained(),
         )
@@ -381,6 +381,16 @@ class Session:
     @property
     def has_te_gemms(self) -> bool:
         return any(e.is_te_gemm for e in self._traced.rows.equations())
+
+    @functools.cached_property
+    def gpu_mesh(self) -> MeshSpec | None:
+        """The mesh a GPU step is laid on: the audit's (`mesh`), else the one the model made over
+        the machine's devices (None: one GPU)."""
+        return step_mesh(self._traced, None if self.mesh is None else spec_of(self.mesh))
+
+    def gpu_info(self, request: GpuRequest) -> GpuInfo:
+        """`request`'s GPU and environment, for the mesh this trace's step is laid on."""
+        return gpu_info(request, self.gpu_mesh, from_model=self.mesh is None)
 
     @property
     def devices(self) -> int:

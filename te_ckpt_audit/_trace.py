@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 from collections.abc import Callable, Sequence
 from typing import Any, TypeAlias
 
@@ -191,11 +192,15 @@ def trace(
     try:
         closed, out_shape = jax.make_jaxpr(flat_fn, return_shape=True)(*avals)
     except Exception as exc:
-        raise TargetError(
-            f"tracing {target or 'the function'} raised {type(exc).__name__} at {user_location(exc)}: "
-            f"{first_line(exc)}",
-            "fix the model code ($debug$)",
-        ) from exc
+        said = f"tracing {target or 'the function'} raised {type(exc).__name__} at {user_location(exc)}: "
+        axis = re.search(r"Resource axis: (\S+) of .* is not found in mesh: \(([^)]*)\)", first_line(exc))
+        if axis:  # a sharding named over the mesh of the audit's --mesh, which lacks one of the model's axes
+            raise UsageError(
+                f"{said}mesh axis {axis.group(1)!r} is not in the mesh ({axis.group(2).rstrip(',')})",
+                f"give $mesh$ every axis the model shards over ({axis.group(1)} included), or leave $mesh$ out "
+                "where the model makes its own mesh over the machine's devices",
+            ) from exc
+        raise TargetError(f"{said}{first_line(exc)}", "fix the model code ($debug$)") from exc
     _check_outputs(out_shape, target, differentiable)
     rows = Rows()
     interned, rows.interned = intern_bodies(closed.jaxpr)

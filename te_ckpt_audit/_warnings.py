@@ -194,4 +194,4 @@ def _requantized(traced: Traced, spec: PolicySpec, result: PolicyResult) -> TeRe
     totals = [traced.rows.equation(r.equation.id) for r in again]
     where = tuple(dict.fromkeys(e.module or (f"{e.source.file}:{e.source.line}" if e.source else e.id) for e in totals))
     return TeRequantized(spec.text, tuple(e.id for e in totals), sum(e.flops * e.multiplicity for e in totals), where,
-                         tuple(names), suggestion, delayed)
+                         tuple(names), suggestion, delayed, sum(e.multiplicity for e in totals))

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 from collections import Counter
 
+import jax
+import jax.numpy as jnp
 import pytest
 from _reference import module, nbytes, reference
 
-from te_ckpt_audit import Category, Outcome, ResidualKind, WarningCode, audit_target, recommend_target
+from sample_models.te_standin import dense
+from te_ckpt_audit import Category, Outcome, ResidualKind, WarningCode, audit, audit_target, recommend_target
 from te_ckpt_audit.records import AuditReport, Candidate, CandidateKind
 from te_ckpt_audit.render import warning_message
 from te_ckpt_audit.render.recommend import maxtext_config
@@ -86,3 +89,24 @@ def test_recommend_searches_the_quantizers_name_and_maxtext_gets_its_policy() ->
     assert maxtext_config(names("qkv_proj", "context", "quantization"), ()).startswith(
         "remat_policy: 'minimal_with_context_and_quantization'")
     assert maxtext_config(names("ffn1", "quantization"), ("ffn1",)).startswith("remat_policy: 'custom'")
+
+
+def scanned(ws: jax.Array, x: jax.Array) -> jax.Array:
+    """Three FP8 projections stacked by a scan, each layer checkpointed: one body, run 3 times."""
+
+    @jax.checkpoint
+    def layer(h: jax.Array, w: jax.Array) -> tuple[jax.Array, None]:
+        return jnp.tanh(dense(h, w, fp8=True, quantization_name="quantization")), None
+
+    return jnp.sum(jax.lax.scan(layer, x, ws)[0])
+
+
+def test_a_scanned_layers_requantizations_are_one_count_said_one_way() -> None:
+    """The warning counts what the `requantized` column counts: each run of a quantization, once
+    per layer of the scan that stacks it (2 in the body, 3 layers: 6), not the body's 2."""
+    args = (jax.ShapeDtypeStruct((3, 32, 32), jnp.float32), jax.ShapeDtypeStruct((8, 32), jnp.float32))
+    result = audit(scanned, *args, policies=["nothing_saveable"]).results[0]
+    (found,) = [w for w in result.warnings if w.code is WarningCode.TE_REQUANTIZED]
+    assert (len(found.equations), found.runs, result.requantized) == (2, 6, 6)
+    said = "nothing_saveable quantizes again in the backward pass: 6 TE quantizations"
+    assert warning_message(found).startswith(said)

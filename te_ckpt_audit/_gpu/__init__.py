@@ -14,6 +14,8 @@ The step itself (`value_and_grad` over the trained arguments, the optimizer) is 
 
 from ._compiler import Compiler, check_loss, gpu_info, step_info
 from ._machine import INSTALL_HINT, check_available
+from ._placement import step_mesh
 from ._workers import peaks_in_workers
 
-__all__ = ["INSTALL_HINT", "Compiler", "check_available", "check_loss", "gpu_info", "peaks_in_workers", "step_info"]
+__all__ = ["INSTALL_HINT", "Compiler", "check_available", "check_loss", "gpu_info", "peaks_in_workers", "step_info",
+           "step_mesh"]

@@ -39,7 +39,7 @@ from ..records import CompileProgress, GpuInfo, MeshSpec, PeakMemory, Scope, Ste
 from ..specs import AsIs, PolicySpec
 from ._cache import CompileCache, Measured
 from ._machine import INSTALL_HINT, check_available, versions
-from ._placement import gpu_mesh, on, rehomed, replicated
+from ._placement import gpu_mesh, on, rehomed, replicated, step_mesh
 
 UNBOUNDED = 2**50  # device memory for the compile that says what a step needs
 TRITON_GEMM = "xla_gpu_enable_triton_gemm"
@@ -71,8 +71,11 @@ def unbounded_failure(peak: PeakMemory | None) -> bool:
     return peak is None or peak.bytes_per_device is None
 
 
-def gpu_info(request: GpuRequest, devices: int = 1) -> GpuInfo:
+def gpu_info(request: GpuRequest, mesh: MeshSpec | None = None, from_model: bool = False) -> GpuInfo:
+    """`request`'s GPU and environment, for a step laid on `mesh` (one GPU without one; `from_model`:
+    the mesh the model made over the machine's devices, no `--mesh` given)."""
     env = request.environment
+    devices = 1 if mesh is None else mesh.devices
     return GpuInfo(
         name=request.model.name,
         memory_bytes=request.model.memory_bytes,
@@ -86,6 +89,8 @@ def gpu_info(request: GpuRequest, devices: int = 1) -> GpuInfo:
         allocator=env.allocator.value,
         preallocate=env.preallocate,
         xla_flags=env.xla_flags,
+        mesh=None if mesh is None else str(mesh),
+        mesh_source=None if mesh is None else "model" if from_model else "given",
     )
 
 
@@ -145,7 +150,8 @@ class Compiler:
                                  f"its array arguments: {', '.join(map(str, sorted(arguments)))}")
         else:
             check_loss(traced)
-        self.traced, self.request, self.mesh = traced, request, mesh
+        self.traced, self.request = traced, request
+        self.mesh = step_mesh(traced, mesh)  # --mesh, else the one the model made over the machine's devices
         self.cache = CompileCache(request.cache)
         self.capture = capture or contextlib.nullcontext
         self.devices = 1 if mesh is None else mesh.devices
@@ -172,7 +178,7 @@ class Compiler:
             except jc.CudaPluginMissing as exc:
                 raise UsageError(f"JAX's CUDA plugin cannot be used here ({first_line(exc)})", INSTALL_HINT) from None
             mesh = gpu_mesh(topology, self.mesh)
-            self._meshes[memory] = (mesh, rehomed(self.traced, mesh) if self.mesh is not None else self.traced)
+            self._meshes[memory] = (mesh, rehomed(self.traced, topology) if self.mesh is not None else self.traced)
         return self._meshes[memory]
 
     def _checked_options(self) -> tuple[tuple[str, Any], ...]:

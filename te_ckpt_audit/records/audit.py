@@ -215,6 +215,8 @@ class GpuInfo:
     allocator: str = "default"  # XLA_PYTHON_CLIENT_ALLOCATOR
     preallocate: bool = True  # XLA_PYTHON_CLIENT_PREALLOCATE
     xla_flags: str = ""  # XLA_FLAGS the compiles ran with
+    mesh: str | None = None  # the mesh the step was laid on ("data=8,model=1"); None: one GPU
+    mesh_source: str | None = None  # "given" (--mesh) or "model" (the one it made over the machine's devices)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

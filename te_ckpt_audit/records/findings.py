@@ -98,6 +98,7 @@ class TeRequantized:
     quantizer_names: tuple[str, ...]  # the quantizers' checkpoint names in the model
     saving_spec: str | None  # a spec that saves them with the GEMM outputs
     delayed: bool  # delayed scaling: the forward quantize updates the amax history, so it runs again anyway
+    runs: int  # how many times they run again: each counted once per run (a scanned layer's, per layer)
     code: ClassVar[WarningCode] = WarningCode.TE_REQUANTIZED
 
 

@@ -198,7 +198,8 @@ JSON_SCHEMA: dict[str, Any] = {
                     name=_STR, memory_bytes=_INT, usable_bytes=_INT, gpus_per_host={"type": "integer", "minimum": 1},
                     mem_fraction=_FRACTION, fraction_source={"enum": ["default", "environment", "given"]},
                     fraction_variable=_OPT_STR, max_fraction=_FRACTION, reserved_bytes=_INT, allocator=_STR,
-                    preallocate=_BOOL, xla_flags=_STR,
+                    preallocate=_BOOL, xla_flags=_STR, mesh=_OPT_STR,
+                    mesh_source={"enum": [None, "given", "model"]},
                 ),
             ]
         },

@@ -126,7 +126,7 @@ def warning_message(w: AuditWarning) -> str:
                 else ""
             )
             return (
-                f"{w.policy} quantizes again in the backward pass: {len(w.equations)} TE quantizations "
+                f"{w.policy} quantizes again in the backward pass: {w.runs} TE quantizations "
                 f"({format_flops(w.flops)}) at {', '.join(w.modules)}; {fix}{delayed}"
             )
         case findings.Remat3():
