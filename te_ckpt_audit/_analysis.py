@@ -94,7 +94,8 @@ def analyse_policy(traced: Traced, spec: PolicySpec, scope: Scope = Scope.AUTO) 
     recomputed, recompute_flops = _recomputed(traced, captured["tangent"])
 
     marks = _marks(traced, spec, scope, residuals, recomputed)
-    requantized = [traced.rows.equation(e) for e in recomputed if e in rows and rows[e].equation.is_te_quantize]
+    requantized = [traced.rows.equation(e) for e in sorted(recomputed, key=id_key)
+                   if e in rows and rows[e].equation.is_te_quantize]
     result = PolicyResult(
         policy=spec.text,
         scope=scope,
@@ -106,6 +107,7 @@ def analyse_policy(traced: Traced, spec: PolicySpec, scope: Scope = Scope.AUTO) 
         warnings=(),
         requantized=sum(e.multiplicity for e in requantized),
         requantize_flops=sum(e.flops * e.multiplicity for e in requantized),
+        requantized_equations=tuple(e.id for e in requantized),
     )
     return Analysis(result, forward)
 

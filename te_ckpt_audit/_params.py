@@ -95,6 +95,9 @@ class _Walk:
             subs = [open_jaxpr(s) for _, _, s in sub_jaxprs(eqn.params)]
             if subs and eqn.primitive is not jc.custom_jvp_call_p and eid is not None:
                 outs = self.call(eqn, subs, args, chain + (eid,))
+                params = [m for m, is_param in args if is_param and m]
+                if params:  # the call's own module: what a body the walk does not see takes (`Sites.module`)
+                    self.found.setdefault((eid, chain), _common(params) or ())
             else:
                 outs = self.leaf(eqn, eid, args, chain, producer)
             env.update(zip(eqn.outvars, outs, strict=False))

@@ -77,8 +77,14 @@ class Sites:
 
     def module(self, eid: str, calls: tuple[str, ...], scopes: Scopes) -> Scopes:
         """The module path of `eid` reached through `calls`: its name-stack `scopes`, after the
-        module its parameters name where the name stack names none."""
+        module its parameters name where the name stack names none. An equation the parameters'
+        flow does not reach (a custom_vjp's forward rule: TE's dense) takes the module of the
+        innermost call that it reaches."""
         named = self.param.get((eid, calls))
+        for i in range(len(calls), 0, -1):
+            if named:
+                break
+            named = self.param.get((calls[i - 1], calls[: i - 1]))
         return named + scopes if named else scopes
 
     def _at(self, eid: str, tags: frozenset[str]) -> tuple[Scopes, Origin, tuple[str, ...]]:

@@ -101,10 +101,14 @@ class SourceFinder:
         self._library = _library_files()
         self._cache: dict[int, tuple[jc.Traceback | None, Origin]] = {}
         self._files: dict[str, bool] = {}  # file name -> a library's; a trace has few files
+        self.packages: set[str] = set()  # the installed packages whose code made equations ("maxtext")
 
     def _is_library(self, filename: str) -> bool:
         if filename not in self._files:
             self._files[filename] = is_library_file(filename, self._library)
+            installed = re.search(r"[/\\](?:site|dist)-packages[/\\]([A-Za-z_][\w]*)", filename)
+            if installed:
+                self.packages.add(installed.group(1))
         return self._files[filename]
 
     def __call__(self, eqn: jc.JaxprEqn) -> Origin:

@@ -113,6 +113,11 @@ class Traced:
         return self.rows.has_remat
 
     @property
+    def packages(self) -> frozenset[str]:
+        """The installed packages whose code made equations of the trace ("maxtext", "flax")."""
+        return frozenset(self.rows.finder.packages)
+
+    @property
     def forward_flops(self) -> int:
         """FLOPs of one forward pass: every equation, times how often it runs."""
         return sum(e.flops * e.multiplicity for e in self.rows.equations())

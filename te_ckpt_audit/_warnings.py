@@ -176,22 +176,34 @@ def _batch_dims_missed(traced: Traced, spec: PolicySpec, result: PolicyResult) -
 # --- TE quantizations run again in the backward pass ------------------------------------------------
 
 def _requantized(traced: Traced, spec: PolicySpec, result: PolicyResult) -> TeRequantized | None:
-    """The policy recomputes TE quantizations: name them, the quantizers' checkpoint names, and a
-    spec that saves those names with the GEMM outputs (the backward pass then has the quantized
-    tensors it needs). Under delayed scaling the forward quantize also updates the amax history, so
-    it runs again whatever is saved: `name` says so."""
-    rows = [r for r in traced.rows.by_id.values() if r.equation.is_te_quantize]
-    again = [r for r in rows if result.mark(r.equation.id).outcome is Outcome.RECOMPUTED]
-    if not again or isinstance(spec, NoCheckpoint):
+    """The policy's backward pass runs TE quantizations again (the `requantized` count's): name
+    them, the quantizers' checkpoint names, and a spec that saves those names with the GEMM outputs
+    (the backward pass then has the quantized tensors it needs). Under delayed scaling the quantize
+    also updates the amax history, which the backward pass needs: it runs again whatever is saved,
+    so no spec is suggested, and what the policy keeps of quantized tensors is said."""
+    if not result.requantized_equations or isinstance(spec, NoCheckpoint):
         return None
+    again = [traced.rows.by_id[e] for e in result.requantized_equations]
+    delayed = any("DELAYED" in str(r.eqn.params.get("scaling_mode", "")) for r in again)
     names = sorted({
         e.name for e in (r.equation for r in traced.rows.by_id.values())
         if e.name and (e.is_te_quantize or e.dtype.startswith(("float8", "float4")))
     })
     base = spec.text if isinstance(spec, Preset) and spec.known.te_aware else "te_gemms_saveable"
-    suggestion = f"save_only_these_names:{','.join(names)}+{base}" if names else None
-    delayed = any("DELAYED" in str(r.eqn.params.get("scaling_mode", "")) for r in again)
+    suggestion = f"save_only_these_names:{','.join(names)}+{base}" if names and not delayed else None
     totals = [traced.rows.equation(r.equation.id) for r in again]
     where = tuple(dict.fromkeys(e.module or (f"{e.source.file}:{e.source.line}" if e.source else e.id) for e in totals))
     return TeRequantized(spec.text, tuple(e.id for e in totals), sum(e.flops * e.multiplicity for e in totals), where,
-                         tuple(names), suggestion, delayed, sum(e.multiplicity for e in totals))
+                         tuple(names), suggestion, delayed, sum(e.multiplicity for e in totals),
+                         result.totals.quantized_bytes if delayed else 0,
+                         _maxtext_policy(traced, result) if suggestion and "quantization" in names else None)
+
+
+def _maxtext_policy(traced: Traced, result: PolicyResult) -> str | None:
+    """For a model MaxText's code built: the `remat_policy` of its `minimal` family that saves the
+    quantizers (named `quantization` by its TE layers) with what the policy saves of `context`."""
+    if "maxtext" not in traced.packages:
+        return None
+    rows = traced.rows.by_id
+    saved = {rows[m.equation].equation.name for m in result.marks if m.outcome is Outcome.SAVED and m.equation in rows}
+    return "minimal_with_context_and_quantization" if "context" in saved else "minimal_with_quantization"

@@ -110,3 +110,49 @@ def test_a_scanned_layers_requantizations_are_one_count_said_one_way() -> None:
     assert (len(found.equations), found.runs, result.requantized) == (2, 6, 6)
     said = "nothing_saveable quantizes again in the backward pass: 6 TE quantizations"
     assert warning_message(found).startswith(said)
+
+
+MAXTEXT_LIKE = """\
+import jax, jax.numpy as jnp
+from sample_models.te_standin import dense
+
+def block(params, x):
+    for name in ("wi_0", "wo"):
+        with jax.named_scope("TEWrapper_dot_general"):  # the scope MaxText's TE wrapper module opens
+            x = jnp.tanh(dense(x, params["mlp"][name]["kernel"], fp8=True, quantization_name="quantization"))
+    return x
+
+def loss(params, x):
+    return jnp.sum(block(params["decoder"]["layers"], x))
+"""
+
+
+def test_a_maxtext_models_te_gemms_have_its_modules_and_the_fix_is_its_policy(tmp_path, monkeypatch) -> None:
+    """MaxText's TE layers (its code, installed: site-packages/maxtext) name the quantizers
+    `quantization` inside a TEWrapper module: each TE GEMM's module path is the MaxText module
+    whose kernel it multiplies, and the re-quantization's fix is the remat_policy to set."""
+    package = tmp_path / "site-packages" / "maxtext"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "mlp_block.py").write_text(MAXTEXT_LIKE)
+    monkeypatch.syspath_prepend(str(tmp_path / "site-packages"))
+    import importlib
+
+    model = importlib.import_module("maxtext.mlp_block")
+    kernel = jax.ShapeDtypeStruct((32, 32), jnp.float32)
+    params = {"decoder": {"layers": {"mlp": {"wi_0": {"kernel": kernel}, "wo": {"kernel": kernel}}}}}
+    report = audit(model.loss, params, jax.ShapeDtypeStruct((8, 32), jnp.float32), policies=["nothing_saveable"],
+                   params=0)
+    gemms = sorted({e.module for e in report.equations if e.is_te_gemm})
+    assert gemms == ["decoder/layers/mlp/wi_0/TEWrapper_dot_general", "decoder/layers/mlp/wo/TEWrapper_dot_general"]
+    (found,) = [w for w in report.results[0].warnings if w.code is WarningCode.TE_REQUANTIZED]
+    assert found.maxtext_policy == "minimal_with_quantization"
+    assert "remat_policy: 'minimal_with_quantization' in MaxText's config" in warning_message(found)
+    # the same model as the user's own code: the fix is the spec, no MaxText policy
+    (tmp_path / "own.py").write_text(MAXTEXT_LIKE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    own = importlib.import_module("own")
+    report = audit(own.loss, params, jax.ShapeDtypeStruct((8, 32), jnp.float32), policies=["nothing_saveable"],
+                   params=0)
+    (found,) = [w for w in report.results[0].warnings if w.code is WarningCode.TE_REQUANTIZED]
+    assert found.maxtext_policy is None and found.saving_spec == "save_only_these_names:quantization+te_gemms_saveable"

@@ -29,6 +29,7 @@ except Exception as exc:  # TE absent, or present without a (real or emulated) C
 from te_ckpt_audit import Category, Outcome, ResidualKind, WarningCode, audit, audit_target, policies
 from te_ckpt_audit._jax_compat import saved_residuals
 from te_ckpt_audit.records import AuditReport
+from te_ckpt_audit.render import warning_message
 
 pytestmark = [
     pytest.mark.te,
@@ -319,11 +320,17 @@ def test_blackwell_requantization_is_counted_and_the_saving_spec_ends_it(quant_c
         result = report.result(policy)
         assert result.requantized > 0, policy
         (warned,) = [w for w in result.warnings if w.code is WarningCode.TE_REQUANTIZED]
-        assert warned.delayed == (recipe == "delayed")
+        assert warned.delayed == (recipe == "delayed") and warned.runs == result.requantized
+        assert (warned.saving_spec is None) == (recipe == "delayed" or not warned.quantizer_names)
     if kind == "TransformerLayer":
         return  # its quantizers take no checkpoint name in TE 2.20.2: nothing to save them by
     saved = report.result(SAVING)
     if recipe == "delayed":  # the forward quantize updates the amax history: it runs again anyway
         assert saved.requantized > 0
+        # said though the quantize equations' outputs are saved: what saving them keeps, no spec to save more
+        (warned,) = [w for w in saved.warnings if w.code is WarningCode.TE_REQUANTIZED]
+        assert (warned.delayed, warned.saving_spec, warned.runs) == (True, None, saved.requantized)
+        assert warned.kept_bytes == saved.totals.quantized_bytes > 0
+        assert "runs again whatever is saved" in warning_message(warned)
     elif kind == "DenseGeneral" or recipe in ("current", "nvfp4"):
         assert saved.requantized == 0, (kind, recipe, saved.requantized)

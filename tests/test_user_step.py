@@ -338,6 +338,11 @@ class _FakeSession:
     def compiler(self, *_: Any) -> None:
         return None
 
+    def gpu_info(self, request: GpuRequest) -> Any:
+        from te_ckpt_audit._gpu import gpu_info
+
+        return gpu_info(request)
+
     def peaks(self, specs: Any, *_: Any) -> dict[str, PeakMemory]:
         out = {}
         for s in specs:

@@ -322,6 +322,9 @@ class PolicyResult:
     peak: PeakMemory | None = None  # only with --gpu
     requantized: int = 0  # TE quantizations that run again in the backward pass (every layer counted)
     requantize_flops: int = 0  # their recompute FLOPs
+    # Their equations: recomputed, whether or not a quantized output is also saved (under delayed
+    # scaling the quantize also makes the new amax history, which the backward pass makes again)
+    requantized_equations: tuple[str, ...] = ()
     # Why JAX could not differentiate the function under this policy; the row is then empty.
     error: str | None = None
     audited: bool = True  # False for a training step of the target's own: its residuals are inside it

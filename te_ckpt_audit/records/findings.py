@@ -99,6 +99,8 @@ class TeRequantized:
     saving_spec: str | None  # a spec that saves them with the GEMM outputs
     delayed: bool  # delayed scaling: the forward quantize updates the amax history, so it runs again anyway
     runs: int  # how many times they run again: each counted once per run (a scanned layer's, per layer)
+    kept_bytes: int = 0  # under delayed scaling: the quantized tensors the policy keeps all the same
+    maxtext_policy: str | None = None  # for a MaxText model: the remat_policy that saves the quantizers
     code: ClassVar[WarningCode] = WarningCode.TE_REQUANTIZED
 
 

@@ -177,6 +177,7 @@ JSON_SCHEMA: dict[str, Any] = {
                 },
                 requantized=_INT,
                 requantize_flops=_INT,
+                requantized_equations=_array(_STR),
                 error=_OPT_STR,
                 audited=_BOOL,
                 recompute_percent={"type": "number", "minimum": 0},

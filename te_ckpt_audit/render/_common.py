@@ -113,22 +113,23 @@ def warning_message(w: AuditWarning) -> str:
                 "checkpoint_dots_and_te_gemms), or name them with checkpoint_name and save the names"
             )
         case findings.TeRequantized():
-            fix = (
-                f"save the quantizers' checkpoint names with the GEMM outputs: --policy {w.saving_spec}"
-                if w.saving_spec
-                else "name them (TE's quantization_checkpoint_name='quantization' on its layers), then save "
-                "save_only_these_names:quantization+te_gemms_saveable"
-            )
-            delayed = (
-                "; under delayed scaling the forward quantize also updates the amax history, so it runs "
-                "again whatever is saved"
-                if w.delayed
-                else ""
-            )
-            return (
-                f"{w.policy} quantizes again in the backward pass: {w.runs} TE quantizations "
-                f"({format_flops(w.flops)}) at {', '.join(w.modules)}; {fix}{delayed}"
-            )
+            said = (f"{w.policy} quantizes again in the backward pass: {w.runs} TE quantizations "
+                    f"({format_flops(w.flops)}) at {', '.join(w.modules)}")
+            if w.delayed:  # saving the quantizers' names does not avoid these: say what it does
+                kept = f" (it keeps {format_bytes(w.kept_bytes)} of quantized tensors all the same)"
+                kept = kept if w.kept_bytes else ""
+                return (f"{said}: under delayed scaling each quantize also updates the amax history, which the "
+                        f"backward pass needs, so it runs again whatever is saved{kept}; current scaling "
+                        "(TE's Float8CurrentScaling, MaxText's te_fp8_currentscaling) with the quantizers' "
+                        "names saved runs none again")
+            if w.maxtext_policy:
+                return (f"{said}; save the quantizers (MaxText's TE layers name them quantization) with the "
+                        f"projections: remat_policy: '{w.maxtext_policy}' in MaxText's config (--policy "
+                        f"{w.saving_spec} here)")
+            if w.saving_spec:
+                return f"{said}; save the quantizers' checkpoint names with the GEMM outputs: --policy {w.saving_spec}"
+            return (f"{said}; name them (TE's quantization_checkpoint_name='quantization' on its layers), then "
+                    "save save_only_these_names:quantization+te_gemms_saveable")
         case findings.Remat3():
             return (
                 "jax_remat3 is on: jax.checkpoint takes another path, which this audit does not model; "
