@@ -15,6 +15,7 @@ from .audit_cmd import audit
 from .check_cmd import check
 from .exit_codes import ExitCode
 from .gpus_cmd import gpus
+from .maxtext_cmd import maxtext
 from .policies_cmd import policies
 from .recommend_cmd import recommend
 from .terminal import PROG, fail
@@ -66,6 +67,7 @@ app.command("check", short_help="Gate CI: audit every target of [tool.te-ckpt-au
 app.command("policies", short_help="List every policy spec --policy understands.")(policies)
 app.command("gpus", short_help="List the GPU models --gpu compiles a training step for.")(gpus)
 app.command("recommend", short_help="Find the policy that fits --budget with the least recompute.")(recommend)
+app.command("maxtext", short_help="Compile MaxText's own train step for GPUs, per remat_policy.")(maxtext)
 
 
 def run(args: Sequence[str]) -> int:

@@ -183,8 +183,9 @@ class Compiler:
 
     def _checked_options(self) -> tuple[tuple[str, Any], ...]:
         """The run's XLA_FLAGS as compile options, each checked on a trivial program first: a
-        flag XLA does not know as a compile option is left to XLA's own reading of XLA_FLAGS; a
-        value of the wrong type is tried as text, then refused."""
+        flag XLA does not know as a compile option, or whose value it takes only in XLA_FLAGS (an
+        enum's "on"), is left to XLA's own reading of XLA_FLAGS; a value of the wrong type is
+        tried as text first."""
         flags = [(name, _typed(value)) for name, value in xla_flags(self.request.environment.xla_flags)]
         if not flags:
             return ()
@@ -204,6 +205,8 @@ class Compiler:
                     options.pop(unknown.group(1))
                 elif wrong and wrong.group(1) in options and not isinstance(options[wrong.group(1)], str):
                     options[wrong.group(1)] = str(dict(xla_flags(self.request.environment.xla_flags))[wrong.group(1)])
+                elif wrong and wrong.group(1) in options:  # not as a compile option ("on" for an enum):
+                    options.pop(wrong.group(1))  # left to XLA's own reading, which took it when JAX started
                 else:
                     raise UsageError(f"XLA_FLAGS: XLA refuses them for a GPU compile: {first_line(exc)}",
                                      "fix the flag XLA names") from None

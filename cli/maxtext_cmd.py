@@ -1,0 +1,93 @@
+"""`te-ckpt-audit maxtext CONFIG [KEY=VALUE ...] --gpu h100`: MaxText's own train step, compiled
+for the GPUs its parallelism names, per `remat_policy`.
+
+The form is MaxText's own command line (`python -m maxtext.trainers.pre_train.train CONFIG
+key=value ...`), with `compile_topology_num_slices=N` for N hosts of 8 GPUs, as MaxText's
+ahead-of-time compile takes it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from te_ckpt_audit import UsageError
+from te_ckpt_audit.gating import check
+from te_ckpt_audit.gpus import DEFAULT_GPUS_PER_HOST
+from te_ckpt_audit.maxtext import REMAT_POLICIES, MaxTextRun, audit_maxtext, check_config_file, check_remat_policies
+
+from . import options as opt
+from . import process
+from .audit_cmd import renderer, table_view
+from .files import compile_cache
+from .options import GpuOptions, OutputFormat, OutputOptions
+from .terminal import (
+    at_the_edge,
+    check_report_destination,
+    emit,
+    progress_on_stderr,
+    report_gate,
+    stdout_kept_for_the_report,
+)
+
+RematPolicies = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--policy",
+        "-p",
+        metavar="REMAT_POLICY",
+        help="A MaxText remat_policy to compile the step under; repeat for several, `all` for every one "
+        f"({', '.join(REMAT_POLICIES)}). Default: as-is, the config's own.",
+        show_default=False,
+    ),
+]
+
+
+@at_the_edge
+def maxtext(
+    config: Annotated[str, typer.Argument(metavar="CONFIG", help="A MaxText config file (YAML), such as "
+                                          "MaxText's configs/gpu/models/llama2_7b.yml.", show_default=False)],
+    settings: Annotated[list[str] | None, typer.Argument(metavar="[KEY=VALUE]...", help="MaxText settings, as "
+                                                         "its command line takes them.", show_default=False)] = None,
+    policy: RematPolicies = None,
+    gpu: opt.GpuName = None,
+    gpu_config: opt.GpuConfig = None,
+    mem_fraction: opt.MemFraction = None,
+    fit: opt.Fit = False,
+    peak_budget: opt.PeakBudgets = None,
+    format: opt.Format = OutputFormat.TABLE,  # noqa: A002 (the option's name)
+    output: opt.Output = None,
+    debug: opt.Debug = False,
+    version: opt.Version = False,
+) -> int:
+    """Compile MaxText's own train step for GPUs (no GPU needed), under each remat_policy: the peak
+    per device, whether it fits at the run's memory fraction, and the least fraction it needs.
+
+    The step is MaxText's: its model, abstract train state and `train_step`, built as its
+    ahead-of-time compile builds them, traced on this machine's CPUs and laid on the GPU topology
+    of its mesh (compile_topology_num_slices=N: N hosts of 8 GPUs). Exit codes: 0 ok, 1 a check
+    failed, 2 usage or bad input, 3 MaxText failed to build the step, 4 internal error.
+    """
+    run = MaxTextRun(config, tuple(settings or ()))
+    if gpu is None and gpu_config is None:
+        raise UsageError("maxtext compiles MaxText's train step for a GPU", "add --gpu h100")
+    on_gpu = GpuOptions.parse(gpu, gpu_config, DEFAULT_GPUS_PER_HOST, None, mem_fraction, fit, peak_budget,
+                              compile_cache(), step=True, donate=[0])
+    assert on_gpu.request is not None
+    policies = list(policy or ["as-is"])
+    if "all" in policies:
+        policies = ["as-is", *REMAT_POLICIES]
+    check_remat_policies(policies)
+    check_config_file(run)
+    if format is OutputFormat.HTML or format is OutputFormat.GITHUB:
+        raise UsageError(f"--format {format.value} is audit's", "use table, json or markdown")
+    out = OutputOptions(format, None if output is None else Path(output), 10, None, False)
+    check_report_destination(out.output)
+    process.prepare(None, run.devices, on_gpu.request.model)
+    with stdout_kept_for_the_report(), progress_on_stderr() as progress:
+        report = audit_maxtext(run, policies, on_gpu.request, progress=progress,
+                               capture=process.xla_log_kept_off_stderr)
+    gate = check(report, peak=on_gpu.peak)
+    emit(renderer(out.format, table_view(out))(report, gate if on_gpu.peak.active else None), out.output)
+    return report_gate([gate], None)

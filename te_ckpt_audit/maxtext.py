@@ -1,0 +1,197 @@
+"""MaxText's own training step, compiled for GPUs that are not here (issue 28).
+
+MaxText's model, abstract train state and train step are built the way its ahead-of-time compile
+(`maxtext.trainers.pre_train.train_compile`) builds them, from MaxText's own functions: the config
+read by its `pyconfig` (with the `compile_topology` settings its AOT compile takes), the shaped
+state and batch of `get_shaped_inputs`, and `train.train_step` jitted with the shardings
+`get_functional_train_with_signature` gives it, the state donated. MaxText's AOT compile for GPUs
+mocks processes over `jax.devices()`, so it needs a GPU host; here the step is traced over this
+machine's virtual CPU devices with the config's mesh, and the GPU stage lays that mesh's axes and
+sizes over a CUDA topology of as many H100s (`_gpu._placement`): no GPU and no driver.
+
+Each `remat_policy` builds its own program (MaxText's decoder picks its checkpoint policy from the
+config), so each is a session of its own; `as-is` is the config's own value. The step is compiled
+as it is, not audited (its residuals are inside it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+
+from ._gpu._compiler import LogCapture
+from ._loading import user_code
+from ._mesh import cpu_devices
+from ._progress import Progress, quiet
+from ._session import Session
+from ._trace import trace
+from .errors import TargetError, UsageError, first_line
+from .gpus import GpuRequest
+from .records import AuditReport
+from .specs import AsIs
+
+GPUS_PER_SLICE = 8  # MaxText's accelerator map: "a3" (H100) is one host of 8 GPUs per slice
+INSTALL = "pip install --no-deps maxtext==0.2.5, then what its decoder imports (zoo/maxtext-requirements.txt)"
+
+# MaxText 0.2.5's remat_policy values (configs/base.yml, layers/nnx_decoders.py `get_remat_policy`)
+REMAT_POLICIES = (
+    "minimal_with_context", "minimal", "minimal_with_quantization", "minimal_with_context_and_quantization",
+    "save_dot_with_context_except_mlp", "save_dot_except_mlpwi", "save_dot_except_mlp", "save_qkv_proj",
+    "qkv_proj_offloaded", "minimal_offloaded", "save_out_proj", "full",
+)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class MaxTextRun:
+    """A MaxText run: its config file and its `key=value` settings, as MaxText's command line
+    takes them. `compile_topology_num_slices` (MaxText's AOT setting) is the number of hosts of 8
+    GPUs; 1 by default."""
+
+    config: str
+    settings: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for s in self.settings:
+            key, sep, _ = s.partition("=")
+            if not sep or not key.strip():
+                raise UsageError(f"MaxText setting {s!r} is not KEY=VALUE", "e.g. per_device_batch_size=4")
+
+    def value(self, key: str) -> str | None:
+        """The last value given for `key`, as MaxText reads its command line."""
+        found = [s.partition("=")[2] for s in self.settings if s.partition("=")[0].strip() == key]
+        return found[-1] if found else None
+
+    @property
+    def slices(self) -> int:
+        text = self.value("compile_topology_num_slices") or "1"
+        if not text.isdigit() or int(text) < 1:
+            raise UsageError(f"compile_topology_num_slices={text} must be a positive count of hosts",
+                             "compile_topology_num_slices=16 for 16 hosts of 8 GPUs")
+        return int(text)
+
+    @property
+    def devices(self) -> int:
+        return GPUS_PER_SLICE * self.slices
+
+    @property
+    def target(self) -> str:
+        return " ".join(["maxtext", self.config, *self.settings])
+
+
+def check_remat_policies(policies: Sequence[str]) -> None:
+    """Each one `as-is` or a remat_policy of MaxText's, else a UsageError naming it."""
+    unknown = [p for p in policies if p != "as-is" and p not in REMAT_POLICIES]
+    if unknown:
+        raise UsageError(f"{unknown[0]!r} is not a remat_policy of MaxText's",
+                         f"one of: as-is, {', '.join(REMAT_POLICIES)}")
+
+
+def check_config_file(run: MaxTextRun) -> None:
+    if not os.path.isfile(run.config):
+        raise UsageError(f"no such MaxText config: {run.config}", "a YAML file such as MaxText's configs/base.yml")
+
+
+def _argv(run: MaxTextRun, remat_policy: str | None) -> list[str | None]:
+    given = {s.partition("=")[0].strip() for s in run.settings}
+    ours = {"compile_topology": "a3", "compile_topology_num_slices": "1", "skip_jax_distributed_system": "True",
+            "enable_checkpointing": "False", "dataset_type": "synthetic"}
+    argv: list[str | None] = [None, run.config, *run.settings]
+    argv += [f"{k}={v}" for k, v in ours.items() if k not in given]
+    if remat_policy is not None:
+        argv.append(f"remat_policy={remat_policy}")
+    return argv
+
+
+def _config(run: MaxTextRun, remat_policy: str | None) -> Any:  # MaxText's HyperParameters
+    try:
+        from maxtext.configs import pyconfig
+    except ImportError as exc:
+        raise UsageError(f"MaxText cannot be imported ({first_line(exc)})", INSTALL) from None
+    check_config_file(run)
+    try:
+        return pyconfig.initialize(_argv(run, remat_policy))
+    except Exception as exc:  # noqa: BLE001 - MaxText's own validation says what is wrong
+        raise UsageError(f"MaxText refuses the config: {type(exc).__name__}: {first_line(exc)}",
+                         "fix the setting MaxText names") from None
+
+
+def _sharding_or_none(x: object) -> bool:
+    return x is None or isinstance(x, jax.sharding.Sharding)
+
+
+def _placed(sharding: jax.sharding.Sharding | None, values: Any) -> Any:
+    """`values`' shapes, each with the sharding MaxText's jit takes it with (a prefix of them)."""
+    return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding), values)
+
+
+def maxtext_session(run: MaxTextRun, remat_policy: str | None = None) -> Session:
+    """MaxText's train step for `run` (its remat policy set to `remat_policy`; the config's own
+    with None), traced over the config's mesh of virtual CPU devices, as a session of a training
+    step of its own."""
+    config = _config(run, remat_policy)
+    with user_code(run.target):
+        from flax.core.spmd import logical_axis_rules
+        from jax.sharding import AxisType, Mesh
+        from maxtext.trainers.pre_train import train, train_compile
+        from maxtext.utils import maxtext_utils, sharding
+
+        devices = cpu_devices(run.devices)
+        axis_type = AxisType.Explicit if str(config.shard_mode).lower().endswith("explicit") else AxisType.Auto
+        mesh = Mesh(maxtext_utils.create_device_mesh(config, devices), config.mesh_axes,
+                    axis_types=(axis_type,) * len(config.mesh_axes))
+        try:
+            # MaxText's code mixes dtypes under JAX's default (standard) promotion, as its train.py runs it
+            with jax.set_mesh(mesh), logical_axis_rules(config.logical_axis_rules), \
+                    jax.numpy_dtype_promotion("standard"):
+                (args, kwargs, state_shardings, _, model) = train_compile.get_shaped_inputs(mesh, config)
+                params_shardings, state_shardings = sharding.maybe_update_params_sharding_with_opt(
+                    config, state_shardings)
+                state_in = sharding.build_zero1_input_state_mesh_shardings(config, state_shardings, params_shardings)
+                data = sharding.get_input_data_sharding(config, mesh)
+                fn, in_shard, out_shard, static, donate = maxtext_utils.get_functional_train_with_signature(
+                    train.train_step, data, state_in, model, config, params_shardings)
+                step = jax.jit(fn, in_shardings=in_shard, out_shardings=out_shard, static_argnums=static,
+                               donate_argnums=donate)
+                placed = jax.tree.map(_placed, in_shard, args, is_leaf=_sharding_or_none)
+
+                def train_step(state: Any, batch: Any) -> Any:
+                    with logical_axis_rules(config.logical_axis_rules), jax.numpy_dtype_promotion("standard"):
+                        return step(state, batch, **kwargs)
+
+                traced = trace(train_step, placed, run.target, differentiable=False)
+        except (UsageError, TargetError):
+            raise
+        except Exception as exc:
+            raise TargetError(f"building MaxText's train step raised {type(exc).__name__}: {first_line(exc)}",
+                              "check the config's settings ($debug$)") from exc
+    rebuild = functools.partial(maxtext_session, run, remat_policy)
+    return Session(traced, rebuild=rebuild, own_step=True)
+
+
+def audit_maxtext(
+    run: MaxTextRun,
+    remat_policies: Sequence[str] = ("as-is",),
+    gpu: GpuRequest | None = None,
+    *,
+    progress: Progress = quiet,
+    capture: LogCapture | None = None,
+) -> AuditReport:
+    """One row per MaxText `remat_policy` (`as-is`: the config's own), each the peak of MaxText's
+    own train step compiled for `gpu` (its state donated), as one report."""
+    check_remat_policies(remat_policies)
+    if gpu is not None:
+        gpu = dataclasses.replace(gpu, step=True, donate=(0,), optimizer=None)
+    rows, first = [], None
+    for policy in dict.fromkeys(remat_policies):
+        progress(f"building MaxText's train step ({'the config' if policy == 'as-is' else policy}'s remat)")
+        session = maxtext_session(run, None if policy == "as-is" else policy)
+        first = first or session
+        report = session.report([AsIs()], gpu=gpu, progress=progress, capture=capture)
+        rows.append(dataclasses.replace(report.results[0], policy=policy))
+    assert first is not None
+    return first.report_of(rows, gpu)

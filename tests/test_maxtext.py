@@ -1,0 +1,120 @@
+"""`te-ckpt-audit maxtext CONFIG key=value --gpu h100`: MaxText's own train step compiled for GPUs
+that are not here (issue 28).
+
+Truth: the step the tool traces on CPU devices and lays on the GPU topology compiles to the same
+memory plan, byte for byte, as MaxText's train step lowered the way its own ahead-of-time compile
+lowers it (`train_compile.get_shaped_inputs`, `get_functional_train_with_signature`, jit with its
+shardings) directly on a mesh of those GPUs. The compiles run where MaxText and the [gpu] extra are
+(the gpu-target lane installs both); the refusals everywhere.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import jax
+import pytest
+from _gpu_lane import LANE, MISSING_GPU_TARGET, cli
+
+from te_ckpt_audit import UsageError
+from te_ckpt_audit.gpus import GpuEnvironment, GpuRequest, gpu_model
+from te_ckpt_audit.maxtext import MaxTextRun, audit_maxtext, check_remat_policies
+
+HAS_MAXTEXT = importlib.util.find_spec("maxtext") is not None
+MISSING = MISSING_GPU_TARGET or (None if HAS_MAXTEXT else "maxtext is not installed")
+compiles = pytest.mark.skipif(MISSING is not None and not LANE, reason=f"cannot compile MaxText here: {MISSING}")
+TINY = ("base_emb_dim=64", "base_num_query_heads=4", "base_num_kv_heads=4", "head_dim=16", "base_mlp_dim=128",
+        "base_num_decoder_layers=2", "vocab_size=128", "max_target_length=16", "per_device_batch_size=2",
+        "attention=dot_product", "scan_layers=True", "hardware=gpu", "ici_fsdp_parallelism=8")
+# MaxText's and its dependencies' own warnings (deprecations in their code) are theirs, not failures
+pytestmark = [pytest.mark.filterwarnings(f"ignore::{kind}") for kind in ("DeprecationWarning", "UserWarning",
+                                                                          "FutureWarning")]
+CUBLAS = "--xla_gpu_enable_triton_gemm=false"  # one GEMM backend: the independent compile below uses the same
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _the_lane_has_everything() -> None:
+    if LANE and MISSING is not None:
+        pytest.fail(f"the gpu-target lane cannot compile MaxText: {MISSING}")
+
+
+def _base_yml() -> str:
+    import maxtext.configs
+
+    return os.path.join(os.path.dirname(maxtext.configs.__file__), "base.yml")
+
+
+def _maxtexts_own_compile(run: MaxTextRun, request: GpuRequest) -> object:
+    """MaxText's train step lowered as its AOT compile lowers it, on a mesh of the GPU topology's
+    devices (its `get_topology_mesh` does this over mocked GPU processes), compiled with the run's
+    flag; its memory analysis."""
+    from flax.core.spmd import logical_axis_rules
+    from jax.sharding import AxisType, Mesh
+    from maxtext.configs import pyconfig
+    from maxtext.trainers.pre_train import train, train_compile
+    from maxtext.utils import maxtext_utils, sharding
+
+    from te_ckpt_audit import _jax_compat as jc
+
+    config = pyconfig.initialize([None, run.config, *run.settings, "compile_topology=a3",
+                                  "compile_topology_num_slices=1", "skip_jax_distributed_system=True",
+                                  "enable_checkpointing=False", "dataset_type=synthetic"])
+    memory = request.planning_memory(request.mem_fraction)
+    topology = jc.cuda_topology(request.model.config_text(memory), request.topology(run.devices))
+    mesh = Mesh(maxtext_utils.create_device_mesh(config, list(topology.devices)), config.mesh_axes,
+                axis_types=(AxisType.Auto,) * len(config.mesh_axes))
+    with jax.numpy_dtype_promotion("standard"):  # MaxText's (the tests run strict)
+        args, kwargs, state_shardings, _, model = train_compile.get_shaped_inputs(mesh, config)
+    params_shardings, state_shardings = sharding.maybe_update_params_sharding_with_opt(config, state_shardings)
+    state_in = sharding.build_zero1_input_state_mesh_shardings(config, state_shardings, params_shardings)
+    data = sharding.get_input_data_sharding(config, mesh)
+    fn, in_shard, out_shard, static, donate = maxtext_utils.get_functional_train_with_signature(
+        train.train_step, data, state_in, model, config, params_shardings)
+    with jax.set_mesh(mesh), logical_axis_rules(config.logical_axis_rules), jax.numpy_dtype_promotion("standard"):
+        lowered = jax.jit(fn, in_shardings=in_shard, out_shardings=out_shard, static_argnums=static,
+                          donate_argnums=donate).lower(*args, **kwargs)
+    return lowered.compile(compiler_options={"xla_gpu_enable_triton_gemm": False}).memory_analysis()
+
+
+@compiles
+def test_the_step_is_maxtexts_own_byte_for_byte() -> None:
+    run = MaxTextRun(_base_yml(), TINY)
+    request = GpuRequest(gpu_model("h100"), environment=GpuEnvironment(xla_flags=CUBLAS))
+    report = audit_maxtext(run, ["as-is", "full"], request)
+    assert [r.policy for r in report.results] == ["as-is", "full"]
+    assert report.gpu is not None and report.gpu.mesh_source == "model" and "fsdp=8" in (report.gpu.mesh or "")
+    assert report.step is not None and report.step.own
+    peak = report.results[0].peak
+    assert peak is not None and peak.error is None and peak.backends == ("cublas",), peak
+    truth = _maxtexts_own_compile(run, request)
+    assert (peak.argument_bytes, peak.output_bytes, peak.alias_bytes, peak.temp_bytes) == (
+        truth.argument_size_in_bytes, truth.output_size_in_bytes, truth.alias_size_in_bytes,
+        truth.temp_size_in_bytes)
+    assert peak.fits is True and peak.least_fraction is not None
+    full = report.results[1].peak
+    assert full is not None and full.error is None and full.argument_bytes == peak.argument_bytes  # the same state
+
+
+def test_settings_and_policies_are_checked_before_anything_runs() -> None:
+    with pytest.raises(UsageError, match="is not KEY=VALUE"):
+        MaxTextRun("base.yml", ("per_device_batch_size",))
+    with pytest.raises(UsageError, match="'minimal_please' is not a remat_policy of MaxText's"):
+        check_remat_policies(["as-is", "minimal_please"])
+    assert MaxTextRun("c.yml", ("compile_topology_num_slices=16",)).devices == 128
+    with pytest.raises(UsageError, match="compile_topology_num_slices=0"):
+        _ = MaxTextRun("c.yml", ("compile_topology_num_slices=0",)).devices
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    (["nosuch.yml", "--gpu", "h100"], "no such MaxText config: nosuch.yml"),
+    (["c.yml", "per_device_batch_size", "--gpu", "h100"], "MaxText setting 'per_device_batch_size' is not KEY=VALUE"),
+    (["c.yml", "-p", "minimal_please", "--gpu", "h100"], "'minimal_please' is not a remat_policy of MaxText's"),
+    (["c.yml"], "maxtext compiles MaxText's train step for a GPU"),
+], ids=["no-config", "not-key-value", "unknown-policy", "no-gpu"])
+def test_bad_input_is_exit_2_in_one_line(tmp_path: Path, args: list[str], said: str) -> None:
+    (tmp_path / "c.yml").write_text("base_config: base.yml\n")
+    run = cli("maxtext", *args, cwd=tmp_path)
+    lines = run.stderr.strip().splitlines()
+    assert run.returncode == 2 and len(lines) == 1 and said in lines[0], run.stderr
