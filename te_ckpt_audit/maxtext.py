@@ -35,6 +35,10 @@ from .gpus import GpuRequest
 from .records import AuditReport
 from .specs import AsIs
 
+# MaxText's cuDNN flash attention through TE finds no fused backend without a GPU driver (TE falls
+# back to unfused attention, which keeps every S x S score); JAX's own cuDNN flash attention
+# compiles for the GPU target from here, with the same kernel's memory (its softmax statistics)
+TE_FLASH, JAX_FLASH = "cudnn_flash_te", "cudnn_flash_jax"
 GPUS_PER_SLICE = 8  # MaxText's accelerator map: "a3" (H100) is one host of 8 GPUs per slice
 INSTALL = "pip install --no-deps maxtext==0.2.5, then what its decoder imports (zoo/maxtext-requirements.txt)"
 
@@ -134,7 +138,12 @@ def maxtext_session(run: MaxTextRun, remat_policy: str | None = None) -> Session
     with None), traced over the config's mesh of virtual CPU devices, as a session of a training
     step of its own."""
     config = _config(run, remat_policy)
-    with user_code(run.target):
+    target = run.target
+    if str(config.attention) == TE_FLASH:  # TE's fused attention needs a GPU driver: JAX's cuDNN flash stands in
+        run = dataclasses.replace(run, settings=(*run.settings, f"attention={JAX_FLASH}"))
+        config = _config(run, remat_policy)
+        target = f"{target} [attention={JAX_FLASH}, standing in for {TE_FLASH}]"
+    with user_code(target):
         from flax.core.spmd import logical_axis_rules
         from jax.sharding import AxisType, Mesh
         from maxtext.trainers.pre_train import train, train_compile
@@ -163,7 +172,7 @@ def maxtext_session(run: MaxTextRun, remat_policy: str | None = None) -> Session
                     with logical_axis_rules(config.logical_axis_rules), jax.numpy_dtype_promotion("standard"):
                         return step(state, batch, **kwargs)
 
-                traced = trace(train_step, placed, run.target, differentiable=False)
+                traced = trace(train_step, placed, target, differentiable=False)
         except (UsageError, TargetError):
             raise
         except Exception as exc:

@@ -20,7 +20,7 @@ from _gpu_lane import LANE, MISSING_GPU_TARGET, cli
 
 from te_ckpt_audit import UsageError
 from te_ckpt_audit.gpus import GpuEnvironment, GpuRequest, gpu_model
-from te_ckpt_audit.maxtext import MaxTextRun, audit_maxtext, check_remat_policies
+from te_ckpt_audit.maxtext import REMAT_POLICIES, MaxTextRun, audit_maxtext, check_remat_policies
 
 HAS_MAXTEXT = importlib.util.find_spec("maxtext") is not None
 MISSING = MISSING_GPU_TARGET or (None if HAS_MAXTEXT else "maxtext is not installed")
@@ -95,6 +95,23 @@ def test_the_step_is_maxtexts_own_byte_for_byte() -> None:
     assert peak.fits is True and peak.least_fraction is not None
     full = report.results[1].peak
     assert full is not None and full.error is None and full.argument_bytes == peak.argument_bytes  # the same state
+
+
+@compiles
+def test_every_remat_policy_of_maxtexts_compiles_to_a_peak() -> None:
+    """Two small scanned llama2 layers under each remat_policy MaxText has: a peak for every one, the
+    same train state in each, and as-is (base.yml's own `full`) the same program as `full`."""
+    run = MaxTextRun(_base_yml(), TINY)
+    request = GpuRequest(gpu_model("h100"), environment=GpuEnvironment(xla_flags=CUBLAS))
+    report = audit_maxtext(run, ["as-is", *REMAT_POLICIES], request)
+    assert [r.policy for r in report.results] == ["as-is", *REMAT_POLICIES]
+    peaks = {r.policy: r.peak for r in report.results}
+    for policy, peak in peaks.items():
+        assert peak is not None and peak.error is None and peak.bytes_per_device, (policy, peak)
+    assert len({p.argument_bytes for p in peaks.values() if p is not None}) == 1
+    as_is, full = peaks["as-is"], peaks["full"]
+    assert as_is is not None and full is not None
+    assert (as_is.bytes_per_device, as_is.temp_bytes) == (full.bytes_per_device, full.temp_bytes)
 
 
 def test_settings_and_policies_are_checked_before_anything_runs() -> None:

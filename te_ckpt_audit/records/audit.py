@@ -1,5 +1,5 @@
 """The audit's records: what one target's trace holds and what each policy keeps, recomputes and
-offloads; `AuditReport.to_dict()` is the versioned JSON document (schema ``te-ckpt-audit/4``)."""
+offloads; `AuditReport.to_dict()` is the versioned JSON document (schema ``te-ckpt-audit/5``)."""
 
 from __future__ import annotations
 
@@ -373,7 +373,7 @@ class AuditReport:
         return tuple(w for r in self.results for w in r.warnings)
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON document (schema ``te-ckpt-audit/4``): plain, ordered, deterministic."""
+        """The JSON document (schema ``te-ckpt-audit/5``): plain, ordered, deterministic."""
         return {"schema": SCHEMA, **_plain(self)}
 
 

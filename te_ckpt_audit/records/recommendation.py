@@ -1,5 +1,5 @@
 """What `recommend` found: every candidate policy it analysed, the Pareto frontier and the winner;
-`Recommendation.to_dict()` is the JSON document (schema ``te-ckpt-audit-recommend/3``)."""
+`Recommendation.to_dict()` is the JSON document (schema ``te-ckpt-audit-recommend/4``)."""
 
 from __future__ import annotations
 
@@ -116,7 +116,7 @@ class Recommendation:
         return self.recommended is not None
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON document (schema ``te-ckpt-audit-recommend/3``): plain, ordered, deterministic."""
+        """The JSON document (schema ``te-ckpt-audit-recommend/4``): plain, ordered, deterministic."""
         return {
             "schema": RECOMMEND,
             "target": self.target,
