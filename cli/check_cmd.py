@@ -17,20 +17,9 @@ from te_ckpt_audit.records import Run
 from te_ckpt_audit.render import render_check_github, render_check_json, render_check_markdown, render_check_table
 
 from . import options as opt
-from . import process
+from . import process, terminal
 from .files import check_baseline_file, compile_cache, same_file, save_baseline
 from .options import OutputFormat, default_jobs
-from .terminal import (
-    PROG,
-    at_the_edge,
-    check_report_destination,
-    emit,
-    progress_on_stderr,
-    report_gate,
-    report_policy_errors,
-    say,
-    stdout_kept_for_the_report,
-)
 
 ConfigPath = Annotated[
     str,
@@ -68,7 +57,7 @@ def check_renderer(fmt: OutputFormat) -> Callable[[Sequence[Run]], str]:
             assert_never(fmt)
 
 
-@at_the_edge
+@terminal.at_the_edge
 def check(
     config: ConfigPath = "pyproject.toml",
     format: opt.Format = OutputFormat.TABLE,  # noqa: A002 (the option's name)
@@ -83,7 +72,7 @@ def check(
     --format github prints annotations."""
     render = check_renderer(format)  # --format html fails here, before any target runs
     written = output
-    check_report_destination(written)
+    terminal.check_report_destination(written)
     cfg = load_config(config)
     baseline = cfg.baseline
     reference = None
@@ -97,7 +86,7 @@ def check(
         if not baseline.exists():
             raise UsageError(
                 f"baseline {cfg.baseline} (named in {config}) does not exist",
-                f"create it with `{PROG} check --save-baseline`, and commit it",
+                f"create it with `{terminal.PROG} check --save-baseline`, and commit it",
             )
         reference = load_baseline(baseline)
     meshes = [t.mesh.devices for t in cfg.targets if t.mesh is not None and t.shardings is ShardingSource.COMPILED]
@@ -107,16 +96,17 @@ def check(
     targets = [t if t.gpu is None else dataclasses.replace(t, gpu=_in_this_environment(t.gpu)) for t in cfg.targets]
     runs: list[Run] = []
     jobs = default_jobs() if any(t.gpu is not None for t in targets) else 1
-    with stdout_kept_for_the_report(), progress_on_stderr() as progress, process.running(jobs) as pool:
+    quiet_stdout, compiling_on = terminal.stdout_kept_for_the_report(), process.running(jobs)
+    with quiet_stdout, terminal.progress_on_stderr() as progress, compiling_on as pool:
         for t in targets:
             runs.append(
                 check_target(t, baseline=reference, tolerance=cfg.tolerance, require_baseline=require_baseline,
                              progress=progress, executor=pool, capture=process.xla_log_kept_off_stderr)
             )
-    emit(render(runs), written)
+    terminal.emit(render(runs), written)
     if save_baseline_flag:
         assert baseline is not None
         save_baseline(baseline, [(result.key, report) for report, result in runs if result.key is not None])
-        say(f"{PROG}: baseline written to {cfg.baseline}")
-    code = report_gate([result for _, result in runs], cfg.baseline)
-    return report_policy_errors([report for report, _ in runs], code)
+        terminal.say(f"{terminal.PROG}: baseline written to {cfg.baseline}")
+    code = terminal.report_gate([result for _, result in runs], cfg.baseline)
+    return terminal.report_policy_errors([report for report, _ in runs], code)

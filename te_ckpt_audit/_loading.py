@@ -25,12 +25,29 @@ from typing import Any
 import jax
 
 from ._source import raised_in_user_code, user_location
-from .config import Defines, split_target
 from .errors import AuditError, TargetError, UsageError, first_line
 
 Placement = jax.sharding.Mesh | jax.sharding.AbstractMesh | None  # where the inputs are placed
+Defines = Mapping[str, str]  # `-D key=value`: keyword parameters of the inputs callable, raw text
 INPUTS_SUFFIX = "_inputs"
 FALLBACK_INPUTS = "example_inputs"
+
+
+def split_target(text: str, what: str = "target") -> tuple[str, str]:
+    """`FILE.py:NAME` or `package.module:NAME` as (where, name).
+
+    >>> split_target("sample_models/gpt.py:loss")
+    ('sample_models/gpt.py', 'loss')
+    """
+    where, sep, attr = text.strip().rpartition(":")
+    if not text.strip():
+        raise UsageError(f"empty {what}", "give FILE.py:NAME or package.module:NAME")
+    if not sep or not where or not attr:
+        raise UsageError(
+            f"{what} {text!r} is not of the form FILE.py:NAME or package.module:NAME",
+            "e.g. sample_models/gpt.py:loss",
+        )
+    return where, attr
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -11,8 +11,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
+from ._loading import Defines, split_target
 from ._textfile import read_text
-from .config import Defines, parse_mesh, split_target
+from .config import parse_mesh
 from .errors import UsageError
 from .gating import gated_bytes
 from .gpus import GpuRequest

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from . import gpus
+from ._loading import Defines as Defines  # the -D mapping, as the command line types it
 from ._textfile import read_text
 from ._trained import parse_params
 from .errors import UsageError
@@ -49,7 +50,6 @@ from .records import Budget, MeshAxis, MeshSpec, Scope, ShardingSource
 from .sizes import parse_size, percent_limit
 from .specs import PolicyLike
 
-Defines = Mapping[str, str]  # `-D key=value`: keyword parameters of the inputs callable, raw text
 MAX_DEFINE = 4096  # characters in one -D value: no size or flag is longer
 
 _GPU_KEYS = {"gpu", "gpu_config", "optimizer", "gpus_per_host", "mem_fraction", "fit"}
@@ -88,23 +88,6 @@ class Config:
 
 
 # --- targets, defines and meshes as typed on the command line ------------------------------------
-
-
-def split_target(text: str, what: str = "target") -> tuple[str, str]:
-    """`FILE.py:NAME` or `package.module:NAME` as (where, name).
-
-    >>> split_target("sample_models/gpt.py:loss")
-    ('sample_models/gpt.py', 'loss')
-    """
-    where, sep, attr = text.strip().rpartition(":")
-    if not text.strip():
-        raise UsageError(f"empty {what}", "give FILE.py:NAME or package.module:NAME")
-    if not sep or not where or not attr:
-        raise UsageError(
-            f"{what} {text!r} is not of the form FILE.py:NAME or package.module:NAME",
-            "e.g. sample_models/gpt.py:loss",
-        )
-    return where, attr
 
 
 def parse_defines(pairs: Sequence[str]) -> dict[str, str]:
