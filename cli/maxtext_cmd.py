@@ -15,11 +15,20 @@ import typer
 from te_ckpt_audit import UsageError
 from te_ckpt_audit.gating import check
 from te_ckpt_audit.gpus import DEFAULT_GPUS_PER_HOST
-from te_ckpt_audit.maxtext import REMAT_POLICIES, MaxTextRun, audit_maxtext, check_config_file, check_remat_policies
+from te_ckpt_audit.maxtext import (
+    REMAT_POLICIES,
+    MaxTextRun,
+    audit_maxtext,
+    check_config_file,
+    check_remat_policies,
+    recommend_maxtext,
+)
+from te_ckpt_audit.render import render_maxtext_recommend_json, render_maxtext_recommend_text
 
 from . import options as opt
 from . import process
 from .audit_cmd import renderer, table_view
+from .exit_codes import ExitCode
 from .files import compile_cache
 from .options import GpuOptions, OutputFormat, OutputOptions
 from .terminal import (
@@ -42,6 +51,19 @@ RematPolicies = Annotated[
         show_default=False,
     ),
 ]
+Recommend = Annotated[
+    bool,
+    typer.Option("--recommend", help="Find the remat_policy and per-device batch (--batch) that fit with the "
+                 "least recompute, in MaxText's own order of its policies; print the config lines to paste."),
+]
+Batches = Annotated[
+    list[str] | None,
+    typer.Option("--batch", metavar="N", help="With --recommend: a per_device_batch_size to try (repeat; the "
+                 "largest that fits wins). Default: the config's own.", show_default=False),
+]
+MaxCompiles = Annotated[
+    int, typer.Option("--max-compiles", metavar="N", help="With --recommend: compile the step at most N times."),
+]
 
 
 @at_the_edge
@@ -54,6 +76,9 @@ def maxtext(
     gpu: opt.GpuName = None,
     gpu_config: opt.GpuConfig = None,
     mem_fraction: opt.MemFraction = None,
+    recommend: Recommend = False,
+    batch: Batches = None,
+    max_compiles: MaxCompiles = 24,
     fit: opt.Fit = False,
     peak_budget: opt.PeakBudgets = None,
     format: opt.Format = OutputFormat.TABLE,  # noqa: A002 (the option's name)
@@ -82,9 +107,22 @@ def maxtext(
     check_config_file(run)
     if format is OutputFormat.HTML or format is OutputFormat.GITHUB:
         raise UsageError(f"--format {format.value} is audit's", "use table, json or markdown")
+    if (batch or max_compiles != 24) and not recommend:
+        raise UsageError("--batch and --max-compiles are about --recommend's search", "add --recommend")
+    if recommend and (policy or on_gpu.peak.active):
+        raise UsageError("--recommend searches MaxText's remat policies itself", "drop --policy, --fit, --peak-budget")
+    if recommend and format not in (OutputFormat.TABLE, OutputFormat.JSON):
+        raise UsageError(f"--format {format.value}: --recommend writes table or json", "--format json")
     out = OutputOptions(format, None if output is None else Path(output), 10, None, False)
     check_report_destination(out.output)
     process.prepare(None, run.devices, on_gpu.request.model)
+    if recommend:
+        with stdout_kept_for_the_report(), progress_on_stderr() as progress:
+            found = recommend_maxtext(run, on_gpu.request, tuple(batch or ()), max_compiles=max_compiles,
+                                      progress=progress, capture=process.xla_log_kept_off_stderr)
+        text = render_maxtext_recommend_json if out.format is OutputFormat.JSON else render_maxtext_recommend_text
+        emit(text(found), out.output)
+        return ExitCode.OK if found.chosen is not None else ExitCode.CHECK_FAILED
     with stdout_kept_for_the_report(), progress_on_stderr() as progress:
         report = audit_maxtext(run, policies, on_gpu.request, progress=progress,
                                capture=process.xla_log_kept_off_stderr)

@@ -32,7 +32,7 @@ from ._session import Session
 from ._trace import trace
 from .errors import TargetError, UsageError, first_line
 from .gpus import GpuRequest
-from .records import AuditReport
+from .records import AuditReport, MaxTextPoint, MaxTextRecommendation
 from .specs import AsIs
 
 # MaxText's cuDNN flash attention through TE finds no fused backend without a GPU driver (TE falls
@@ -45,6 +45,15 @@ INSTALL = "pip install --no-deps maxtext==0.2.5, then what its decoder imports (
 # MaxText 0.2.5's remat_policy values (configs/base.yml, layers/nnx_decoders.py `get_remat_policy`)
 REMAT_POLICIES = (
     "minimal_with_context", "minimal", "minimal_with_quantization", "minimal_with_context_and_quantization",
+    "save_dot_with_context_except_mlp", "save_dot_except_mlpwi", "save_dot_except_mlp", "save_qkv_proj",
+    "qkv_proj_offloaded", "minimal_offloaded", "save_out_proj", "full",
+)
+
+
+# Fastest first: MaxText's own order ("a trade-off between speed (fastest to slowest) and HBM usage
+# (highest to lowest)", configs/base.yml), the variants that save TE's quantizers beside theirs
+BY_SPEED = (
+    "minimal_with_context_and_quantization", "minimal_with_context", "minimal_with_quantization", "minimal",
     "save_dot_with_context_except_mlp", "save_dot_except_mlpwi", "save_dot_except_mlp", "save_qkv_proj",
     "qkv_proj_offloaded", "minimal_offloaded", "save_out_proj", "full",
 )
@@ -133,6 +142,22 @@ def _placed(sharding: jax.sharding.Sharding | None, values: Any) -> Any:
     return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding), values)
 
 
+def _device_mesh(config: Any, devices: list[jax.Device]) -> Any:  # an ndarray of devices
+    """The CPU devices as MaxText's mesh: its own `create_device_mesh` on one slice; over several
+    (hosts), whose hybrid mesh needs each device's slice, the same shape: each axis's ICI
+    parallelism times its DCN parallelism, as MaxText fills them in. The GPU stage lays the shape
+    on the topology's hosts."""
+    import numpy as np
+    from maxtext.utils import max_utils, maxtext_utils
+
+    if config.num_slices == 1:
+        return maxtext_utils.create_device_mesh(config, devices)
+    per_slice = len(devices) // config.num_slices
+    ici = max_utils.fill_unspecified_mesh_axes(list(config.ici_parallelism), per_slice, "ICI")
+    dcn = max_utils.fill_unspecified_mesh_axes(list(config.dcn_parallelism), config.num_slices, "DCN")
+    return np.array(devices).reshape([i * d for i, d in zip(ici, dcn, strict=True)])
+
+
 def maxtext_session(run: MaxTextRun, remat_policy: str | None = None) -> Session:
     """MaxText's train step for `run` (its remat policy set to `remat_policy`; the config's own
     with None), traced over the config's mesh of virtual CPU devices, as a session of a training
@@ -151,9 +176,9 @@ def maxtext_session(run: MaxTextRun, remat_policy: str | None = None) -> Session
 
         devices = cpu_devices(run.devices)
         axis_type = AxisType.Explicit if str(config.shard_mode).lower().endswith("explicit") else AxisType.Auto
-        mesh = Mesh(maxtext_utils.create_device_mesh(config, devices), config.mesh_axes,
-                    axis_types=(axis_type,) * len(config.mesh_axes))
         try:
+            mesh = Mesh(_device_mesh(config, devices), config.mesh_axes,
+                        axis_types=(axis_type,) * len(config.mesh_axes))
             # MaxText's code mixes dtypes under JAX's default (standard) promotion, as its train.py runs it
             with jax.set_mesh(mesh), logical_axis_rules(config.logical_axis_rules), \
                     jax.numpy_dtype_promotion("standard"):
@@ -204,3 +229,44 @@ def audit_maxtext(
         rows.append(dataclasses.replace(report.results[0], policy=policy))
     assert first is not None
     return first.report_of(rows, gpu)
+
+
+def recommend_maxtext(
+    run: MaxTextRun,
+    gpu: GpuRequest,
+    batch_sizes: Sequence[str] = (),
+    *,
+    max_compiles: int = 24,
+    progress: Progress = quiet,
+    capture: LogCapture | None = None,
+) -> MaxTextRecommendation:
+    """The largest of `batch_sizes` (the config's own without them) at which one of MaxText's
+    remat policies fits on `gpu`, and at it the fastest that fits, in MaxText's own order: the
+    batches tried largest first, the policies fastest first, each point compiled, until one fits
+    (at most `max_compiles` compiles of the step)."""
+    if max_compiles < 1:
+        raise UsageError(f"$max_compiles$ {max_compiles} must be at least 1", "e.g. $max_compiles$ 24")
+    gpu = dataclasses.replace(gpu, step=True, donate=(0,), optimizer=None)
+    given = run.value("per_device_batch_size")
+    for size in batch_sizes:
+        try:
+            if float(size) <= 0:
+                raise ValueError(size)
+        except ValueError:
+            raise UsageError(f"$batch$ {size} is not a positive per-device batch size", "e.g. $batch$ 4") from None
+    sizes = sorted(dict.fromkeys(batch_sizes), key=float, reverse=True) if batch_sizes else [given or ""]
+    tried: list[MaxTextPoint] = []
+    first: Session | None = None
+    for size in sizes:
+        at = run if not size else dataclasses.replace(run, settings=(*run.settings, f"per_device_batch_size={size}"))
+        for policy in BY_SPEED:
+            if len(tried) >= max_compiles:
+                break
+            progress(f"MaxText's train step: remat_policy={policy}, per_device_batch_size={size or given or 'its own'}")
+            session = maxtext_session(at, policy)
+            first = first or session
+            peak = session.peaks([AsIs()], gpu, progress, capture=capture)[AsIs().text]
+            tried.append(MaxTextPoint(policy, size or given or "the config's", peak))
+            if tried[-1].fits:
+                return MaxTextRecommendation(run.target, tried[-1], tuple(tried), first.gpu_info(gpu))
+    return MaxTextRecommendation(run.target, None, tuple(tried), None if first is None else first.gpu_info(gpu))

@@ -19,8 +19,15 @@ import pytest
 from _gpu_lane import LANE, MISSING_GPU_TARGET, cli
 
 from te_ckpt_audit import UsageError
-from te_ckpt_audit.gpus import GpuEnvironment, GpuRequest, gpu_model
-from te_ckpt_audit.maxtext import REMAT_POLICIES, MaxTextRun, audit_maxtext, check_remat_policies
+from te_ckpt_audit.gpus import GpuEnvironment, GpuRequest, gpu_model, model_of_config
+from te_ckpt_audit.maxtext import (
+    BY_SPEED,
+    REMAT_POLICIES,
+    MaxTextRun,
+    audit_maxtext,
+    check_remat_policies,
+    recommend_maxtext,
+)
 
 HAS_MAXTEXT = importlib.util.find_spec("maxtext") is not None
 MISSING = MISSING_GPU_TARGET or (None if HAS_MAXTEXT else "maxtext is not installed")
@@ -114,6 +121,28 @@ def test_every_remat_policy_of_maxtexts_compiles_to_a_peak() -> None:
     assert (as_is.bytes_per_device, as_is.temp_bytes) == (full.bytes_per_device, full.temp_bytes)
 
 
+@compiles
+def test_recommend_takes_the_largest_batch_that_fits_and_the_fastest_policy_at_it(tmp_path: Path) -> None:
+    """Batches largest first, MaxText's policies fastest first, each point compiled until one fits:
+    on an H100 the first point; on a GPU of 16 MiB none, in that order, within the compiles allowed."""
+    run = MaxTextRun(_base_yml(), TINY)
+    h100 = GpuRequest(gpu_model("h100"), environment=GpuEnvironment(xla_flags=CUBLAS))
+    rec = recommend_maxtext(run, h100, ["2", "4"])
+    assert rec.chosen is not None and rec.tried == (rec.chosen,) and rec.chosen.fits
+    assert (rec.chosen.per_device_batch_size, rec.chosen.remat_policy) == ("4", BY_SPEED[0])
+    assert rec.config_lines() == f"remat_policy: '{BY_SPEED[0]}'\nper_device_batch_size: 4"
+    doc = rec.to_dict()
+    assert doc["schema"] == "te-ckpt-audit-maxtext-recommend/1" and doc["config_lines"] == rec.config_lines()
+    small = tmp_path / "small.txtpb"
+    small.write_text(gpu_model("h100").config_text(16 * 2**20))
+    tight = GpuRequest(model_of_config(small),  # XLA's rematerialization off: it would search long, and fail
+                       environment=GpuEnvironment(xla_flags=f"{CUBLAS} --xla_disable_hlo_passes=rematerialization"))
+    none = recommend_maxtext(run, tight, ["2", "4"], max_compiles=2)
+    assert none.chosen is None and none.config_lines() == ""
+    assert [(t.per_device_batch_size, t.remat_policy, t.fits) for t in none.tried] == [
+        ("4", BY_SPEED[0], False), ("4", BY_SPEED[1], False)]
+
+
 def test_settings_and_policies_are_checked_before_anything_runs() -> None:
     with pytest.raises(UsageError, match="is not KEY=VALUE"):
         MaxTextRun("base.yml", ("per_device_batch_size",))
@@ -129,7 +158,10 @@ def test_settings_and_policies_are_checked_before_anything_runs() -> None:
     (["c.yml", "per_device_batch_size", "--gpu", "h100"], "MaxText setting 'per_device_batch_size' is not KEY=VALUE"),
     (["c.yml", "-p", "minimal_please", "--gpu", "h100"], "'minimal_please' is not a remat_policy of MaxText's"),
     (["c.yml"], "maxtext compiles MaxText's train step for a GPU"),
-], ids=["no-config", "not-key-value", "unknown-policy", "no-gpu"])
+    (["c.yml", "--gpu", "h100", "--batch", "4"], "--batch and --max-compiles are about --recommend's search"),
+    (["c.yml", "--gpu", "h100", "--recommend", "-p", "full"], "--recommend searches MaxText's remat policies itself"),
+    (["c.yml", "--gpu", "h100", "--recommend", "--format", "markdown"], "--recommend writes table or json"),
+], ids=["no-config", "not-key-value", "unknown-policy", "no-gpu", "batch-alone", "recommend-policy", "recommend-md"])
 def test_bad_input_is_exit_2_in_one_line(tmp_path: Path, args: list[str], said: str) -> None:
     (tmp_path / "c.yml").write_text("base_config: base.yml\n")
     run = cli("maxtext", *args, cwd=tmp_path)

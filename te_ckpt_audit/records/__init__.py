@@ -49,7 +49,15 @@ from .findings import (
     WarningCode,
 )
 from .json_schema import JSON_SCHEMA
-from .recommendation import Candidate, CandidateKind, Maximized, Recommendation, Trial
+from .recommendation import (
+    Candidate,
+    CandidateKind,
+    Maximized,
+    MaxTextPoint,
+    MaxTextRecommendation,
+    Recommendation,
+    Trial,
+)
 
 __all__ = [
     "JSON_SCHEMA",
@@ -87,6 +95,8 @@ __all__ = [
     "Outcome",
     "PeakMemory",
     "PolicyResult",
+    "MaxTextPoint",
+    "MaxTextRecommendation",
     "Recommendation",
     "Residual",
     "ResidualKind",

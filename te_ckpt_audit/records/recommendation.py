@@ -8,7 +8,7 @@ import enum
 from typing import Any
 
 from .audit import AuditReport, GpuInfo, MeshSpec, PeakMemory, _plain
-from .schemas import RECOMMEND
+from .schemas import MAXTEXT_RECOMMEND, RECOMMEND
 
 
 class CandidateKind(enum.StrEnum):
@@ -138,3 +138,39 @@ class Recommendation:
             "maximized": _plain(self.maximized),
             "presets": list(self.presets),
         }
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class MaxTextPoint:
+    """One MaxText setting compiled: its remat_policy and per-device batch, and the step's peak."""
+
+    remat_policy: str
+    per_device_batch_size: str  # as the config takes it ("4", "0.5")
+    peak: PeakMemory
+
+    @property
+    def fits(self) -> bool:
+        return self.peak.fits is True
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class MaxTextRecommendation:
+    """`maxtext --recommend`: the largest per-device batch at which one of MaxText's remat
+    policies fits, with the fastest such policy in MaxText's own order; every point tried,
+    compiled."""
+
+    target: str
+    chosen: MaxTextPoint | None
+    tried: tuple[MaxTextPoint, ...]
+    gpu: GpuInfo | None
+
+    def config_lines(self) -> str:
+        """The chosen setting as the config's YAML lines ("" when none fits)."""
+        if self.chosen is None:
+            return ""
+        return (f"remat_policy: '{self.chosen.remat_policy}'\n"
+                f"per_device_batch_size: {self.chosen.per_device_batch_size}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON document (schema ``te-ckpt-audit-maxtext-recommend/1``)."""
+        return {"schema": MAXTEXT_RECOMMEND, **_plain(self), "config_lines": self.config_lines()}

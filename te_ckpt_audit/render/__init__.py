@@ -24,7 +24,14 @@ from .check import (
 from .html import render_audit_html, render_recommend_html
 from .json_doc import render_json
 from .markdown import render_markdown
-from .recommend import maxtext_config, python_snippet, render_recommend_json, render_recommend_text
+from .recommend import (
+    maxtext_config,
+    python_snippet,
+    render_maxtext_recommend_json,
+    render_maxtext_recommend_text,
+    render_recommend_json,
+    render_recommend_text,
+)
 from .terminal import TableView, render_check_table, render_table
 
 __all__ = [
@@ -47,6 +54,8 @@ __all__ = [
     "render_json",
     "render_markdown",
     "render_recommend_html",
+    "render_maxtext_recommend_json",
+    "render_maxtext_recommend_text",
     "render_recommend_json",
     "render_recommend_text",
     "render_table",

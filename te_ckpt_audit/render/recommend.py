@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 
-from ..records import Candidate, CandidateKind, Recommendation
+from ..records import Candidate, CandidateKind, MaxTextRecommendation, Recommendation
 from ._common import format_bytes, format_flops, fraction_words, peak_range
 from ._text import printable_records
 from .plot import render_frontier_plot
@@ -190,3 +190,32 @@ def _peak(c: Candidate) -> str:
     if p is None or p.bytes_per_device is None:
         return f"not compiled: {p.error}" if p is not None and p.error else "n/a"
     return f"{peak_range(p)} ({'fits' if p.fits else 'does not fit'})"
+
+
+def render_maxtext_recommend_text(rec: MaxTextRecommendation) -> str:
+    """`maxtext --recommend` for a terminal: every point compiled, then the config lines to paste."""
+    lines = [f"{rec.target}: MaxText's train step compiled for "
+             f"{rec.gpu.name if rec.gpu is not None else 'the GPU'}, per device"]
+    if rec.gpu is not None:
+        lines.append(f"usable at {fraction_words(rec.gpu)}: {format_bytes(rec.gpu.usable_bytes)} of "
+                     f"{format_bytes(rec.gpu.memory_bytes)}")
+    lines.append("")
+    lines.append(f"{'remat_policy':<40} {'batch':>6} {'peak per device':>22} {'fits':>5} {'least':>6}")
+    for p in rec.tried:
+        least = "n/a" if p.peak.least_fraction is None else f"{p.peak.least_fraction:.2f}"
+        fits = "yes" if p.fits else ("n/a" if p.peak.error else "no")
+        lines.append(f"{p.remat_policy:<40} {p.per_device_batch_size:>6} {peak_range(p.peak):>22} {fits:>5} {least:>6}")
+        if p.peak.error:
+            lines.append(f"  not compiled: {p.peak.error}")
+    lines.append("")
+    if rec.chosen is None:
+        lines.append("No point tried fits: a smaller per-device batch (--batch), more GPUs "
+                     "(compile_topology_num_slices) or a larger memory fraction.")
+    else:
+        lines.append("Paste into the MaxText config (or pass as key=value):")
+        lines += [f"  {line}" for line in rec.config_lines().splitlines()]
+    return "\n".join(lines) + "\n"
+
+
+def render_maxtext_recommend_json(rec: MaxTextRecommendation) -> str:
+    return json.dumps(rec.to_dict(), indent=2) + "\n"
