@@ -30,14 +30,14 @@ case "$name" in
   gpu-target)
     # --gpu: steps compiled for GPU models through JAX's CUDA plugin (the [gpu] extra, ~0.6 GB more);
     # here every compile test must run: a missing piece fails the lane instead of skipping
-    PY="$(bash .ci/venv.sh "$NEWEST_PYTHON" "$JAX_NEWEST" test,gpu | tail -n 1)"
+    PY="$(bash .ci/venv.sh "$NEWEST_PYTHON" "$JAX_NEWEST" test,gpu,cluster | tail -n 1)"
     # `te-ckpt-audit maxtext`: MaxText itself (no deps: it declares TensorFlow, torch, ...) and what
     # its train step imports, held to the lane's jax
     PINS="$(dirname "$(dirname "$PY")")/constraints.txt"
     "$PY" -m pip install -q -c "$PINS" --no-deps "maxtext==0.2.5"
     "$PY" -m pip install -q -c "$PINS" $(sed 's/#.*//' zoo/maxtext-requirements.txt)
     TE_CKPT_AUDIT_GPU_LANE=1 TE_CKPT_AUDIT_CACHE="$(mktemp -d)" "$PY" -m pytest tests/test_gpu.py tests/test_user_step.py \
-      tests/test_own_mesh.py tests/test_maxtext.py "$@"
+      tests/test_own_mesh.py tests/test_maxtext.py tests/test_cluster.py "$@"
     ;;
   te-jax0.10.2)
     bash te_cpu/test.sh -q "$@"

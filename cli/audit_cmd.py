@@ -107,6 +107,7 @@ def audit(
     step: opt.Step = False,
     donate: opt.Donate = None,
     jobs: opt.Jobs = None,
+    cluster: opt.Cluster = None,
     params: opt.Params = None,
     debug: opt.Debug = False,
     version: opt.Version = False,
@@ -122,7 +123,8 @@ def audit(
     where = MeshOptions.parse(mesh, shardings)
     gate = GateOptions.parse(budget, max_recompute, baseline, tolerance, require_baseline, save_baseline_to)
     on_gpu = GpuOptions.parse(
-        gpu, gpu_config, gpus_per_host, optimizer, mem_fraction, fit, peak_budget, compile_cache(), step, donate, jobs
+        gpu, gpu_config, gpus_per_host, optimizer, mem_fraction, fit, peak_budget, compile_cache(), step, donate, jobs,
+        cluster,
     )
     out = OutputOptions(format, None if output is None else Path(output), top, by, equations)
     check_report_destination(out.output)
@@ -145,7 +147,8 @@ def audit(
     process.prepare(emulate_gpu, where.devices, None if on_gpu.request is None else on_gpu.request.model)
     # The user's code may print, but stdout carries only the report. The spinner nests inside the
     # redirect: it swaps sys.stdout too while it runs, and must restore the redirect, not stdout.
-    with stdout_kept_for_the_report(), progress_on_stderr() as progress, process.running(on_gpu.jobs) as pool:
+    compiling_on = process.running(on_gpu.jobs, on_gpu.cluster)  # here, worker processes or a cluster
+    with stdout_kept_for_the_report(), progress_on_stderr() as progress, compiling_on as pool:
         report, result = check_target(config, baseline=reference, tolerance=gate.tolerance,
                                       require_baseline=gate.require_baseline, progress=progress, executor=pool,
                                       capture=process.xla_log_kept_off_stderr)

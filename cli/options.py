@@ -46,7 +46,7 @@ FLAGS = {
     "policies": "--policy", "tolerance": "--tolerance", "max_recompute": "--max-recompute", "fit": "--fit",
     "peak_budgets": "--peak-budget", "shardings": "--shardings", "mesh": "--mesh", "inputs": "--inputs",
     "save_baseline": "--save-baseline", "mem_fraction": "--mem-fraction", "donate": "--donate", "step": "--step",
-    "optimizer": "--optimizer", "gpus_per_host": "--gpus-per-host", "jobs": "--jobs",
+    "optimizer": "--optimizer", "gpus_per_host": "--gpus-per-host", "jobs": "--jobs", "batch": "--batch",
     "debug": "rerun with --debug for the traceback",
 }
 
@@ -151,12 +151,13 @@ class GpuOptions:
     request: GpuRequest | None
     peak: PeakGate
     jobs: int = 1
+    cluster: str | None = None  # a Dask scheduler's address: policies compile on its workers
 
     @classmethod
     def parse(
         cls, gpu: str | None, gpu_config: str | None, gpus_per_host: int, optimizer: Optimizer | None,
         mem_fraction: float | None, fit: bool, peak_budget: list[str] | None, cache: Path | None,
-        step: bool = False, donate: list[int] | None = None, jobs: int | None = None,
+        step: bool = False, donate: list[int] | None = None, jobs: int | None = None, cluster: str | None = None,
     ) -> GpuOptions:
         if gpu is not None and gpu_config is not None:
             raise UsageError("--gpu and --gpu-config both name a GPU", "give one of them")
@@ -166,7 +167,8 @@ class GpuOptions:
                                      ("--peak-budget", bool(peak_budget)),
                                      ("--gpus-per-host", gpus_per_host != DEFAULT_GPUS_PER_HOST),
                                      ("--mem-fraction", mem_fraction is not None),
-                                     ("--step", step), ("--donate", bool(donate)), ("--jobs", jobs is not None))
+                                     ("--step", step), ("--donate", bool(donate)), ("--jobs", jobs is not None),
+                                     ("--cluster", cluster is not None))
                      if on]
             if given:
                 hint = "add --gpu NAME (`te-ckpt-audit gpus` lists them)"
@@ -176,7 +178,9 @@ class GpuOptions:
         model = gpu_model(gpu) if gpu is not None else model_of_config(str(gpu_config))
         environment = gpu_environment(os.environ, mem_fraction)
         request = GpuRequest(model, optimizer, gpus_per_host, environment, cache, step, tuple(donate or ()))
-        return cls(request, peak, default_jobs() if jobs is None else jobs)
+        if cluster is not None and jobs is not None:
+            raise UsageError("--cluster and --jobs both say where policies compile", "give one of them")
+        return cls(request, peak, default_jobs() if jobs is None else jobs, cluster)
 
 
 def default_jobs() -> int:
@@ -488,6 +492,17 @@ Donate = Annotated[
         metavar="N",
         min=0,
         help="With --step: a positional argument (0-based) the step donates; repeat for several.",
+        show_default=False,
+    ),
+]
+Cluster = Annotated[
+    str | None,
+    typer.Option(
+        "--cluster",
+        metavar="ADDRESS",
+        help="With --gpu: compile the policies on the running Dask cluster whose scheduler is at ADDRESS "
+        "(tcp://host:8786; the [cluster] extra), each worker's program checked as --jobs checks it. Its "
+        "workers need this checkout, the model's files at the same paths and one thread each.",
         show_default=False,
     ),
 ]

@@ -28,12 +28,14 @@ from collections.abc import Iterator
 
 import jax
 
-from te_ckpt_audit import MAX_DEVICES
+from te_ckpt_audit import MAX_DEVICES, UsageError
+from te_ckpt_audit.errors import first_line
 from te_ckpt_audit.gpus import GpuModel
 
 from . import emulate
 
 DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
+CLUSTER_TIMEOUT_S = 10  # how long --cluster waits for its scheduler to answer
 REEXEC_MARKER = "TE_CKPT_AUDIT_MESH_DEVICES"  # set in a process run again for its devices
 _FLAG = re.compile(rf"{DEVICE_COUNT_FLAG}=(\S*)")
 
@@ -183,8 +185,28 @@ def collector_paused() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def running(jobs: int = 1) -> Iterator[concurrent.futures.Executor | None]:
+def running(jobs: int = 1, cluster: str | None = None) -> Iterator[concurrent.futures.Executor | None]:
     """The process as the library's work needs it: the collector paused, and `jobs` worker
-    processes for compiling policies at once (None for one)."""
-    with collector_paused(), workers(jobs) as pool:
+    processes for compiling policies at once (None for one), or the executor of the Dask cluster
+    whose scheduler is at `cluster`."""
+    with collector_paused(), (on_cluster(cluster) if cluster else workers(jobs)) as pool:
         yield pool
+
+
+@contextlib.contextmanager
+def on_cluster(address: str) -> Iterator[concurrent.futures.Executor]:
+    """The executor of the running Dask cluster at `address` (`distributed`: its workers are
+    processes of their own, each tracing the target again, each answer checked as --jobs checks
+    a worker's). Its workers must see the same files at the same paths."""
+    try:
+        from distributed import Client
+    except ImportError:
+        raise UsageError("--cluster needs Dask's distributed, which is not installed",
+                         'from a checkout: pip install -e ".[cluster]"') from None
+    try:
+        client = Client(address, timeout=CLUSTER_TIMEOUT_S)
+    except (OSError, TimeoutError, ValueError) as exc:
+        raise UsageError(f"--cluster {address}: no Dask scheduler answers there ({first_line(exc)})",
+                         "start one (dask scheduler; dask worker ADDRESS --nthreads 1) or give its address") from None
+    with client:
+        yield client.get_executor()

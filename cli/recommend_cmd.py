@@ -117,6 +117,7 @@ def recommend(
     max_compiles: MaxCompiles = DEFAULT_MAX_COMPILES,
     maximize: Maximize = None,
     jobs: opt.Jobs = None,
+    cluster: opt.Cluster = None,
     params: opt.Params = None,
     debug: opt.Debug = False,
     emulate_gpu: opt.EmulateGpu = None,
@@ -134,14 +135,15 @@ def recommend(
     """
     size = None if budget is None else positive_bytes(parse_size(budget))  # fails before the user's code runs
     on_gpu = GpuOptions.parse(gpu, gpu_config, gpus_per_host, optimizer, mem_fraction, False, None, compile_cache(),
-                              jobs=jobs)
+                              jobs=jobs, cluster=cluster)
     count_at_least_one(max_evals, "max_evals", 64)
     what = TargetOptions.parse(target, inputs, define, scope, params)
     where = MeshOptions.parse(mesh, ShardingSource.COMPILED)
     written = output
     check_report_destination(written)
     process.prepare(emulate_gpu, where.devices, None if on_gpu.request is None else on_gpu.request.model)
-    with stdout_kept_for_the_report(), progress_on_stderr() as progress, process.running(on_gpu.jobs) as pool:
+    compiling_on = process.running(on_gpu.jobs, on_gpu.cluster)  # here, worker processes or a cluster
+    with stdout_kept_for_the_report(), progress_on_stderr() as progress, compiling_on as pool:
         rec = recommend_target(
             what.target,
             size,

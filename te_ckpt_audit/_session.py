@@ -30,14 +30,13 @@ from ._compile import compiled_memory
 from ._emulated import emulated_device
 from ._gpu import Compiler, gpu_info, peaks_in_workers, step_info, step_mesh
 from ._gpu._compiler import LogCapture
-from ._loading import anchored, load_inputs, load_target, user_code
+from ._loading import Defines, anchored, load_inputs, load_target, user_code
 from ._mesh import build_abstract_mesh, build_mesh, mesh_context, per_device, place_args, source_of, spec_of
 from ._progress import Progress, quiet
 from ._step import trained_paths
 from ._trace import Traced, trace
 from ._trained import ALL, ParamsLike
 from ._warnings import NOTHING, warnings_for
-from .config import Defines
 from .errors import TargetError, UsageError
 from .gpus import GpuRequest
 from .records import (
@@ -148,6 +147,7 @@ class Session:
         placement = None if mesh is None else build(mesh)
         with user_code(target):
             inputs = anchored(inputs)
+            here = anchored(target, "target")  # a worker (a cluster's) may run in another folder
             progress(f"loading {target}")
             loaded = load_target(target)
             with mesh_context(placement):
@@ -157,7 +157,7 @@ class Session:
                 placed = args if placement is None else place_args(args, placement)
                 traced = trace(loaded.fn, placed, target, ALL if own_step else params, differentiable=not own_step)
         _jax_is_jax(target)
-        rebuild = functools.partial(Session.of_target, target, inputs=inputs, defines=dict(defines or {}),
+        rebuild = functools.partial(Session.of_target, here or target, inputs=inputs, defines=dict(defines or {}),
                                     scope=Scope(scope), mesh=mesh, shardings=ShardingSource(shardings),
                                     params=params, own_step=own_step)
         return cls(traced, scope, placement, keywords=made.keywords, rebuild=rebuild, own_step=own_step)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
@@ -23,6 +24,7 @@ from ..records import PeakMemory
 from ..specs import PolicySpec, resolve_policy
 
 _BUILT: dict[str, Any] = {}  # in a worker: the session of each build (by its key), made once
+_BUILDING = threading.Lock()  # a worker of several threads (a Dask worker's) builds one session at a time
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -34,8 +36,9 @@ class Answer:
 def _in_worker(key: str, build: Callable[[], Any], spec_text: str, request: GpuRequest) -> Answer:
     """One policy's peak in a worker process; what fails there is that policy's error."""
     try:
-        if key not in _BUILT:
-            _BUILT[key] = build()
+        with _BUILDING:  # loading the user's code is not thread-safe
+            if key not in _BUILT:
+                _BUILT[key] = build()
         session = _BUILT[key]
         spec = resolve_policy(spec_text)
         scope = session.resolved_scope(spec)
