@@ -20,6 +20,7 @@ from te_ckpt_audit.maxtext import (
     MaxTextRun,
     audit_maxtext,
     check_config_file,
+    check_layouts,
     check_remat_policies,
     recommend_maxtext,
 )
@@ -61,6 +62,13 @@ Batches = Annotated[
     typer.Option("--batch", metavar="N", help="With --recommend: a per_device_batch_size to try (repeat; the "
                  "largest that fits wins). Default: the config's own.", show_default=False),
 ]
+Layouts = Annotated[
+    list[str] | None,
+    typer.Option("--layout", metavar="KEY=N,...", help="With --recommend: a parallelism over the run's GPUs to "
+                 "try, as MaxText's ici_*/dcn_*_parallelism settings (ici_fsdp_parallelism=4,"
+                 "ici_tensor_parallelism=2); repeat for several, tried in order. Default: the config's own.",
+                 show_default=False),
+]
 MaxCompiles = Annotated[
     int, typer.Option("--max-compiles", metavar="N", help="With --recommend: compile the step at most N times."),
 ]
@@ -78,6 +86,7 @@ def maxtext(
     mem_fraction: opt.MemFraction = None,
     recommend: Recommend = False,
     batch: Batches = None,
+    layout: Layouts = None,
     max_compiles: MaxCompiles = 24,
     fit: opt.Fit = False,
     peak_budget: opt.PeakBudgets = None,
@@ -104,11 +113,12 @@ def maxtext(
     if "all" in policies:
         policies = ["as-is", *REMAT_POLICIES]
     check_remat_policies(policies)
+    check_layouts(layout or ())
     check_config_file(run)
     if format is OutputFormat.HTML or format is OutputFormat.GITHUB:
         raise UsageError(f"--format {format.value} is audit's", "use table, json or markdown")
-    if (batch or max_compiles != 24) and not recommend:
-        raise UsageError("--batch and --max-compiles are about --recommend's search", "add --recommend")
+    if (batch or layout or max_compiles != 24) and not recommend:
+        raise UsageError("--batch, --layout and --max-compiles are about --recommend's search", "add --recommend")
     if recommend and (policy or on_gpu.peak.active):
         raise UsageError("--recommend searches MaxText's remat policies itself", "drop --policy, --fit, --peak-budget")
     if recommend and format not in (OutputFormat.TABLE, OutputFormat.JSON):
@@ -118,7 +128,8 @@ def maxtext(
     process.prepare(None, run.devices, on_gpu.request.model)
     if recommend:
         with stdout_kept_for_the_report(), progress_on_stderr() as progress:
-            found = recommend_maxtext(run, on_gpu.request, tuple(batch or ()), max_compiles=max_compiles,
+            found = recommend_maxtext(run, on_gpu.request, tuple(batch or ()), tuple(layout or ()),
+                                      max_compiles=max_compiles,
                                       progress=progress, capture=process.xla_log_kept_off_stderr)
         text = render_maxtext_recommend_json if out.format is OutputFormat.JSON else render_maxtext_recommend_text
         emit(text(found), out.output)

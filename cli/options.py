@@ -47,6 +47,7 @@ FLAGS = {
     "peak_budgets": "--peak-budget", "shardings": "--shardings", "mesh": "--mesh", "inputs": "--inputs",
     "save_baseline": "--save-baseline", "mem_fraction": "--mem-fraction", "donate": "--donate", "step": "--step",
     "optimizer": "--optimizer", "gpus_per_host": "--gpus-per-host", "jobs": "--jobs", "batch": "--batch",
+    "layouts": "--layout",
     "debug": "rerun with --debug for the traceback",
 }
 

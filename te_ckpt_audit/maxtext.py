@@ -231,19 +231,40 @@ def audit_maxtext(
     return first.report_of(rows, gpu)
 
 
+def _layout(text: str) -> tuple[str, ...]:
+    """`ici_fsdp_parallelism=4,ici_tensor_parallelism=2` as settings; each an `ici_`/`dcn_` one."""
+    settings = tuple(part.strip() for part in text.split(",") if part.strip())
+    for setting in settings:
+        key, sep, value = setting.partition("=")
+        if not sep or not key.startswith(("ici_", "dcn_")) or not key.endswith("_parallelism"):
+            raise UsageError(f"$layouts$ {text!r}: {setting!r} is not an ici_*/dcn_*_parallelism=N setting",
+                             "e.g. $layouts$ ici_fsdp_parallelism=4,ici_tensor_parallelism=2")
+        if not value.lstrip("-").isdigit():
+            raise UsageError(f"$layouts$ {text!r}: {value!r} is not a whole number", "e.g. ici_fsdp_parallelism=8")
+    return settings
+
+
+def check_layouts(layouts: Sequence[str]) -> None:
+    """Each of `layouts` MaxText's ici/dcn parallelism settings, else a UsageError naming it."""
+    for text in layouts:
+        _layout(text)
+
+
 def recommend_maxtext(
     run: MaxTextRun,
     gpu: GpuRequest,
     batch_sizes: Sequence[str] = (),
+    layouts: Sequence[str] = (),
     *,
     max_compiles: int = 24,
     progress: Progress = quiet,
     capture: LogCapture | None = None,
 ) -> MaxTextRecommendation:
     """The largest of `batch_sizes` (the config's own without them) at which one of MaxText's
-    remat policies fits on `gpu`, and at it the fastest that fits, in MaxText's own order: the
-    batches tried largest first, the policies fastest first, each point compiled, until one fits
-    (at most `max_compiles` compiles of the step)."""
+    remat policies fits on `gpu`, and at it the fastest that fits, in MaxText's own order, on the
+    first of `layouts` (ici/dcn parallelism over the run's GPUs, as `a=N,b=M`; the config's own
+    without them) where it does: batches largest first, policies fastest first, layouts in the
+    order given, each point compiled, until one fits (at most `max_compiles` compiles)."""
     if max_compiles < 1:
         raise UsageError(f"$max_compiles$ {max_compiles} must be at least 1", "e.g. $max_compiles$ 24")
     gpu = dataclasses.replace(gpu, step=True, donate=(0,), optimizer=None)
@@ -255,18 +276,22 @@ def recommend_maxtext(
         except ValueError:
             raise UsageError(f"$batch$ {size} is not a positive per-device batch size", "e.g. $batch$ 4") from None
     sizes = sorted(dict.fromkeys(batch_sizes), key=float, reverse=True) if batch_sizes else [given or ""]
+    meshes = [_layout(text) for text in dict.fromkeys(layouts)] or [()]
     tried: list[MaxTextPoint] = []
     first: Session | None = None
     for size in sizes:
-        at = run if not size else dataclasses.replace(run, settings=(*run.settings, f"per_device_batch_size={size}"))
+        batch = (f"per_device_batch_size={size}",) if size else ()
         for policy in BY_SPEED:
-            if len(tried) >= max_compiles:
-                break
-            progress(f"MaxText's train step: remat_policy={policy}, per_device_batch_size={size or given or 'its own'}")
-            session = maxtext_session(at, policy)
-            first = first or session
-            peak = session.peaks([AsIs()], gpu, progress, capture=capture)[AsIs().text]
-            tried.append(MaxTextPoint(policy, size or given or "the config's", peak))
-            if tried[-1].fits:
-                return MaxTextRecommendation(run.target, tried[-1], tuple(tried), first.gpu_info(gpu))
+            for layout in meshes:
+                if len(tried) >= max_compiles:
+                    break
+                at = dataclasses.replace(run, settings=(*run.settings, *batch, *layout))
+                where = "".join(f", {x}" for x in layout)
+                progress(f"MaxText's train step: remat_policy={policy}, batch {size or given or 'its own'}{where}")
+                session = maxtext_session(at, policy)
+                first = first or session
+                peak = session.peaks([AsIs()], gpu, progress, capture=capture)[AsIs().text]
+                tried.append(MaxTextPoint(policy, size or given or "the config's", peak, layout))
+                if tried[-1].fits:
+                    return MaxTextRecommendation(run.target, tried[-1], tuple(tried), first.gpu_info(gpu))
     return MaxTextRecommendation(run.target, None, tuple(tried), None if first is None else first.gpu_info(gpu))

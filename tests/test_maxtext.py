@@ -143,6 +143,20 @@ def test_recommend_takes_the_largest_batch_that_fits_and_the_fastest_policy_at_i
         ("4", BY_SPEED[0], False), ("4", BY_SPEED[1], False)]
 
 
+@compiles
+def test_recommend_tries_the_layouts_it_is_given_in_order() -> None:
+    """Over the same 8 GPUs: FSDP 4 x tensor 2 first, then FSDP 8; the first that fits is the answer,
+    its parallelism among the config lines; the step it compiled is laid on that mesh."""
+    run = MaxTextRun(_base_yml(), TINY)
+    h100 = GpuRequest(gpu_model("h100"), environment=GpuEnvironment(xla_flags=CUBLAS))
+    mixed = "ici_fsdp_parallelism=4,ici_tensor_parallelism=2"
+    rec = recommend_maxtext(run, h100, ["2"], [mixed, "ici_fsdp_parallelism=8"])
+    assert rec.chosen is not None and rec.tried == (rec.chosen,)
+    assert rec.chosen.layout == ("ici_fsdp_parallelism=4", "ici_tensor_parallelism=2")
+    assert rec.config_lines().splitlines()[2:] == ["ici_fsdp_parallelism: 4", "ici_tensor_parallelism: 2"]
+    assert rec.gpu is not None and rec.gpu.mesh is not None and "fsdp=4" in rec.gpu.mesh and "tensor=2" in rec.gpu.mesh
+
+
 def test_settings_and_policies_are_checked_before_anything_runs() -> None:
     with pytest.raises(UsageError, match="is not KEY=VALUE"):
         MaxTextRun("base.yml", ("per_device_batch_size",))
@@ -158,10 +172,12 @@ def test_settings_and_policies_are_checked_before_anything_runs() -> None:
     (["c.yml", "per_device_batch_size", "--gpu", "h100"], "MaxText setting 'per_device_batch_size' is not KEY=VALUE"),
     (["c.yml", "-p", "minimal_please", "--gpu", "h100"], "'minimal_please' is not a remat_policy of MaxText's"),
     (["c.yml"], "maxtext compiles MaxText's train step for a GPU"),
-    (["c.yml", "--gpu", "h100", "--batch", "4"], "--batch and --max-compiles are about --recommend's search"),
+    (["c.yml", "--gpu", "h100", "--batch", "4"], "--batch, --layout and --max-compiles are about --recommend's"),
+    (["c.yml", "--gpu", "h100", "--recommend", "--layout", "fsdp=8"], "'fsdp=8' is not an ici_*/dcn_*_parallelism"),
     (["c.yml", "--gpu", "h100", "--recommend", "-p", "full"], "--recommend searches MaxText's remat policies itself"),
     (["c.yml", "--gpu", "h100", "--recommend", "--format", "markdown"], "--recommend writes table or json"),
-], ids=["no-config", "not-key-value", "unknown-policy", "no-gpu", "batch-alone", "recommend-policy", "recommend-md"])
+], ids=["no-config", "not-key-value", "unknown-policy", "no-gpu", "batch-alone", "not-a-layout", "recommend-policy",
+        "recommend-md"])
 def test_bad_input_is_exit_2_in_one_line(tmp_path: Path, args: list[str], said: str) -> None:
     (tmp_path / "c.yml").write_text("base_config: base.yml\n")
     run = cli("maxtext", *args, cwd=tmp_path)

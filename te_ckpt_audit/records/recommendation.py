@@ -147,6 +147,7 @@ class MaxTextPoint:
     remat_policy: str
     per_device_batch_size: str  # as the config takes it ("4", "0.5")
     peak: PeakMemory
+    layout: tuple[str, ...] = ()  # the ici/dcn parallelism settings tried ("ici_fsdp_parallelism=4"); () the config's
 
     @property
     def fits(self) -> bool:
@@ -168,8 +169,10 @@ class MaxTextRecommendation:
         """The chosen setting as the config's YAML lines ("" when none fits)."""
         if self.chosen is None:
             return ""
-        return (f"remat_policy: '{self.chosen.remat_policy}'\n"
-                f"per_device_batch_size: {self.chosen.per_device_batch_size}")
+        lines = [f"remat_policy: '{self.chosen.remat_policy}'",
+                 f"per_device_batch_size: {self.chosen.per_device_batch_size}"]
+        lines += [f"{key}: {value}" for key, _, value in (s.partition("=") for s in self.chosen.layout)]
+        return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON document (schema ``te-ckpt-audit-maxtext-recommend/1``)."""

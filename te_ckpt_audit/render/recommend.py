@@ -204,7 +204,9 @@ def render_maxtext_recommend_text(rec: MaxTextRecommendation) -> str:
     for p in rec.tried:
         least = "n/a" if p.peak.least_fraction is None else f"{p.peak.least_fraction:.2f}"
         fits = "yes" if p.fits else ("n/a" if p.peak.error else "no")
-        lines.append(f"{p.remat_policy:<40} {p.per_device_batch_size:>6} {peak_range(p.peak):>22} {fits:>5} {least:>6}")
+        where = f"  {','.join(p.layout)}" if p.layout else ""
+        lines.append(f"{p.remat_policy:<40} {p.per_device_batch_size:>6} {peak_range(p.peak):>22} {fits:>5} {least:>6}"
+                     f"{where}")
         if p.peak.error:
             lines.append(f"  not compiled: {p.peak.error}")
     lines.append("")
