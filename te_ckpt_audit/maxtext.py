@@ -16,10 +16,11 @@ as it is, not audited (its residuals are inside it).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import jax
@@ -94,6 +95,22 @@ class MaxTextRun:
     @property
     def target(self) -> str:
         return " ".join(["maxtext", self.config, *self.settings])
+
+
+@contextlib.contextmanager
+def _te_told_maxtexts_axes() -> Iterator[None]:
+    """Transformer Engine told MaxText's mesh axes, as MaxText's `train.run` tells it
+    (`max_utils.transformer_engine_context`: data, tensor, tensor_sequence, fsdp, context,
+    expert): TE's partitioners read them while XLA compiles. Nothing where TE is not installed."""
+    try:
+        from transformer_engine.jax.sharding import MeshResource, global_shard_guard
+    except Exception:  # noqa: BLE001 - TE missing, or unusable without its GPU libraries
+        yield
+        return
+    with global_shard_guard(MeshResource(dp_resource="data", tp_resource="tensor", tpsp_resource="tensor_sequence",
+                                         fsdp_resource="fsdp", pp_resource=None, cp_resource="context",
+                                         ep_resource="expert")):
+        yield
 
 
 def check_remat_policies(policies: Sequence[str]) -> None:
@@ -197,7 +214,8 @@ def maxtext_session(run: MaxTextRun, remat_policy: str | None = None) -> Session
                     with logical_axis_rules(config.logical_axis_rules), jax.numpy_dtype_promotion("standard"):
                         return step(state, batch, **kwargs)
 
-                traced = trace(train_step, placed, target, differentiable=False)
+                with _te_told_maxtexts_axes():
+                    traced = trace(train_step, placed, target, differentiable=False)
         except (UsageError, TargetError):
             raise
         except Exception as exc:
@@ -225,7 +243,8 @@ def audit_maxtext(
         progress(f"building MaxText's train step ({'the config' if policy == 'as-is' else policy}'s remat)")
         session = maxtext_session(run, None if policy == "as-is" else policy)
         first = first or session
-        report = session.report([AsIs()], gpu=gpu, progress=progress, capture=capture)
+        with _te_told_maxtexts_axes():
+            report = session.report([AsIs()], gpu=gpu, progress=progress, capture=capture)
         rows.append(dataclasses.replace(report.results[0], policy=policy))
     assert first is not None
     return first.report_of(rows, gpu)
@@ -290,7 +309,8 @@ def recommend_maxtext(
                 progress(f"MaxText's train step: remat_policy={policy}, batch {size or given or 'its own'}{where}")
                 session = maxtext_session(at, policy)
                 first = first or session
-                peak = session.peaks([AsIs()], gpu, progress, capture=capture)[AsIs().text]
+                with _te_told_maxtexts_axes():
+                    peak = session.peaks([AsIs()], gpu, progress, capture=capture)[AsIs().text]
                 tried.append(MaxTextPoint(policy, size or given or "the config's", peak, layout))
                 if tried[-1].fits:
                     return MaxTextRecommendation(run.target, tried[-1], tuple(tried), first.gpu_info(gpu))

@@ -13,3 +13,15 @@ export XLA_FLAGS="${XLA_FLAGS:-} --xla_force_host_platform_device_count=1"
 # MXFP8 needs compute capability >= 9.9: the same file again on an emulated B200, for that test.
 "$PY" -m te_ckpt_audit_cli.emulate --gpu 10.0:148 -- \
   "$PY" -m pytest -m te tests/test_real_te.py -k "mxfp8 or blackwell" "$@"
+# MaxText's own train step with TE's FP8 compiled for H100s (a GPU target: jax >= 0.12). MaxText
+# installs without its declared deps (TensorFlow, torch, ...), then what its train step imports,
+# held to this environment's jax; one A3 host is 8 GPUs, so this file gets 8 CPU devices.
+if "$PY" -c 'import jax, sys; sys.exit(tuple(int(p) for p in jax.__version__.split(".")[:2]) < (0, 12))'; then
+  PINS="$("$PY" -c 'import jax, jaxlib; print(f"jax=={jax.__version__} jaxlib=={jaxlib.__version__}")')"
+  "$PY" -m pip install -q --disable-pip-version-check --no-deps "maxtext==0.2.5"
+  # shellcheck disable=SC2046,SC2086
+  "$PY" -m pip install -q --disable-pip-version-check $PINS $(sed 's/#.*//' zoo/maxtext-requirements.txt)
+  XLA_FLAGS="${XLA_FLAGS/--xla_force_host_platform_device_count=1/--xla_force_host_platform_device_count=8}" \
+    "$PY" -m te_ckpt_audit_cli.emulate --gpu "${TE_CKPT_AUDIT_GPU:-9.0:132}" -- \
+    "$PY" -m pytest -m te tests/test_maxtext_te.py "$@"
+fi

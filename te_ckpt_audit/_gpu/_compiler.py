@@ -327,7 +327,10 @@ class Compiler:
         name = self.request.model.name
         progress(CompileProgress(spec.text, backend.name, name, None))
         start = time.perf_counter()
-        with self.capture() if capture else contextlib.nullcontext():
+        # the step's GPU mesh as JAX's context mesh, in this thread: custom partitioners (TE's) read
+        # it while XLA partitions, and a compile thread has none of the caller's
+        mesh = jax.set_mesh(self._placed(memory)[0]) if self.mesh is not None else contextlib.nullcontext()
+        with self.capture() if capture else contextlib.nullcontext(), mesh:
             compiled = lowered.compile(compiler_options=dict(backend.options))
         seconds = time.perf_counter() - start
         progress(CompileProgress(spec.text, backend.name, name, round(seconds, 1)))
