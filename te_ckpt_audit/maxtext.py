@@ -280,7 +280,8 @@ def recommend_maxtext(
     capture: LogCapture | None = None,
 ) -> MaxTextRecommendation:
     """The largest of `batch_sizes` (the config's own without them) at which one of MaxText's
-    remat policies fits on `gpu`, and at it the fastest that fits, in MaxText's own order, on the
+    remat policies fits on `gpu`, and at it the fastest that fits, in MaxText's own order (the
+    `_with_quantization` variants only for a config with TE's quantization), on the
     first of `layouts` (ici/dcn parallelism over the run's GPUs, as `a=N,b=M`; the config's own
     without them) where it does: batches largest first, policies fastest first, layouts in the
     order given, each point compiled, until one fits (at most `max_compiles` compiles)."""
@@ -296,11 +297,14 @@ def recommend_maxtext(
             raise UsageError(f"$batch$ {size} is not a positive per-device batch size", "e.g. $batch$ 4") from None
     sizes = sorted(dict.fromkeys(batch_sizes), key=float, reverse=True) if batch_sizes else [given or ""]
     meshes = [_layout(text) for text in dict.fromkeys(layouts)] or [()]
+    # without TE's quantization the `_with_quantization` variants are their bases again: not tried
+    quantized = bool(str(_config(run, None).quantization or ""))
+    policies = [p for p in BY_SPEED if quantized or "quantization" not in p]
     tried: list[MaxTextPoint] = []
     first: Session | None = None
     for size in sizes:
         batch = (f"per_device_batch_size={size}",) if size else ()
-        for policy in BY_SPEED:
+        for policy in policies:
             for layout in meshes:
                 if len(tried) >= max_compiles:
                     break
