@@ -225,6 +225,12 @@ def maxtext_session(run: MaxTextRun, remat_policy: str | None = None) -> Session
     return Session(traced, rebuild=rebuild, own_step=True)
 
 
+def _its_own_step(gpu: GpuRequest) -> GpuRequest:
+    """`gpu` for MaxText's train step: a step of its own, compiled as it is, the state (argument 0)
+    donated as MaxText donates it."""
+    return dataclasses.replace(gpu, step=True, donate=(0,), optimizer=None)
+
+
 def audit_maxtext(
     run: MaxTextRun,
     remat_policies: Sequence[str] = ("as-is",),
@@ -237,7 +243,7 @@ def audit_maxtext(
     own train step compiled for `gpu` (its state donated), as one report."""
     check_remat_policies(remat_policies)
     if gpu is not None:
-        gpu = dataclasses.replace(gpu, step=True, donate=(0,), optimizer=None)
+        gpu = _its_own_step(gpu)
     rows, first = [], None
     for policy in dict.fromkeys(remat_policies):
         progress(f"building MaxText's train step ({'the config' if policy == 'as-is' else policy}'s remat)")
@@ -287,7 +293,7 @@ def recommend_maxtext(
     order given, each point compiled, until one fits (at most `max_compiles` compiles)."""
     if max_compiles < 1:
         raise UsageError(f"$max_compiles$ {max_compiles} must be at least 1", "e.g. $max_compiles$ 24")
-    gpu = dataclasses.replace(gpu, step=True, donate=(0,), optimizer=None)
+    gpu = _its_own_step(gpu)
     given = run.value("per_device_batch_size")
     for size in batch_sizes:
         try:
