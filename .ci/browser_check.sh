@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The HTML reports in a real browser: headless Chromium (Debian's package, installed when missing;
 # CI runs as root) loads the `recommend` and `audit` pages with no network, must log no console
-# message, must render their SVG, and saves a screenshot of each.
+# message, must render their SVG, must at 1400 px cut no table and overlap no plot label (a copy of
+# each page with .ci/layout_check.js measures it), and saves a screenshot of each at 1400 px.
 #
 #   bash .ci/browser_check.sh          # pages, logs and screenshots in build/browser-check/
 #
@@ -41,7 +42,15 @@ for page in recommend audit; do
     echo "browser_check: $page.html did not render its plots and tables ($svgs svg)" >&2
     status=1
   fi
-  timeout 120 chromium "${flags[@]}" --screenshot="$out/$page.png" --window-size=1280,2000 "$url" \
+  { cat "$out/$page.html"; echo "<script>"; cat .ci/layout_check.js; echo "</script>"; } >"$out/$page.layout.html"
+  timeout 120 chromium "${flags[@]}" --window-size=1400,2000 --dump-dom "file://$out/$page.layout.html" \
+    >"$out/$page.layout.dom" 2>>"$out/$page.log"
+  layout="$(sed -n '/id="layout-check"/,/<\/pre>/p' "$out/$page.layout.dom")"
+  if ! grep -q "layout ok" <<<"$layout"; then
+    echo "browser_check: $page.html at 1400 px: ${layout:-no verdict (the check did not run)}" >&2
+    status=1
+  fi
+  timeout 120 chromium "${flags[@]}" --screenshot="$out/$page.png" --window-size=1400,2400 "$url" \
     2>>"$out/$page.log" >/dev/null
   rm -rf "$profile"
   if [ ! -s "$out/$page.png" ]; then

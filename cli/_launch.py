@@ -61,7 +61,7 @@ def _end(code: int) -> None:
 def main() -> None:
     """Run `te-ckpt-audit`, or say in one line on stderr which jax versions it supports."""
     _hold_closed_streams()
-    if sys.argv[1:] == ["--version"]:
+    if sys.argv[1:] in (["--version"], ["-V"]):
         if sys.stdout is not None:
             print(_version())
         return

@@ -16,6 +16,7 @@ from .check_cmd import check
 from .exit_codes import ExitCode
 from .gpus_cmd import gpus
 from .maxtext_cmd import maxtext
+from .options import TopVersion
 from .policies_cmd import policies
 from .recommend_cmd import recommend
 from .terminal import PROG, fail
@@ -23,13 +24,20 @@ from .terminal import PROG, fail
 DEFAULT_COMMAND = "audit"
 
 
+# Options of the command itself, not of audit: `te-ckpt-audit --help` lists them
+TOP_OPTIONS = ("--help", "-h", "--version", "-V", "--install-completion", "--show-completion")
+
+
 class _DefaultCommandGroup(TyperGroup):
     """A group whose first argument names a command only when it is one; anything else (a TARGET,
-    an option, nothing) goes to `audit`. Click's own errors become our one line and exit 2."""
+    an option of audit's) goes to `audit`, and nothing at all shows the help. Click's own errors
+    become our one line and exit 2."""
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
-        top_help = args[:1] in (["--help"], ["-h"])  # `te-ckpt-audit --help` lists every command
-        if not top_help and (not args or args[0] not in self.commands):
+        if not args and not ctx.resilient_parsing:  # a bare `te-ckpt-audit`: what it can do
+            typer.echo(ctx.get_help())
+            ctx.exit(0)
+        if args and args[0] not in TOP_OPTIONS and args[0] not in self.commands:
             args = [DEFAULT_COMMAND, *args]
         return super().parse_args(ctx, args)
 
@@ -55,11 +63,20 @@ app = typer.Typer(
     help="See what each JAX checkpoint policy saves, recomputes and offloads, Transformer Engine GEMMs "
     "included.\n\nA TARGET alone runs audit: `te-ckpt-audit model.py:loss`. Each command's --help "
     "describes its options.",
-    add_completion=False,
+    add_completion=True,  # --install-completion, --show-completion: commands, policies, GPU names
     pretty_exceptions_enable=False,
     rich_markup_mode=None,  # plain Click help: it wraps cleanly at 80 columns
     context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+@app.callback()
+def _top(version: TopVersion = False) -> None:
+    """See what each JAX checkpoint policy saves, recomputes and offloads, Transformer Engine GEMMs
+    included.
+
+    A TARGET alone runs audit: `te-ckpt-audit model.py:loss`. Each command's --help describes its
+    options."""
 
 
 app.command(DEFAULT_COMMAND, short_help="Compare checkpoint policies on TARGET (the default command).")(audit)

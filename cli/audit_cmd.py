@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import assert_never
@@ -68,12 +69,13 @@ def renderer(fmt: OutputFormat, view: TableView) -> Callable[[AuditReport, Check
 
 
 def table_view(out: OutputOptions) -> TableView:
-    """Tables fit the terminal and use colour when stdout is one (Rich honours NO_COLOR and COLUMNS);
-    a file gets 80 plain columns."""
+    """Tables fit the terminal and use colour when stdout is one (Rich honours NO_COLOR); COLUMNS
+    sets the width; a pipe or a file gets the width the tables need, never a name split."""
     if out.output is not None:
-        return TableView(out.top, out.by, out.equations)
+        return TableView(out.top, out.by, out.equations, None)
     console = Console()
-    return TableView(out.top, out.by, out.equations, console.width, console.is_terminal and not console.no_color)
+    width = console.width if console.is_terminal or os.environ.get("COLUMNS", "").isdigit() else None
+    return TableView(out.top, out.by, out.equations, width, console.is_terminal and not console.no_color)
 
 
 @at_the_edge

@@ -19,7 +19,7 @@ from te_ckpt_audit.render import render_check_github, render_check_json, render_
 from . import options as opt
 from . import process, terminal
 from .files import check_baseline_file, compile_cache, same_file, save_baseline
-from .options import OutputFormat, default_jobs
+from .options import CheckFormat, default_jobs
 
 ConfigPath = Annotated[
     str,
@@ -41,18 +41,16 @@ def _in_this_environment(request: GpuRequest) -> GpuRequest:
     return dataclasses.replace(request, environment=gpu_environment(os.environ, given), cache=compile_cache())
 
 
-def check_renderer(fmt: OutputFormat) -> Callable[[Sequence[Run]], str]:
+def check_renderer(fmt: CheckFormat) -> Callable[[Sequence[Run]], str]:
     match fmt:
-        case OutputFormat.TABLE:
+        case CheckFormat.TABLE:
             return render_check_table
-        case OutputFormat.JSON:
+        case CheckFormat.JSON:
             return render_check_json
-        case OutputFormat.MARKDOWN:
+        case CheckFormat.MARKDOWN:
             return render_check_markdown
-        case OutputFormat.GITHUB:
+        case CheckFormat.GITHUB:
             return render_check_github
-        case OutputFormat.HTML:
-            raise UsageError("--format html shows one target", "use `te-ckpt-audit audit TARGET --format html`")
         case _:
             assert_never(fmt)
 
@@ -60,7 +58,7 @@ def check_renderer(fmt: OutputFormat) -> Callable[[Sequence[Run]], str]:
 @terminal.at_the_edge
 def check(
     config: ConfigPath = "pyproject.toml",
-    format: opt.Format = OutputFormat.TABLE,  # noqa: A002 (the option's name)
+    format: opt.CheckFormatOption = CheckFormat.TABLE,  # noqa: A002 (the option's name)
     output: opt.Output = None,
     save_baseline_flag: SaveFlag = False,
     require_baseline: opt.RequireBaseline = False,
@@ -70,7 +68,7 @@ def check(
     """Audit every target declared in [tool.te-ckpt-audit] of pyproject.toml against its budgets
     and the baseline; exit 1 if any check fails. --format markdown suits $GITHUB_STEP_SUMMARY,
     --format github prints annotations."""
-    render = check_renderer(format)  # --format html fails here, before any target runs
+    render = check_renderer(format)
     written = output
     terminal.check_report_destination(written)
     cfg = load_config(config)

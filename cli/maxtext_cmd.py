@@ -31,7 +31,7 @@ from . import process
 from .audit_cmd import renderer, table_view
 from .exit_codes import ExitCode
 from .files import compile_cache
-from .options import GpuOptions, OutputFormat, OutputOptions
+from .options import GpuOptions, MaxTextFormat, OutputFormat, OutputOptions
 from .terminal import (
     at_the_edge,
     check_report_destination,
@@ -41,12 +41,19 @@ from .terminal import (
     stdout_kept_for_the_report,
 )
 
+
+def complete_remat_policy(incomplete: str) -> list[str]:
+    """Shell completion of maxtext --policy: as-is, all and MaxText's remat_policy values."""
+    return [p for p in ("as-is", "all", *REMAT_POLICIES) if p.startswith(incomplete)]
+
+
 RematPolicies = Annotated[
     list[str] | None,
     typer.Option(
         "--policy",
         "-p",
         metavar="REMAT_POLICY",
+        autocompletion=complete_remat_policy,
         help="A MaxText remat_policy to compile the step under; repeat for several, `all` for every one "
         f"({', '.join(REMAT_POLICIES)}). Default: as-is, the config's own.",
         show_default=False,
@@ -90,7 +97,7 @@ def maxtext(
     max_compiles: MaxCompiles = 24,
     fit: opt.Fit = False,
     peak_budget: opt.PeakBudgets = None,
-    format: opt.Format = OutputFormat.TABLE,  # noqa: A002 (the option's name)
+    format: opt.MaxTextFormatOption = MaxTextFormat.TABLE,  # noqa: A002 (the option's name)
     output: opt.Output = None,
     debug: opt.Debug = False,
     version: opt.Version = False,
@@ -115,15 +122,13 @@ def maxtext(
     check_remat_policies(policies)
     check_layouts(layout or ())
     check_config_file(run)
-    if format is OutputFormat.HTML or format is OutputFormat.GITHUB:
-        raise UsageError(f"--format {format.value} is audit's", "use table, json or markdown")
     if (batch or layout or max_compiles != 24) and not recommend:
         raise UsageError("--batch, --layout and --max-compiles are about --recommend's search", "add --recommend")
     if recommend and (policy or on_gpu.peak.active):
         raise UsageError("--recommend searches MaxText's remat policies itself", "drop --policy, --fit, --peak-budget")
-    if recommend and format not in (OutputFormat.TABLE, OutputFormat.JSON):
-        raise UsageError(f"--format {format.value}: --recommend writes table or json", "--format json")
-    out = OutputOptions(format, None if output is None else Path(output), 10, None, False)
+    if recommend and format is MaxTextFormat.MARKDOWN:
+        raise UsageError("--format markdown: --recommend writes table or json", "--format json")
+    out = OutputOptions(OutputFormat(format.value), None if output is None else Path(output), 10, None, False)
     check_report_destination(out.output)
     process.prepare(None, run.devices, on_gpu.request.model)
     if recommend:

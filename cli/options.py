@@ -60,6 +60,23 @@ class OutputFormat(enum.StrEnum):
     HTML = "html"  # one self-contained page (inline SVG, no network): audit only
 
 
+class CheckFormat(enum.StrEnum):
+    """check's formats: a check covers many targets, so no one-page html."""
+
+    TABLE = "table"
+    JSON = "json"
+    MARKDOWN = "markdown"
+    GITHUB = "github"
+
+
+class MaxTextFormat(enum.StrEnum):
+    """maxtext's formats (its step is compiled, not audited: no residual page or annotations)."""
+
+    TABLE = "table"
+    JSON = "json"
+    MARKDOWN = "markdown"
+
+
 def _writable_output(text: str | None) -> str | None:
     """Fail before the audit runs, not after it, when the report could not be written.
     (Paths arrive as str: Typer would load pydantic, a fifth of a second, to coerce a Path.)"""
@@ -213,12 +230,27 @@ Target = Annotated[
         show_default=False,
     ),
 ]
+def complete_policy(incomplete: str) -> list[str]:
+    """Shell completion of --policy: every spec `te-ckpt-audit policies` lists that starts so."""
+    from te_ckpt_audit.specs import available_policies
+
+    return [spec for spec, _ in available_policies() if spec.startswith(incomplete)]
+
+
+def complete_gpu(incomplete: str) -> list[str]:
+    """Shell completion of --gpu: the catalog's GPU names and their short forms."""
+    from te_ckpt_audit.gpus import ALIASES, CATALOG
+
+    return sorted(n for n in {*CATALOG, *ALIASES} if n.startswith(incomplete))
+
+
 Policies = Annotated[
     list[str] | None,
     typer.Option(
         "--policy",
         "-p",
         metavar="SPEC",
+        autocompletion=complete_policy,
         help="A checkpoint policy to compare; repeat for several. `te-ckpt-audit policies` lists "
         f"the specs. Default: {', '.join(DEFAULT_POLICIES)}; as-is first for a model with checkpoints.",
         show_default=False,
@@ -278,8 +310,22 @@ Format = Annotated[
         "-f",
         help="table for a terminal, json for machines, markdown for a CI summary, github for "
         "GitHub Actions annotations (::error at the model line of the largest residual), html for "
-        "one self-contained page (audit only).",
+        "one self-contained page.",
     ),
+]
+CheckFormatOption = Annotated[
+    CheckFormat,
+    typer.Option(
+        "--format",
+        "-f",
+        help="table for a terminal, json for machines, markdown for a CI summary, github for "
+        "GitHub Actions annotations.",
+    ),
+]
+MaxTextFormatOption = Annotated[
+    MaxTextFormat,
+    typer.Option("--format", "-f", help="table for a terminal, json for machines, markdown for a CI summary "
+                 "(--recommend: table or json)."),
 ]
 Budgets = Annotated[
     list[str] | None,
@@ -389,6 +435,10 @@ def _print_version(value: bool) -> None:
         raise typer.Exit()
 
 
+TopVersion = Annotated[
+    bool,
+    typer.Option("--version", "-V", callback=_print_version, is_eager=True, help="Print the version and exit."),
+]
 Version = Annotated[
     bool,
     typer.Option("--version", callback=_print_version, is_eager=True, help="Print the version and exit."),
@@ -413,6 +463,7 @@ GpuName = Annotated[
     typer.Option(
         "--gpu",
         metavar="NAME",
+        autocompletion=complete_gpu,
         help="Also compile each policy's training step for this GPU with XLA:GPU (no GPU needed) and "
         "show its peak memory per device: h100-sxm, h100-pcie, h200, a100-40gb, a100-80gb, l40s, b200 "
         "(`te-ckpt-audit gpus`). Needs the [gpu] extra (Linux x86_64, Python >= 3.12).",

@@ -177,6 +177,12 @@ def scope_names(eqn: JaxprEqn) -> tuple[str, ...]:
     )
 
 
+def module_scope_names(eqn: JaxprEqn) -> tuple[str, ...]:
+    """`scope_names` that are modules: without the scopes `jnp.einsum` names its call by (its
+    spec, `bqhd,bkhd->bhqk`), which say what the equation computes, not where."""
+    return tuple(s for s in scope_names(eqn) if "->" not in s)
+
+
 def with_tag(eqn: JaxprEqn, tag: str, params: Params) -> JaxprEqn:
     """A copy of `eqn` whose name stack ends in `tag`.
 

@@ -6,6 +6,7 @@ name, with the package's parent folder on ``sys.path``, so its relative imports 
 """
 
 from __future__ import annotations
+import __future__
 
 import ast
 import contextlib
@@ -24,11 +25,12 @@ from typing import Any
 
 import jax
 
-from ._source import raised_in_user_code, user_location
-from .errors import AuditError, TargetError, UsageError, first_line
+from ._source import raised_in_user_code, unbindable, user_location
+from .errors import AuditError, TargetError, UsageError, a_or_an, first_line
 
 Placement = jax.sharding.Mesh | jax.sharding.AbstractMesh | None  # where the inputs are placed
 Defines = Mapping[str, str]  # `-D key=value`: keyword parameters of the inputs callable, raw text
+_FEATURE = type(__future__.annotations)  # `from __future__ import annotations` binds one
 INPUTS_SUFFIX = "_inputs"
 FALLBACK_INPUTS = "example_inputs"
 
@@ -42,6 +44,9 @@ def split_target(text: str, what: str = "target") -> tuple[str, str]:
     where, sep, attr = text.strip().rpartition(":")
     if not text.strip():
         raise UsageError(f"empty {what}", "give FILE.py:NAME or package.module:NAME")
+    if "::" in text:  # pytest's node syntax, typed from habit
+        raise UsageError(f"{what} {text!r} has '::'; a target takes one ':'",
+                         f"e.g. {text.replace('::', ':', 1)}")
     if not sep or not where or not attr:
         raise UsageError(
             f"{what} {text!r} is not of the form FILE.py:NAME or package.module:NAME",
@@ -174,10 +179,31 @@ def _attribute(module: ModuleType, where: str, attr: str) -> object:
     try:
         return _get_dotted(module, attr)
     except AttributeError:
-        public = sorted(n for n in vars(module) if not n.startswith("_"))
-        close = difflib.get_close_matches(attr, public, n=1)
-        hint = f"did you mean {close[0]!r}?" if close else f"{where} defines: {', '.join(public[:12])}"
+        names = _names_to_offer(module)
+        close = difflib.get_close_matches(attr, names, n=1)
+        hint = f"did you mean {close[0]!r}?" if close else f"{where} defines: {_first_of(names, 12)}"
         raise UsageError(f"{where} has no attribute {attr!r}", hint) from None
+
+
+def _names_to_offer(module: ModuleType) -> list[str]:
+    """A module's public names as targets: its own functions first, then other callables, then the
+    rest; modules and `from __future__` features left out."""
+    own: list[str] = []
+    other: list[str] = []
+    rest: list[str] = []
+    for name, value in sorted(vars(module).items()):
+        if name.startswith("_") or isinstance(value, (ModuleType, _FEATURE)):
+            continue
+        if callable(value) and getattr(value, "__module__", None) == module.__name__:
+            own.append(name)
+        else:
+            (other if callable(value) else rest).append(name)
+    return own + other + rest
+
+
+def _first_of(names: list[str], n: int) -> str:
+    shown = ", ".join(names[:n])
+    return f"{shown} and {len(names) - n} more" if len(names) > n else shown
 
 
 def anchored(spec: str | None, what: str = "$inputs$") -> str | None:
@@ -203,7 +229,7 @@ def load_target(text: str) -> Target:
     fn = _attribute(module, where, attr)
     if not callable(fn):
         raise UsageError(
-            f"{text} is a {type(fn).__name__}, not a function", "point TARGET at the function to differentiate"
+            f"{text} is {a_or_an(type(fn).__name__)}, not a function", "point TARGET at the function to differentiate"
         )
     return Target(fn, module, attr, text)
 
@@ -296,7 +322,21 @@ def load_inputs(
             "fix the inputs callable ($debug$)",
         ) from exc
     args = value if isinstance(value, tuple) else (value,)
+    _check_arity(target, args, source)
     return Inputs(args, source, tuple(sorted(kwargs.items())), {**_defaults(fn), **kwargs})
+
+
+def _check_arity(target: Target, args: tuple[object, ...], source: str) -> None:
+    """The inputs callable's arguments bind to the target's parameters, else the mistake is named
+    where it is: in the inputs callable (a tuple of the wrong length), not in the model's code."""
+    found = unbindable(target.fn, args)
+    if found is not None:
+        why, wanted = found
+        got = f"{len(args)} argument{'s' * (len(args) != 1)}"
+        raise TargetError(
+            f"inputs callable {source} returned {got}, which {target.text} cannot take: {why}",
+            f"return a tuple of its arguments from {source.rpartition(':')[2]}, e.g. ({', '.join(wanted)})",
+        )
 
 
 def _defaults(fn: Callable[..., object]) -> dict[str, object]:

@@ -117,7 +117,7 @@ class _Walk:
                 self.found[key] = module
             if params:
                 self.direct.add(key)
-            self.scopes[key] = jc.scope_names(eqn)
+            self.scopes[key] = jc.module_scope_names(eqn)
             for v in eqn.invars:  # who feeds whom: the refinements' ways back and forth
                 if not isinstance(v, jc.Literal) and v in producer:
                     self.consumers.setdefault(producer[v], []).append(key)

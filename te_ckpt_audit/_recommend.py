@@ -36,7 +36,17 @@ from ._trained import ParamsLike
 from .config import as_defines, parse_mesh
 from .errors import TargetError, UsageError
 from .gpus import GpuRequest
-from .records import Candidate, CandidateKind, MeshSpec, PolicyResult, Recommendation, Scope
+from .records import (
+    Candidate,
+    CandidateKind,
+    MeshSpec,
+    NameToAdd,
+    PolicyResult,
+    Recommendation,
+    Residual,
+    ResidualKind,
+    Scope,
+)
 from .sizes import count_at_least_one, positive_bytes
 from .specs import PolicySpec, names_spec, resolve_policy, spellable
 
@@ -265,7 +275,40 @@ def _found(
         evaluated=evaluated,
         report=report,
         presets=registry.presets(),
+        to_name=() if names or skipped else names_to_add(list(ev.results.values())),
     )
+
+
+def _identifier(text: str) -> str:
+    word = re.sub(r"\W+", "_", text).strip("_").lower()
+    return word if word and not word[0].isdigit() else f"x_{word}"
+
+
+def names_to_add(results: Sequence[PolicyResult], top: int = 5) -> tuple[NameToAdd, ...]:
+    """For a model with no checkpoint names: its largest activations, by module path (else source
+    line), under the policy that keeps the most; each with a name that `checkpoint_name` could give
+    it (the module's last part, else the producer and line), so `recommend` can choose among them."""
+    kept = max(results, key=lambda r: r.totals.activation_bytes, default=None)
+    if kept is None:
+        return ()
+    places: dict[str, list[Residual]] = {}
+    for r in kept.residuals:
+        if r.kind is ResidualKind.ACTIVATION and r.bytes:
+            line = f"{r.source.file}:{r.source.line}" if r.source else None
+            places.setdefault(r.module or line or (r.primitive or "?"), []).append(r)
+    ranked = sorted(places.items(), key=lambda kv: (-sum(r.bytes for r in kv[1]), kv[0]))[:top]
+    out: list[NameToAdd] = []
+    taken: set[str] = set()
+    for where, made in ranked:
+        first = made[0]
+        line = f"{first.source.file}:{first.source.line}" if first.source else None
+        stem = _identifier(first.module.rsplit("/", 1)[-1] if first.module else f"{first.primitive or 'value'}"
+                           f"_{first.source.line if first.source else len(out)}")
+        name = stem if stem not in taken else f"{stem}_{len(out)}"
+        taken.add(name)
+        out.append(NameToAdd(where, line, sum(r.bytes for r in made),
+                             tuple(dict.fromkeys(r.primitive or "?" for r in made)), name))
+    return tuple(out)
 
 
 def _subsets(names: Sequence[str]) -> Iterable[tuple[str, ...]]:

@@ -31,7 +31,7 @@ from ._jaxpr import (
 )
 from ._params import Scopes, flow, name_modules, names_own_modules, param_module
 from ._sites import Sites
-from ._source import Origin, SourceFinder, user_location
+from ._source import Origin, SourceFinder, unbindable, user_location
 from ._trained import ALL, ParamsLike, TrainedInputs, parse_params, resolve_trained
 from .errors import TargetError, UsageError, first_line
 from .policies import Policy, is_te_gemm, is_te_quantize, is_te_standin
@@ -169,6 +169,10 @@ def trace(
     >>> [e.primitive for e in t.rows.equations()]
     ['sin', 'reduce_sum']
     """
+    found = unbindable(fn, tuple(args))
+    if found is not None:  # the arguments are the mistake, not the function's code
+        raise UsageError(f"{target or 'the function'} cannot take the {len(args)} argument(s) given: {found[0]}",
+                         f"pass its arguments positionally, e.g. audit(fn, {', '.join(found[1])})")
     leaves_with_path, treedef = _flattened(args, target)
     dynamic = [i for i, (_, leaf) in enumerate(leaves_with_path) if is_array_leaf(leaf)]
     leaves = [leaf for _, leaf in leaves_with_path]
@@ -322,7 +326,7 @@ def _tag(jaxpr: jc.Jaxpr, prefix: str, ctx: _Context, rows: Rows) -> jc.Jaxpr:
         if ctx.traceback_from is not None:
             eqn = eqn.replace(source_info=eqn.source_info.replace(traceback=ctx.traceback_from))
         here = _origin(rows.finder(eqn), ctx.origin)
-        rows.sites.enter(eid, prefix, jc.scope_names(eqn), here)
+        rows.sites.enter(eid, prefix, jc.module_scope_names(eqn), here)
         if eqn.primitive is jc.custom_vjp_call_p:
             params = _tag_custom_vjp(eqn, eid, here, ctx, consumers_named, rows)
         elif eqn.primitive is jc.custom_jvp_call_p:  # one row; its jvp rule's equations map to it

@@ -32,7 +32,7 @@ from .records import (
     Verdict,
 )
 from .registry import NOTHING_SAVEABLE
-from .specs import AsIs, NoCheckpoint, PolicySpec, Preset
+from .specs import AsIs, NoCheckpoint, PolicySpec, Preset, names_spec, spellable
 
 NOTHING = Preset(NOTHING_SAVEABLE)
 
@@ -190,13 +190,16 @@ def _requantized(traced: Traced, spec: PolicySpec, result: PolicyResult) -> TeRe
         if e.name and (e.is_te_quantize or e.dtype.startswith(("float8", "float4")))
     })
     base = spec.text if isinstance(spec, Preset) and spec.known.te_aware else "te_gemms_saveable"
-    suggestion = f"save_only_these_names:{','.join(names)}+{base}" if names and not delayed else None
+    # a name with `,` `+` `;` `|` `=` or spaces would read back as other names: never put in a spec
+    spelled = [n for n in names if spellable(n)]
+    suggestion = names_spec(spelled, base=base).text if spelled and not delayed else None
     totals = [traced.rows.equation(r.equation.id) for r in again]
     where = tuple(dict.fromkeys(e.module or (f"{e.source.file}:{e.source.line}" if e.source else e.id) for e in totals))
     return TeRequantized(spec.text, tuple(e.id for e in totals), sum(e.flops * e.multiplicity for e in totals), where,
                          tuple(names), suggestion, delayed, sum(e.multiplicity for e in totals),
                          result.totals.quantized_bytes if delayed else 0,
-                         _maxtext_policy(traced, result) if suggestion and "quantization" in names else None)
+                         _maxtext_policy(traced, result) if suggestion and "quantization" in names else None,
+                         tuple(n for n in names if n not in spelled))
 
 
 def _maxtext_policy(traced: Traced, result: PolicyResult) -> str | None:

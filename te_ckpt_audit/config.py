@@ -199,7 +199,8 @@ def load_config(path: str | Path = "pyproject.toml") -> Config:
     if not isinstance(raw_targets, list) or not raw_targets:
         raise UsageError(f"{p}: [tool.te-ckpt-audit] declares no targets", "add [[tool.te-ckpt-audit.targets]] tables")
     defaults = {k: section[k] for k in _GPU_KEYS if k in section}
-    targets = tuple(_target({**defaults, **t} if isinstance(t, dict) else t, i, p) for i, t in enumerate(raw_targets))
+    targets = tuple(_target(_with_defaults(t, defaults) if isinstance(t, dict) else t, i, p)
+                    for i, t in enumerate(raw_targets))
     baseline = section.get("baseline")
     if baseline is not None and (not isinstance(baseline, str) or not baseline.strip()):
         raise UsageError(
@@ -208,6 +209,14 @@ def load_config(path: str | Path = "pyproject.toml") -> Config:
         )
     tolerance = _number(section.get("tolerance", 0.0), "tolerance", "[tool.te-ckpt-audit]", p)
     return Config(p, targets, (p.parent / baseline) if baseline else None, tolerance)
+
+
+def _with_defaults(target: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+    """A target's table with [tool.te-ckpt-audit]'s GPU keys where it sets none of its own; `gpu`
+    and `gpu_config` are one choice, so a target's either one replaces the section's both."""
+    if "gpu" in target or "gpu_config" in target:
+        defaults = {k: v for k, v in defaults.items() if k not in ("gpu", "gpu_config")}
+    return {**defaults, **target}
 
 
 def _target(raw: Any, i: int, p: Path) -> TargetConfig:

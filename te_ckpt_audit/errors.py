@@ -87,3 +87,8 @@ def first_line(exc: BaseException) -> str:
     except Exception:
         return "(no message: its __str__ raised)"
     return lines[0] if lines else type(exc).__name__
+
+
+def a_or_an(word: str) -> str:
+    """`word` with its indefinite article, for messages naming a type: "an int", "a float"."""
+    return f"{'an' if word[:1].lower() in 'aeiou' else 'a'} {word}"

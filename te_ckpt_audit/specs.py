@@ -22,7 +22,7 @@ from typing import Any
 import jax
 
 from . import policies as te_policies
-from .errors import PolicySpecError, UsageError
+from .errors import PolicySpecError, UsageError, a_or_an
 from .policies import Policy
 from .registry import AS_IS, KNOWN, NONE, NOTHING_SAVEABLE, KnownPolicy, known
 
@@ -404,7 +404,7 @@ def _custom(spec: str, where: str, attr: str) -> PolicySpec:
         raise PolicySpecError(f"custom policy {spec!r} does not resolve: {err.template}", hint) from err
     if not callable(policy):
         raise PolicySpecError(
-            f"custom policy {spec!r} is a {type(policy).__name__}, not a callable",
+            f"custom policy {spec!r} is {a_or_an(type(policy).__name__)}, not a callable",
             "a policy is a function (prim, *avals, **params) -> bool",
         )
     return Custom(spec, policy)

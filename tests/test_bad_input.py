@@ -65,6 +65,7 @@ def line(n: int) -> str:
 
 
 EXIT_AT_IMPORT = "import sys\nsys.exit({})\n"
+TWENTY_NAMES = "".join(f"A{i} = {i}\n" for i in range(20))
 BAD_STR = "class Unprintable(Exception):\n    def __str__(self):\n        raise RuntimeError('no str')\n"
 
 AUDIT_CASES = [
@@ -73,6 +74,12 @@ AUDIT_CASES = [
     case("syntax-error", "model.py:loss", TARGET, "syntax error in", model="!def loss(x:\n"),
     case("missing-attribute", "model.py:los", USAGE, "did you mean 'loss'"),
     case("not-callable", "model.py:lossy", USAGE, "not a function", model="lossy = 3\n"),
+    case("not-callable-article", "model.py:lossy", USAGE, "model.py:lossy is an int,", model="lossy = 3\n"),
+    case("double-colon", "model.py::loss", USAGE, "has '::'; a target takes one ':' (hint: e.g. model.py:loss)"),
+    # the model's own functions first, and how many names were left out
+    case("attribute-hint-cut", "model.py:zzz", USAGE, "model.py defines: loss, loss_inputs, checkpoint_name, A0, ",
+         model=TWENTY_NAMES),
+    case("attribute-hint-count", "model.py:zzz", USAGE, " and 11 more)", model=TWENTY_NAMES),
     case("empty-target", [""], USAGE, "empty target"),
     case("no-colon", "model.py", USAGE, "not of the form"),
     case("no-such-module", "no_such_pkg_xyz.mod:loss", USAGE, "no module named"),
@@ -131,6 +138,13 @@ AUDIT_CASES = [
         TARGET,
         "inputs callable model.py:odd_inputs raised Unprintable",
         model=BAD_STR + "def odd(x):\n    return x\ndef odd_inputs():\n    raise Unprintable()\n",
+    ),
+    case(
+        "inputs-too-few",  # the mistake is the inputs callable's tuple, not the model's code
+        "model.py:two",
+        TARGET,
+        "inputs callable model.py:two_inputs returned 1 argument, which model.py:two cannot take",
+        model="def two(w, x):\n    return loss(w, x)\ndef two_inputs():\n    return loss_inputs()[0]\n",
     ),
     case(
         "inputs-wrong-type",

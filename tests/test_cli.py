@@ -184,6 +184,17 @@ def test_every_scope_is_handled(model: Path, scope: Scope) -> None:
     assert json.loads(result.stdout) == expected
 
 
+def test_a_pipe_gets_the_width_the_tables_need(model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("COLUMNS", raising=False)
+    long = "save_only_these_names:hidden+dots_and_te_gemms_with_no_batch_dims"
+    result = cli("model.py:loss", "-p", long, "-p", "checkpoint_dots_and_te_gemms")
+    assert result.exit_code == 0, result.stderr
+    table = result.stdout[result.stdout.index("Kept for the backward pass"):].splitlines()
+    rows = [line.split() for line in table if line[:2] in ("1 ", "2 ")]
+    assert [row[1] for row in rows[:2]] == [long, "checkpoint_dots_and_te_gemms"]  # neither split
+    assert max(len(line) for line in result.stdout.splitlines()) > 80
+
+
 def test_table_honours_columns_and_no_color(model: Path) -> None:
     for env, width, coloured in [
         ({"COLUMNS": "80"}, 80, False),
@@ -216,9 +227,38 @@ def test_policies_lists_every_spec_one_a_line() -> None:
 
 
 def test_version() -> None:
-    result = cli("--version")
-    assert result.exit_code == 0
-    assert result.stdout.startswith(f"te-ckpt-audit {__version__} ")
+    for flag in ("--version", "-V"):
+        result = cli(flag)
+        assert result.exit_code == 0
+        assert result.stdout.startswith(f"te-ckpt-audit {__version__} ")
+    listed = cli("--help").stdout
+    assert "-V, --version" in listed and "--install-completion" in listed and "--show-completion" in listed
+
+
+def test_a_bare_command_shows_the_help() -> None:
+    bare, asked = cli(), cli("--help")
+    assert bare.exit_code == 0 and bare.stderr == ""
+    assert bare.stdout == asked.stdout and "Commands:" in bare.stdout
+
+
+@pytest.mark.parametrize(("words", "expected"), [
+    ("--policy checkpoint_dots_and", {"checkpoint_dots_and_te_gemms"}),
+    ("recommend m.py:f --gpu h1", {"h100", "h100-pcie", "h100-sxm"}),
+    ("rec", {"recommend"}),
+    ("maxtext c.yml -p minimal_with_c", {"minimal_with_context", "minimal_with_context_and_quantization"}),
+])
+def test_shell_completion_knows_commands_policies_and_gpus(words: str, expected: set[str]) -> None:
+    argv = ["te-ckpt-audit", *words.split()]
+    env = {"_TE_CKPT_AUDIT_COMPLETE": "complete_bash", "COMP_WORDS": " ".join(argv), "COMP_CWORD": str(len(argv) - 1)}
+    result = CliRunner().invoke(app, [], env=env, prog_name="te-ckpt-audit")
+    assert set(result.stdout.split()) == expected
+
+
+def test_check_offers_only_the_formats_it_writes() -> None:
+    shown = cli("check", "--help", env={"COLUMNS": "200"}).stdout
+    assert "<table|json|markdown|github>" in shown and "html" not in shown
+    refused = cli("check", "--format", "html")
+    assert refused.exit_code == ExitCode.USAGE and "html" in refused.stderr
 
 
 def test_help_lists_every_command_one_line_each() -> None:

@@ -72,3 +72,25 @@ def test_the_projects_own_config_is_valid() -> None:
     cfg = load_config(ROOT / "pyproject.toml")
     assert {t.target.split(":")[0].split("/")[-1] for t in cfg.targets} >= {"gpt.py", "te_transformer.py"}
     assert all(t.budgets for t in cfg.targets)
+
+
+def test_a_targets_gpu_config_wins_over_the_sections_gpu(tmp_path) -> None:
+    """`gpu` and `gpu_config` are one choice: a target's own replaces [tool.te-ckpt-audit]'s, as the
+    config's documentation says, rather than being refused as "both"."""
+    from te_ckpt_audit.gpus import gpu_model
+
+    (tmp_path / "small.txtpb").write_text(gpu_model("h100").config_text(2**30))
+    cfg = load_config(_write(tmp_path, """
+        [tool.te-ckpt-audit]
+        gpu = "a100"
+
+        [[tool.te-ckpt-audit.targets]]
+        target = "m.py:loss"
+        gpu_config = "small.txtpb"
+
+        [[tool.te-ckpt-audit.targets]]
+        target = "m.py:other"
+    """))
+    own, inherited = cfg.targets
+    assert own.gpu is not None and own.gpu.model.name == "small" and own.gpu.model.memory_bytes == 2**30
+    assert inherited.gpu is not None and inherited.gpu.model.name == "a100-80gb"

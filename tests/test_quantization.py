@@ -9,6 +9,7 @@ the TE GEMM outputs brings them to 0. Real TE's recipes are in tests/test_real_t
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -20,6 +21,7 @@ from te_ckpt_audit import Category, Outcome, ResidualKind, WarningCode, audit, a
 from te_ckpt_audit.records import AuditReport, Candidate, CandidateKind
 from te_ckpt_audit.render import warning_message
 from te_ckpt_audit.render.recommend import maxtext_config
+from te_ckpt_audit.specs import resolve_policy
 
 TARGET = "sample_models/te_transformer.py:loss"
 SAVING = "save_only_these_names:quantization+checkpoint_dots_and_te_gemms"
@@ -156,3 +158,40 @@ def test_a_maxtext_models_te_gemms_have_its_modules_and_the_fix_is_its_policy(tm
                    params=0)
     (found,) = [w for w in report.results[0].warnings if w.code is WarningCode.TE_REQUANTIZED]
     assert found.maxtext_policy is None and found.saving_spec == "save_only_these_names:quantization+te_gemms_saveable"
+
+
+def _two_quantized_layers(name: str, policy: str) -> AuditReport:
+    """Two FP8 projections whose quantizers are named `name`, audited under `policy`."""
+
+    def loss(w: jax.Array, x: jax.Array) -> jax.Array:
+        return jnp.sum(dense(jnp.tanh(dense(x, w, fp8=True, quantization_name=name)), w, fp8=True,
+                             quantization_name=name))
+
+    f32 = jnp.float32
+    return audit(loss, jax.ShapeDtypeStruct((16, 16), f32), jax.ShapeDtypeStruct((8, 16), f32), policies=[policy])
+
+
+def _requantized_under_te_gemms(name: str) -> Any:
+    report = _two_quantized_layers(name, "te_gemms_saveable")
+    (found,) = [w for w in report.result("te_gemms_saveable").warnings if w.code is WarningCode.TE_REQUANTIZED]
+    return found
+
+
+@pytest.mark.parametrize("name", ["q,k", "a+b", "x;y", "p|q", " padded "])
+def test_a_quantizer_name_no_spec_can_carry_is_never_put_in_one(name: str) -> None:
+    """The te-requantized warning's fix is written in Python for a name that a --policy spec would
+    read back as other names (or refuse), and no spec holds it."""
+
+    found = _requantized_under_te_gemms(name)
+    assert found.quantizer_names == (name,) and found.unspellable == (name,) and found.saving_spec is None
+    said = warning_message(found)
+    assert f"save_only_these_names({name!r})" in said and "--policy save_only" not in said
+
+
+@pytest.mark.parametrize("name", ["two words", "k=v", "quantization"])
+def test_a_spec_suggested_for_a_quantizer_name_reads_back_as_that_name(name: str) -> None:
+    found = _requantized_under_te_gemms(name)
+    assert found.unspellable == () and found.saving_spec is not None
+    spec = resolve_policy(found.saving_spec)
+    assert spec.parts[0].names == (name,)  # type: ignore[attr-defined]
+    assert _two_quantized_layers(name, found.saving_spec).results[0].requantized == 0

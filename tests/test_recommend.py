@@ -175,7 +175,7 @@ def test_json_shape_strict_and_deterministic() -> None:
     text = render_recommend_json(rec)
     assert text == render_recommend_json(recommend(Session(four()), 3328))
     doc = json.loads(text, parse_constant=lambda c: pytest.fail(f"non-strict JSON constant {c}"))
-    assert doc["schema"] == "te-ckpt-audit-recommend/4"
+    assert doc["schema"] == "te-ckpt-audit-recommend/5"
     assert doc["fits"] is True and doc["closest"] is None
     win = doc["recommended"]
     assert (win["policy"], win["activation_bytes"], win["recompute_flops"]) == (
@@ -326,3 +326,44 @@ def test_sys_exit_in_the_target_is_the_targets_failure(tmp_path: Path, monkeypat
     )
     with pytest.raises(TargetError, match=r"sys\.exit\(0\)"):
         recommend_target("quits.py:loss", 1024)
+
+
+def _unnamed_loss(params: tuple[jax.Array, jax.Array], x: jax.Array) -> jax.Array:
+    import jax.numpy as jnp
+
+    w1, w2 = params
+
+    def block(x: jax.Array) -> jax.Array:
+        h = jnp.tanh(x @ w1)  # the line of h: a dot (8 KiB) and a tanh (8 KiB) per layer
+        return jnp.sin(h @ w2)  # the line of the output: the same again
+
+    for _ in range(2):
+        x = jax.checkpoint(block)(x)
+    return jnp.sum(x)
+
+
+def test_a_model_without_names_is_told_which_tensors_to_name() -> None:
+    """recommend can only pick presets without checkpoint names: it says where the largest
+    activations are made, their bytes exactly, and the name to give each."""
+    f32 = jax.numpy.float32
+    s = jax.ShapeDtypeStruct
+    rec = recommend(Session(trace(_unnamed_loss, ((s((64, 64), f32), s((64, 64), f32)), s((32, 64), f32)), "t")),
+                    20 * 1024)
+    assert rec.names == () and rec.recommended is not None and rec.recommended.kind is CandidateKind.PRESET
+    import inspect
+
+    first = inspect.getsourcelines(_unnamed_loss)[1]
+    lines = [n.line for n in rec.to_name]
+    assert sorted(int(line.rsplit(":", 1)[1]) for line in lines if line) == [first + 6, first + 7]
+    widest = max((r for r in rec.report.results), key=lambda r: r.totals.activation_bytes)
+    for n in rec.to_name:
+        assert n.bytes == sum(r.bytes for r in widest.residuals if r.kind.value == "activation" and r.source
+                              and f"{r.source.file}:{r.source.line}" == n.line)
+        assert n.name.isidentifier() and n.code() == f'x = checkpoint_name(x, "{n.name}")'
+    assert sum(n.bytes for n in rec.to_name) == widest.totals.activation_bytes
+    assert len({n.name for n in rec.to_name}) == len(rec.to_name)
+    assert rec.to_dict()["to_name"][0]["code"] == rec.to_name[0].code()
+
+
+def test_a_model_with_names_is_not_told_to_name_more() -> None:
+    assert recommend(Session(four()), 3328).to_name == ()

@@ -16,7 +16,8 @@ from te_ckpt_audit.records import Category
 from te_ckpt_audit.render import format_bytes, render_audit_html, render_recommend_html
 from te_ckpt_audit.render.html import COLOURS, PRODUCER_WORDS
 
-VOID = {"meta", "br", "line", "rect", "circle", "polygon", "path", "img", "hr", "input", "link"}
+# wbr: a line-break opportunity, void in HTML
+VOID = {"meta", "br", "line", "rect", "circle", "polygon", "path", "img", "hr", "input", "link", "wbr"}
 
 
 @functools.cache
@@ -114,3 +115,39 @@ def test_recommend_page_shows_winner_snippet_and_frontier() -> None:
     assert frontier.count("<tr>") == len(rec.frontier) + 1
     assert page.count("<polygon") == 1  # the winner's star
     assert "budget 3.25 KiB" in page
+
+
+def test_points_at_one_place_share_one_label_and_the_legend_shows_what_is_drawn() -> None:
+    report = audit_report()
+    none, everything = report.result("none"), report.result("everything_saveable")
+    assert (none.totals.activation_bytes, none.recompute_flops) == (
+        everything.totals.activation_bytes, everything.recompute_flops)
+    page = render_audit_html(report)
+    plot = page[page.index("<h2>Frontier:"):page.index("<h2>Activation bytes by producer")]
+    assert ">none = everything_saveable<" in plot and ">none<" not in plot
+    assert "■ preset" in plot and "● on the frontier" not in plot  # every point here is a preset's square
+    assert "─ frontier" in plot
+
+
+def test_the_modules_table_numbers_its_policy_columns_and_can_wrap_its_paths() -> None:
+    report = audit_report()
+    page = render_audit_html(report)
+    table = page[page.index("<h2>Largest residuals by module path</h2>"):page.index("<h2>Per-equation marks")]
+    for i, r in enumerate(report.results):
+        assert f'<th class="num" title="{r.policy}">{i + 1}</th>' in table
+        assert f"<b>{i + 1}</b> <code>{r.policy}</code>" in table
+    assert 'class="scroll"' not in table and "<wbr>" in table
+
+
+def test_a_notebook_shows_the_policy_table() -> None:
+    report = audit_report()
+    shown = report._repr_html_()
+    assert shown.startswith("<div>") and "<!DOCTYPE" not in shown and "<style" not in shown
+    parsed = _parse(shown)
+    assert parsed.errors == [] and parsed.stack == []
+    for r in report.results:
+        assert f"<td><code>{r.policy}</code></td><td class=\"num\">{format_bytes(r.totals.activation_bytes)}</td>" \
+            in shown
+    rec = recommendation()
+    assert "<b>Recommended:</b> <code>--policy save_only_these_names:layer1,layer2</code>" in rec._repr_html_()
+    assert _parse(rec._repr_html_()).errors == []

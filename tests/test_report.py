@@ -38,3 +38,21 @@ def test_recompute_figures() -> None:
     assert nothing.recompute_flops == gemm + 4 * 8  # the dot and tanh run again; the sum does not
     assert nothing.recompute_percent == 100.0 * (gemm + 4 * 8) / (gemm + 4 * 8 + 1)
     assert report.result("everything_saveable").recompute_flops == 0
+
+
+def test_print_shows_the_comparison_table_and_repr_is_one_line() -> None:
+    from te_ckpt_audit.render import TableView, render_table
+
+    def loss(w: jax.Array, x: jax.Array) -> jax.Array:
+        return jnp.sum(jnp.tanh(x @ w) @ w)
+
+    report = audit(loss, jax.ShapeDtypeStruct((8, 8), jnp.float32), jax.ShapeDtypeStruct((4, 8), jnp.float32),
+                   policies=["dots_and_te_gemms_with_no_batch_dims", "nothing_saveable"])
+    text = str(report)
+    assert text == render_table(report, TableView(width=None))
+    assert "Kept for the backward pass" in text
+    table = text[text.index("Kept for the backward pass"):].splitlines()
+    rows = [line.split() for line in table if line[:2] in ("1 ", "2 ")]
+    assert [row[1] for row in rows[:2]] == ["dots_and_te_gemms_with_no_batch_dims", "nothing_saveable"]  # unbroken
+    said = repr(report)
+    assert "\n" not in said and len(said) < 300 and "2 policies" in said and "print()" in said

@@ -153,3 +153,19 @@ def test_code_inside_a_librarys_own_body_is_placed_at_the_users_call(tmp_path: P
     assert {r.frame.file for r in result.residuals if r.frame and r.kind is ResidualKind.ACTIVATION} == {
         "site-packages/mylib.py"
     }
+
+
+def test_an_einsum_spec_is_not_a_module() -> None:
+    """`jnp.einsum` names its call by its spec (`bqd,bkd->bqk`): what it computes, not where; the
+    module path is the enclosing scope's."""
+
+    def loss(w: jax.Array, x: jax.Array) -> jax.Array:
+        with jax.named_scope("attn"):
+            scores = jnp.einsum("bqd,bkd->bqk", x @ w, x)
+        return jnp.sum(jnp.tanh(scores))
+
+    f32 = jnp.float32
+    report = audit(loss, jax.ShapeDtypeStruct((8, 8), f32), jax.ShapeDtypeStruct((2, 4, 8), f32), policies=["none"])
+    modules = {e.module for e in report.equations if e.module}
+    assert modules == {"attn"}
+    assert {r.module for r in report.result("none").residuals if r.module} == {"attn"}

@@ -55,6 +55,7 @@ from .recommendation import (
     Maximized,
     MaxTextPoint,
     MaxTextRecommendation,
+    NameToAdd,
     Recommendation,
     Trial,
 )
@@ -106,6 +107,7 @@ __all__ = [
     "SourceLocation",
     "StepInfo",
     "TeKind",
+    "NameToAdd",
     "Trial",
     "Totals",
     "Trained",

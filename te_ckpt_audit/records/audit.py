@@ -8,6 +8,7 @@ import enum
 from collections.abc import Iterable
 from typing import Any
 
+from ._display import Shown
 from .findings import WARNINGS, AuditWarning, warning_document
 from .schemas import AUDIT
 
@@ -340,8 +341,11 @@ class PolicyResult:
         raise KeyError(equation_id)
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class AuditReport:
+@dataclasses.dataclass(frozen=True, slots=True, repr=False)
+class AuditReport(Shown):
+    """The audit: every policy's residuals, recompute and warnings. `print(report)` shows the
+    comparison table; a notebook shows the HTML report's table."""
+
     target: str
     arguments: tuple[str, ...]  # "path: dtype[shape]" of each traced input
     jax_version: str
@@ -371,6 +375,10 @@ class AuditReport:
     @property
     def warnings(self) -> tuple[AuditWarning, ...]:
         return tuple(w for r in self.results for w in r.warnings)
+
+    def _summary(self) -> str:
+        policies = ", ".join(r.policy for r in self.results)
+        return f"of {self.target!r}: {len(self.results)} policies ({policies}), {len(self.equations)} equations"
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON document (schema ``te-ckpt-audit/5``): plain, ordered, deterministic."""

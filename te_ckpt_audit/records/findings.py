@@ -101,6 +101,7 @@ class TeRequantized:
     runs: int  # how many times they run again: each counted once per run (a scanned layer's, per layer)
     kept_bytes: int = 0  # under delayed scaling: the quantized tensors the policy keeps all the same
     maxtext_policy: str | None = None  # for a MaxText model: the remat_policy that saves the quantizers
+    unspellable: tuple[str, ...] = ()  # quantizer names no --policy spec can carry (`,` `+` `;` `|` `=`, spaces)
     code: ClassVar[WarningCode] = WarningCode.TE_REQUANTIZED
 
 

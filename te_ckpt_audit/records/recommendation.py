@@ -1,5 +1,5 @@
 """What `recommend` found: every candidate policy it analysed, the Pareto frontier and the winner;
-`Recommendation.to_dict()` is the JSON document (schema ``te-ckpt-audit-recommend/4``)."""
+`Recommendation.to_dict()` is the JSON document (schema ``te-ckpt-audit-recommend/5``)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import dataclasses
 import enum
 from typing import Any
 
+from ._display import Shown
 from .audit import AuditReport, GpuInfo, MeshSpec, PeakMemory, _plain
 from .schemas import MAXTEXT_RECOMMEND, RECOMMEND
 
@@ -66,6 +67,22 @@ class Candidate:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class NameToAdd:
+    """For a model without checkpoint names: a place whose activations are large, and the name a
+    `checkpoint_name` there would give `recommend` to choose by (save it, recompute it, offload it)."""
+
+    where: str  # the module path, else the source line
+    line: str | None  # "file.py:LINE" of the user's code that makes it
+    bytes: int  # activation bytes made there (the policy that keeps the most)
+    producers: tuple[str, ...]  # the primitives that make them
+    name: str  # a name to give it
+
+    def code(self) -> str:
+        """The line to add where the value is made (`x` being that value)."""
+        return f'x = checkpoint_name(x, "{self.name}")'
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Trial:
     """One value of `--maximize`'s keyword, compiled under the recommended policy."""
 
@@ -87,8 +104,8 @@ class Maximized:
     bounded: bool = False  # the search stopped at the compile limit before it found the edge
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Recommendation:
+@dataclasses.dataclass(frozen=True, slots=True, repr=False)
+class Recommendation(Shown):
     """What `recommend` found. `recommended` is None when nothing fits; `closest` is then the
     candidate with the fewest activation bytes. `frontier` is the Pareto frontier of (activation
     bytes, recompute FLOPs) over `evaluated`, fewest bytes first. `report` holds the full analysis
@@ -110,13 +127,14 @@ class Recommendation:
     compiles: int = 0  # candidates compiled for the GPU
     maximized: Maximized | None = None
     presets: tuple[str, ...] = ()  # the named policies searched, in the order a frontier lists them
+    to_name: tuple[NameToAdd, ...] = ()  # a model without checkpoint names: what to name for finer choices
 
     @property
     def fits(self) -> bool:
         return self.recommended is not None
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON document (schema ``te-ckpt-audit-recommend/4``): plain, ordered, deterministic."""
+        """The JSON document (schema ``te-ckpt-audit-recommend/5``): plain, ordered, deterministic."""
         return {
             "schema": RECOMMEND,
             "target": self.target,
@@ -137,6 +155,7 @@ class Recommendation:
             "compiles": self.compiles,
             "maximized": _plain(self.maximized),
             "presets": list(self.presets),
+            "to_name": [{**_plain(n), "code": n.code()} for n in self.to_name],
         }
 
 
@@ -154,8 +173,8 @@ class MaxTextPoint:
         return self.peak.fits is True
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class MaxTextRecommendation:
+@dataclasses.dataclass(frozen=True, slots=True, repr=False)
+class MaxTextRecommendation(Shown):
     """`maxtext --recommend`: the largest per-device batch at which one of MaxText's remat
     policies fits, with the fastest such policy in MaxText's own order; every point tried,
     compiled."""

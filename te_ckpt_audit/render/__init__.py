@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+from ..records import AuditReport, MaxTextRecommendation, Recommendation
 from ._common import format_bytes, format_flops, format_percent, hotspots, policy_errors, warning_message
 from ._text import printable, printable_records
 from .check import (
@@ -21,7 +22,13 @@ from .check import (
     render_check_markdown,
     violation_message,
 )
-from .html import render_audit_html, render_recommend_html
+from .html import (
+    audit_html_table,
+    maxtext_recommend_html_table,
+    recommend_html_table,
+    render_audit_html,
+    render_recommend_html,
+)
 from .json_doc import render_json
 from .markdown import render_markdown
 from .recommend import (
@@ -34,8 +41,35 @@ from .recommend import (
 )
 from .terminal import TableView, render_check_table, render_table
 
+
+def text_of(record: object) -> str:
+    """What `print(record)` shows: the table the command line prints (as wide as it needs)."""
+    if isinstance(record, AuditReport):
+        return render_table(record, TableView(width=None))
+    if isinstance(record, Recommendation):
+        return render_recommend_text(record)
+    if isinstance(record, MaxTextRecommendation):
+        return render_maxtext_recommend_text(record)
+    raise TypeError(f"no table for {type(record).__name__}")
+
+
+def html_of(record: object) -> str:
+    """What a notebook shows for `record`: the HTML report's table."""
+    if isinstance(record, AuditReport):
+        return audit_html_table(record)
+    if isinstance(record, Recommendation):
+        return recommend_html_table(record)
+    if isinstance(record, MaxTextRecommendation):
+        return maxtext_recommend_html_table(record)
+    raise TypeError(f"no HTML table for {type(record).__name__}")
+
 __all__ = [
     "TableView",
+    "audit_html_table",
+    "html_of",
+    "maxtext_recommend_html_table",
+    "recommend_html_table",
+    "text_of",
     "format_bytes",
     "format_flops",
     "format_percent",

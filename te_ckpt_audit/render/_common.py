@@ -122,6 +122,12 @@ def warning_message(w: AuditWarning) -> str:
                         f"backward pass needs, so it runs again whatever is saved{kept}; current scaling "
                         "(TE's Float8CurrentScaling, MaxText's te_fp8_currentscaling) with the quantizers' "
                         "names saved runs none again")
+            if w.unspellable:  # in Python, where any name can be written
+                names = ", ".join(map(repr, w.quantizer_names))
+                python = ("jax.checkpoint_policies.save_from_both_policies(jax.checkpoint_policies."
+                          f"save_only_these_names({names}), te_ckpt_audit.policies.te_gemms_saveable)")
+                return (f"{said}; save the quantizers' checkpoint names with the GEMM outputs, in Python: {python} "
+                        f"(a --policy spec cannot carry the name {', '.join(map(repr, w.unspellable))})")
             if w.maxtext_policy:
                 return (f"{said}; save the quantizers (MaxText's TE layers name them quantization) with the "
                         f"projections: remat_policy: '{w.maxtext_policy}' in MaxText's config (--policy "

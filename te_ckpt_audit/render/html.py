@@ -21,6 +21,7 @@ from ..records import (
     AuditReport,
     Category,
     HotspotKey,
+    MaxTextRecommendation,
     Outcome,
     PeakMemory,
     PolicyResult,
@@ -70,6 +71,7 @@ th{background:#f4f6f7;position:sticky;top:0}
 td.num{text-align:right;font-variant-numeric:tabular-nums}
 td.s{background:#d4efdf}td.o{background:#d6eaf8}td.r{background:#fadbd8}td.n{color:#aab7b8}
 .scroll{overflow-x:auto;max-height:720px;overflow-y:auto;border:1px solid #e5e8e8}
+table.fit{width:100%}table.fit td.path{white-space:normal;overflow-wrap:anywhere}
 svg text{font:11px system-ui,sans-serif;fill:#1c2833}
 .legend span{display:inline-block;margin-right:14px}
 .sw{display:inline-block;width:11px;height:11px;margin-right:4px;vertical-align:-1px}
@@ -127,7 +129,7 @@ def frontier_svg(points: Sequence[PlotPoint], budget: int | None = None, width: 
         for p in front[1:]:
             path.append(f"H{x(p.activation_bytes):.1f}V{y(p.recompute_flops):.1f}")
         out.append(f'<path d="{"".join(path)}" fill="none" stroke="#5d6d7e" stroke-width="1.2"/>')
-    labels: list[tuple[float, float, str]] = []
+    labels: dict[tuple[float, float], list[str]] = {}
     for p in sorted(points, key=lambda p: (p.winner, p.preset, p.frontier)):
         px, py = x(p.activation_bytes), y(p.recompute_flops)
         tip = f"{p.label}: {format_bytes(p.activation_bytes)}, {format_flops(p.recompute_flops)}"
@@ -141,16 +143,19 @@ def frontier_svg(points: Sequence[PlotPoint], budget: int | None = None, width: 
                      else f'<circle cx="{px:.1f}" cy="{py:.1f}" r="{r}"')
             out.append(f'{shape} fill="{fill}" fill-opacity="0.85"><title>{_e(tip)}</title>'
                        f'{"</rect>" if p.preset else "</circle>"}')
-        if p.preset or p.winner:
-            labels.append((px, py, p.label))
-    placed = _labels(labels, left + pw + 24, top)
+        if p.preset or p.winner:  # points at one place share one label
+            labels.setdefault((round(px, 1), round(py, 1)), []).append(p.label)
+    placed = _labels([(px, py, " = ".join(names)) for (px, py), names in labels.items()], left + pw + 40, top,
+                     top + ph)
     out += placed[0]
     out.append("</svg>")
     if placed[1] > height:  # the label column ran past the plot: the picture grows to hold it
         grown = placed[1] + 8
         out[0] = out[0].replace(f'height="{height}" viewBox="0 0 {width} {height}"',
                                 f'height="{grown:.0f}" viewBox="0 0 {width} {grown:.0f}"')
-    keys = [(True, "<span>■ preset</span>"), (any(p.frontier for p in points), "<span>● frontier</span>"),
+    keys = [(any(p.preset for p in points), "<span>■ preset</span>"),
+            (any(p.frontier and not p.preset and not p.winner for p in points), "<span>● on the frontier</span>"),
+            (len(front) > 1, "<span>─ frontier</span>"),
             (any(not (p.frontier or p.preset) for p in points),
              '<span style="color:#95a5a6">● other analysed</span>'),
             (any(p.winner for p in points), '<span style="color:#b7950b">★ recommended</span>'),
@@ -166,7 +171,9 @@ def _axes(left: int, top: int, pw: int, ph: int, x_max: int, y_max: int, height:
         out.append(f'<line x1="{gx:.1f}" y1="{top}" x2="{gx:.1f}" y2="{top + ph}" stroke="#eaeded"/>')
         out.append(f'<line x1="{left}" y1="{gy:.1f}" x2="{left + pw}" y2="{gy:.1f}" stroke="#eaeded"/>')
         tick = format_bytes(round(x_max * i / 4))
-        out.append(f'<text x="{gx:.1f}" y="{top + ph + 16}" text-anchor="middle">{_e(tick)}</text>')
+        # the first and last ticks stay under the plot: clear of the y ticks and of the labels
+        anchor = "start" if i == 0 else "end" if i == 4 else "middle"
+        out.append(f'<text x="{gx:.1f}" y="{top + ph + 16}" text-anchor="{anchor}">{_e(tick)}</text>')
         out.append(f'<text x="{left - 6}" y="{gy + 4:.1f}" text-anchor="end">'
                    f'{_e(format_flops(round(y_max * (4 - i) / 4)))}</text>')
     out.append(f'<text x="{left + pw / 2}" y="{height - 6}" text-anchor="middle">activation bytes →</text>')
@@ -184,14 +191,22 @@ def _star(cx: float, cy: float, r: float) -> str:
     return " ".join(pts)
 
 
-def _labels(labels: list[tuple[float, float, str]], lx: float, top: float) -> tuple[list[str], float]:
-    """Labels in the right margin, stacked without overlap, each joined to its point by a leader;
-    and how far down the last one reaches."""
-    out = []
+LABEL_STEP = 13  # px between label baselines
+
+
+def _labels(labels: list[tuple[float, float, str]], lx: float, top: float, bottom: float) -> tuple[list[str], float]:
+    """Labels in the right margin, stacked without overlap, each joined to its point by a leader,
+    kept above `bottom` where they fit (moved up together); and how far down the last reaches."""
+    ordered = sorted(labels, key=lambda t: (t[1], t[2]))
     placed: list[float] = []
-    for px, py, text in sorted(labels, key=lambda t: (t[1], t[2])):
-        ly = max(py + 4, (placed[-1] + 13) if placed else top + 8)
-        placed.append(ly)
+    for py in (t[1] for t in ordered):
+        placed.append(max(py + 4, (placed[-1] + LABEL_STEP) if placed else top + 8))
+    if placed and placed[-1] > bottom:  # pushed past the plot's foot: move the stack up, keep the order
+        placed[-1] = max(bottom, top + 8 + LABEL_STEP * (len(placed) - 1))
+        for i in range(len(placed) - 2, -1, -1):
+            placed[i] = min(placed[i], placed[i + 1] - LABEL_STEP)
+    out = []
+    for (px, py, text), ly in zip(ordered, placed, strict=True):
         out.append(f'<line x1="{px:.1f}" y1="{py:.1f}" x2="{lx - 2:.1f}" y2="{ly - 4:.1f}" stroke="#aeb6bf" '
                    'stroke-width="0.7"/>')
         short = text if len(text) <= 36 else text[:35] + "…"
@@ -248,14 +263,25 @@ def modules_table(report: AuditReport, top: int = TOP_MODULES) -> str:
     spots = hotspots(report, top, HotspotKey.MODULE)
     if not spots:
         return "<p>No policy keeps an activation.</p>"
-    head = "".join(f"<th>{_e(r.policy)}</th>" for r in report.results)
+    # policies by number (the key above names them): a column per policy stays narrow at any name
+    head = "".join(f'<th class="num" title="{_e(r.policy)}">{i + 1}</th>' for i, r in enumerate(report.results))
     rows = []
     for spot in spots:
         cells = "".join(f'<td class="num">{_e(format_bytes(b)) if b else ""}</td>' for b in spot.bytes_by_policy)
-        rows.append(f"<tr><td><code>{_e(spot.where)}</code></td>{cells}</tr>")
+        rows.append(f'<tr><td class="path"><code>{_breakable(spot.where)}</code></td>{cells}</tr>')
     title = HOTSPOT_TITLES[HotspotKey.MODULE]
-    return (f'<div class="scroll"><table><thead><tr><th>{_e(title)}</th>{head}</tr></thead><tbody>'
-            + "".join(rows) + "</tbody></table></div>")
+    return (_policy_key(report.results) + f'<table class="fit"><thead><tr><th>{_e(title)}</th>{head}</tr></thead>'
+            "<tbody>" + "".join(rows) + "</tbody></table>")
+
+
+def _breakable(text: str) -> str:
+    """`text` escaped, with a line-break opportunity after each `/`, `_` and `:`."""
+    return "".join(_e(c) + ("<wbr>" if c in "/_:" else "") for c in text)
+
+
+def _policy_key(results: Sequence[PolicyResult]) -> str:
+    return ('<p class="legend">' + " ".join(f"<span><b>{i + 1}</b> <code>{_e(r.policy)}</code></span>"
+                                             for i, r in enumerate(results)) + "</p>")
 
 
 def top_residuals_table(result: PolicyResult, top: int = 15) -> str:
@@ -324,9 +350,7 @@ def _meta(report: AuditReport) -> str:
             + (f'<p class="meta">{_e(trained)}</p>' if trained else ""))
 
 
-def render_audit_html(report: AuditReport) -> str:
-    """The audit as one self-contained HTML page."""
-    body = [f"<h1>te-ckpt-audit: {_e(report.target or 'function')}</h1>", _meta(report)]
+def _policies_table(report: AuditReport) -> list[str]:
     rows = "".join(
         f"<tr><td><code>{_e(r.policy)}</code></td><td class=\"num\">{_e(format_bytes(r.totals.activation_bytes))}</td>"
         f"<td class=\"num\">{_e(format_bytes(r.totals.host_bytes))}</td>"
@@ -334,12 +358,22 @@ def render_audit_html(report: AuditReport) -> str:
         f"<td class=\"num\">{_e(format_percent(r.recompute_percent))}</td><td>{_e(r.error or '')}</td></tr>"
         for r in report.results
     )
-    body.append("<h2>Policies</h2><table><thead><tr><th>policy</th><th>activation</th><th>host</th>"
-                f"<th>recompute</th><th>% of forward</th><th>error</th></tr></thead><tbody>{rows}</tbody></table>")
-    if report.gpu is not None:
-        body += _gpu_table(report)
+    out = ["<h2>Policies</h2><table><thead><tr><th>policy</th><th>activation</th><th>host</th>"
+           f"<th>recompute</th><th>% of forward</th><th>error</th></tr></thead><tbody>{rows}</tbody></table>"]
+    return out + (_gpu_table(report) if report.gpu is not None else [])
+
+
+def render_audit_html(report: AuditReport) -> str:
+    """The audit as one self-contained HTML page."""
+    body = [f"<h1>te-ckpt-audit: {_e(report.target or 'function')}</h1>", _meta(report), *_policies_table(report)]
     body += _sections(report, report_points(report), None, None)
     return _page(f"te-ckpt-audit: {report.target}", body)
+
+
+def audit_html_table(report: AuditReport) -> str:
+    """The HTML report's policy table (and its GPU table), for a notebook (`_repr_html_`)."""
+    title = f"<b>te-ckpt-audit: <code>{_e(report.target or 'function')}</code></b>"
+    return f"<div>{title}{''.join(_policies_table(report))}</div>"
 
 
 def _peak_cell(peak: PeakMemory | None) -> str:
@@ -362,15 +396,16 @@ def _gpu_table(report: AuditReport) -> list[str]:
             f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table></div>{notes}']
 
 
-def render_recommend_html(rec: Recommendation) -> str:
-    """The recommendation as one self-contained HTML page: the winner (or the closest), how to
-    use it, and the frontier with the full analysis of each of its points."""
-    report = rec.report
+def _recommendation(rec: Recommendation) -> list[str]:
+    """The winner (or the closest), how to use it, the GPU it was compiled for, and the frontier."""
     shown = rec.recommended or rec.closest
     budget = format_bytes(rec.budget_bytes) + (" per device" if rec.mesh is not None else "")
-    body = [f"<h1>te-ckpt-audit recommend: {_e(rec.target or 'function')}</h1>", _meta(report),
-            f'<p class="meta">budget {_e(budget)} · {len(rec.evaluated)} policies analysed (at most '
+    body = [f'<p class="meta">budget {_e(budget)} · {len(rec.evaluated)} policies analysed (at most '
             f"{rec.max_evals}), each by JAX's own linearization</p>"]
+    if rec.gpu is not None:
+        body.append(f'<p class="meta">GPU {_e(rec.gpu.name)}: {_e(format_bytes(rec.gpu.usable_bytes))} usable at '
+                    f'{_e(fraction_words(rec.gpu))}; '
+                    f"{rec.compiles} policies compiled (XLA:GPU, no autotuning); fits: the compiled peak</p>")
     if shown is not None:
         cls, word = ("win", "Recommended") if rec.recommended is not None else ("miss", "Nothing fits; closest")
         host = f" · host {format_bytes(shown.host_bytes)}" if shown.host_bytes else ""
@@ -391,16 +426,52 @@ def render_recommend_html(rec: Recommendation) -> str:
         + (f"<td class=\"num\">{_e(_peak_cell(c.peak))}</td>" if rec.gpu is not None else "") + "</tr>"
         for c in rec.frontier
     )
-    if rec.gpu is not None:
-        body.insert(3, f'<p class="meta">GPU {_e(rec.gpu.name)}: {_e(format_bytes(rec.gpu.usable_bytes))} usable at '
-                       f'{_e(fraction_words(rec.gpu))}; '
-                       f"{rec.compiles} policies compiled (XLA:GPU, no autotuning); fits: the compiled peak</p>")
+    if rec.to_name:
+        named = "".join(f"<tr><td class=\"num\">{_e(format_bytes(n.bytes))}</td><td>{_e(n.where)}</td>"
+                        f"<td>{_e(n.line or '')}</td><td><code>{_e(n.code())}</code></td></tr>" for n in rec.to_name)
+        body.append("<h2>Name tensors for finer choices</h2><p>The model names no tensors, so only the presets "
+                    "were compared. Name its largest activations where they are made (<code>from jax.ad_checkpoint "
+                    "import checkpoint_name</code>), and recommend can save, recompute or offload each:</p>"
+                    "<table><thead><tr><th>activation</th><th>where</th><th>line</th><th>add</th></tr></thead>"
+                    f"<tbody>{named}</tbody></table>")
     peak_head = "<th>peak per device</th>" if rec.gpu is not None else ""
     body.append("<h2>Pareto frontier</h2><table><thead><tr><th></th><th>policy</th><th>activation</th><th>host</th>"
                 f"<th>recompute</th><th>% of forward</th><th>fits</th>{peak_head}</tr></thead><tbody>{rows}</tbody>"
                 "</table>")
+    return body
+
+
+def render_recommend_html(rec: Recommendation) -> str:
+    """The recommendation as one self-contained HTML page: the winner (or the closest), how to
+    use it, and the frontier with the full analysis of each of its points."""
+    report = rec.report
+    shown = rec.recommended or rec.closest
+    body = [f"<h1>te-ckpt-audit recommend: {_e(rec.target or 'function')}</h1>", _meta(report), *_recommendation(rec)]
     focus = None
     if shown is not None:
         focus = next((r for r in report.results if r.policy == shown.policy), None)
     body += _sections(report, recommendation_points(rec), rec.budget_bytes, focus)
     return _page(f"te-ckpt-audit recommend: {rec.target}", body)
+
+
+def recommend_html_table(rec: Recommendation) -> str:
+    """The recommendation and its frontier table, for a notebook (`_repr_html_`)."""
+    return (f"<div><b>te-ckpt-audit recommend: <code>{_e(rec.target or 'function')}</code></b>"
+            + "".join(_recommendation(rec)) + "</div>")
+
+
+OWN_LAYOUT = "the config's"
+
+
+def maxtext_recommend_html_table(rec: MaxTextRecommendation) -> str:
+    """`maxtext --recommend`'s points, and the config lines of the one chosen, for a notebook."""
+    rows = "".join(
+        f"<tr><td>{'★' if p == rec.chosen else ''}</td><td><code>{_e(p.remat_policy)}</code></td>"
+        f"<td class=\"num\">{_e(p.per_device_batch_size)}</td><td>{_e(', '.join(p.layout) or OWN_LAYOUT)}</td>"
+        f"<td class=\"num\">{_e(_peak_cell(p.peak))}</td><td>{'yes' if p.fits else 'no'}</td></tr>"
+        for p in rec.tried
+    )
+    lines = f"<pre>{_lines(rec.config_lines())}</pre>" if rec.chosen is not None else "<p>Nothing tried fits.</p>"
+    return (f"<div><b>te-ckpt-audit maxtext --recommend: <code>{_e(rec.target)}</code></b>{lines}"
+            "<table><thead><tr><th></th><th>remat_policy</th><th>per-device batch</th><th>layout</th>"
+            f"<th>peak per device</th><th>fits</th></tr></thead><tbody>{rows}</tbody></table></div>")

@@ -163,6 +163,13 @@ def render_recommend_text(rec: Recommendation, width: int = 80) -> str:
             "MaxText (base.yml remat settings):",
             _indent(maxtext_config(shown, rec.names)),
         ]
+    if rec.to_name:
+        out += ["", "The model names no tensors (checkpoint_name), so only the presets were compared. Name its",
+                "largest activations where they are made, and recommend can save, recompute or offload each:"]
+        for n in rec.to_name:
+            at = f" ({n.line})" if n.line and n.line != n.where else ""
+            out.append(f"  {format_bytes(n.bytes):>10}  {n.where}{at}: {n.code()}")
+        out.append("  (from jax.ad_checkpoint import checkpoint_name)")
     out += ["", "Pareto frontier (activation bytes vs recompute FLOPs, every point analysed):"]
     for c in rec.frontier:
         mark = "*" if c == rec.recommended else " "

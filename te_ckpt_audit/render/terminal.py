@@ -56,6 +56,7 @@ MARK_STYLES = {
 TE_STYLE = "bold magenta"
 MIN_TEXT_WIDTH = 12
 MADE_BY_WIDTH = 24  # the hotspots' last column keeps at least this much
+NATURAL = 100_000  # a width no table reaches: each takes the width its cells need
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -63,7 +64,7 @@ class TableView:
     top: int = 10  # hotspot lines shown; 0 for none
     by: HotspotKey | None = None  # hotspots by module path or source line; None: module where known
     equations: bool = False  # add the per-equation table
-    width: int = 80
+    width: int | None = 80  # None: as wide as the tables need (at least 80), no name split
     color: bool = False
 
 
@@ -220,6 +221,7 @@ def render_check_table(runs: Sequence[Run], width: int = 80) -> str:
 
 def _sections(report: AuditReport, view: TableView) -> list[list[RenderableType]]:
     """The report's parts, in order: each a list of renderables printed one below the other."""
+    width = NATURAL if view.width is None else view.width
     sections: list[list[RenderableType]] = [
         [_header(report)],
         [
@@ -227,7 +229,7 @@ def _sections(report: AuditReport, view: TableView) -> list[list[RenderableType]
                 report,
                 "Kept for the backward pass, and recomputed",
                 shown_columns(report, ("activation", "arguments", "host", "residuals", "recompute", "% of forward")),
-                view.width,
+                width,
             )
         ],
         [
@@ -235,7 +237,7 @@ def _sections(report: AuditReport, view: TableView) -> list[list[RenderableType]
                 report,
                 "Activation bytes by producer",
                 producer_headers(report),
-                view.width,
+                width,
             )
         ],
     ]
@@ -247,7 +249,7 @@ def _sections(report: AuditReport, view: TableView) -> list[list[RenderableType]
                     report,
                     f"Compiled training step ({backend}): XLA memory analysis",
                     shown_columns(report, COMPILED_HEADERS),
-                    view.width,
+                    width,
                 ),
                 Text(COMPILED_NOTE, style="dim"),
                 *(Text(f"{p}: not compiled: {why}", style="yellow") for p, why in compiled_errors(report)),
@@ -256,7 +258,7 @@ def _sections(report: AuditReport, view: TableView) -> list[list[RenderableType]
     if report.gpu is not None:
         sections.append(
             [
-                _comparison(report, gpu_title(report), GPU_TERMINAL, view.width),
+                _comparison(report, gpu_title(report), GPU_TERMINAL, width),
                 *(Text(note, style="dim") for note in gpu_notes(report)),
             ]
         )
@@ -264,9 +266,9 @@ def _sections(report: AuditReport, view: TableView) -> list[list[RenderableType]
         notes = [f"{p}: not differentiable under this policy: {why}" for p, why in policy_errors(report)]
         sections.append([Text(note, style="yellow") for note in notes])
     if view.top:
-        sections.append([_hotspots(report, view.top, view.width, view.by)])
+        sections.append([_hotspots(report, view.top, width, view.by)])
     if view.equations:
-        sections.append([_equations(report, view.width)])
+        sections.append([_equations(report, width)])
     sections.append(_warnings(report))
     if report.te is TeKind.STANDIN:
         sections.append([Text(f"Note: {standin_note(report)}", style="dim")])
@@ -279,16 +281,14 @@ def _sections(report: AuditReport, view: TableView) -> list[list[RenderableType]
     return sections
 
 
-def render_table(report: AuditReport, view: TableView = TableView()) -> str:
-    """The comparison, the hotspots, the per-equation table (if asked), then the warnings."""
-    sections = _sections(printable_records(report), view)
+def _printed(sections: list[list[RenderableType]], width: int, color: bool) -> str:
     out = io.StringIO()
     console = Console(
         file=out,
-        width=view.width,
-        force_terminal=view.color,
-        color_system="standard" if view.color else None,
-        no_color=not view.color,
+        width=width,
+        force_terminal=color,
+        color_system="standard" if color else None,
+        no_color=not color,
         markup=False,
         highlight=False,
         emoji=False,
@@ -298,3 +298,20 @@ def render_table(report: AuditReport, view: TableView = TableView()) -> str:
             console.print()
         console.print(*section, sep="\n")
     return "".join(line.rstrip() + "\n" for line in out.getvalue().splitlines())
+
+
+def natural_width(report: AuditReport, view: TableView) -> int:
+    """The width at which no table of the report breaks a cell: its widest table line, at least 80
+    (the notes and warnings then wrap at it)."""
+    wide = dataclasses.replace(view, width=NATURAL, color=False)
+    tables = [s for s in _sections(printable_records(report), wide) if not all(isinstance(x, Text) for x in s)]
+    return max([80, *(len(line) for line in _printed(tables, NATURAL, False).splitlines())])
+
+
+def render_table(report: AuditReport, view: TableView = TableView()) -> str:
+    """The comparison, the hotspots, the per-equation table (if asked), then the warnings; at
+    `view.width`, or (None) at the width the tables need."""
+    if view.width is None:
+        view = dataclasses.replace(view, width=natural_width(report, view))
+    assert view.width is not None
+    return _printed(_sections(printable_records(report), view), view.width, view.color)
