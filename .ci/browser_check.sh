@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# The HTML reports in a real browser: headless Chromium (Debian's package, installed when missing;
-# CI runs as root) loads the `recommend` and `audit` pages with no network, must log no console
-# message, must render their SVG, must at 1400 px cut no table and overlap no plot label (a copy of
+# The docs site and the HTML reports in a real browser. The site is built first, `mkdocs build
+# --strict` (a broken link or a bad reference fails it), and its front page must load clean. Then
+# headless Chromium (Debian's package, installed when missing; CI runs as root) loads the
+# `recommend` and `audit` pages with no network, must log no console message, must render their SVG, must at 1400 px cut no table and overlap no plot label (a copy of
 # each page with .ci/layout_check.js measures it), and saves a screenshot of each at 1400 px.
 #
 #   bash .ci/browser_check.sh          # pages, logs and screenshots in build/browser-check/
 #
-# Exit 0 when both pages load clean; the screenshots' paths are printed either way.
+# Exit 0 when the site builds and every page loads clean; the screenshots' paths are printed either way.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${BROWSER_CHECK_DIR:-build/browser-check}"
@@ -19,12 +20,24 @@ if ! command -v chromium >/dev/null 2>&1; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
 fi
 
-export JAX_PLATFORMS=cpu
+export JAX_PLATFORMS=cpu NO_MKDOCS_2_WARNING=1
+python3 -m mkdocs build --strict --quiet --site-dir "$out/docs"
 python3 -m te_ckpt_audit_cli recommend sample_models/eight_names.py:loss --budget 6000 --format html \
   --output "$out/recommend.html"
 python3 -m te_ckpt_audit_cli audit sample_models/te_transformer.py:loss --format html --output "$out/audit.html"
 
 status=0
+docs_flags=(--headless --no-sandbox --disable-gpu --disable-quic --no-first-run --disable-background-networking
+  --disable-component-update --disable-sync --host-resolver-rules="MAP * ~NOTFOUND" --enable-logging=stderr --v=0)
+profile="$(mktemp -d)"
+timeout 120 chromium "${docs_flags[@]}" --user-data-dir="$profile" --window-size=1400,1800 \
+  --screenshot="$out/docs.png" "file://$out/docs/index.html" 2>"$out/docs.log" >/dev/null
+rm -rf "$profile"
+if grep ":CONSOLE" "$out/docs.log" >&2 || [ ! -s "$out/docs.png" ]; then
+  echo "browser_check: the docs' front page logged console messages or gave no screenshot" >&2
+  status=1
+fi
+echo "browser_check: screenshot $out/docs.png"
 for page in recommend audit; do
   profile="$(mktemp -d)"  # a new, empty profile every run: nothing cached, nothing remembered
   flags=(--headless --no-sandbox --disable-gpu --disable-quic --no-first-run --disable-background-networking

@@ -17,7 +17,7 @@ shift
 case "$name" in
   py311-jax0.10.2)
     python3 -m pip install -q -e ".[test,dev]"
-    python3 -m pytest "$@"
+    python3 -m pytest -n auto "$@"
     python3 -m ruff check .
     python3 -m mypy te_ckpt_audit cli
     te-ckpt-audit check --format markdown
@@ -25,7 +25,7 @@ case "$name" in
   py312-newest)
     PY="$(bash .ci/venv.sh "$NEWEST_PYTHON" "$JAX_NEWEST" | tail -n 1)"
     "$PY" -c 'import sys, jax; print(f"python {sys.version.split()[0]}, jax {jax.__version__}")'
-    "$PY" -m pytest "$@"
+    "$PY" -m pytest -n auto "$@"
     ;;
   gpu-target)
     # --gpu: steps compiled for GPU models through JAX's CUDA plugin (the [gpu] extra, ~0.6 GB more);
@@ -49,7 +49,8 @@ case "$name" in
     bash zoo/test.sh -q "$@"
     ;;
   browser)
-    bash .ci/browser_check.sh  # the HTML reports in headless Chromium; screenshots in build/browser-check/
+    python3 -m pip install -q -e ".[docs]"
+    bash .ci/browser_check.sh  # the docs site and the HTML reports in headless Chromium; screenshots in build/browser-check/
     ;;
   *)
     echo "ci/lane: no lane named $name" >&2

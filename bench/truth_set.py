@@ -3,7 +3,7 @@ MaxText's Llama as its 2024 releases build it) and checked with `--gpu` at the m
 each ran with. A known-good run reported "does not fit" is a bug.
 
     python bench/truth_set.py            # every run (about 5 minutes on 2 cores)
-    python bench/truth_set.py --markdown # the README's table
+    python bench/truth_set.py --markdown # the table of docs/guide/gpu.md
 
 Each run is the recipe's own command as te-ckpt-audit takes it: the model, per-device batch,
 sequence, remat policy and scan from its command line, its mesh (`ici_fsdp` x `dcn_fsdp` as the
@@ -71,7 +71,7 @@ def run(defines: list[str], mesh: str, fraction: str, xla: str, cache: str) -> d
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--markdown", action="store_true", help="print the README's table")
+    parser.add_argument("--markdown", action="store_true", help="print the table of docs/guide/gpu.md")
     parser.add_argument("--cache", default=None, help="a compile cache folder to keep (default: a new one)")
     args = parser.parse_args()
     rows = []

@@ -168,7 +168,7 @@ def per_device(traced: Traced, analysis: Analysis, mesh: Mesh | AbstractMesh) ->
             raise TargetError(
                 f"{result.policy} on an abstract mesh: Transformer Engine's GEMMs give their outputs no sharding "
                 "of their own, so every residual after one would read as replicated",
-                "use $shardings$ compiled; real TE partitions only on GPUs (see the README), its CPU stand-in "
+                "use $shardings$ compiled; real TE partitions only on GPUs (docs/guide/mesh.md), its CPU stand-in "
                 "on virtual CPU devices",
             )
         out_shardings: list[Sharding | None] = [

@@ -193,7 +193,8 @@ def load_config(path: str | Path = "pyproject.toml") -> Config:
     tool = doc.get("tool")
     section = tool.get("te-ckpt-audit") if isinstance(tool, dict) else None
     if not isinstance(section, dict):
-        raise UsageError(f"{p} has no [tool.te-ckpt-audit] section", "see the README's CI section for an example")
+        raise UsageError(f"{p} has no [tool.te-ckpt-audit] section",
+                         "docs/reference/config.md and docs/guide/ci-gating.md show one")
     _unknown(set(section), _TOP_KEYS, "[tool.te-ckpt-audit]", p)
     raw_targets = section.get("targets")
     if not isinstance(raw_targets, list) or not raw_targets:

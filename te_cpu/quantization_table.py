@@ -1,4 +1,4 @@
-"""The README's quantization table: real TE 2.20.2's DenseGeneral, LayerNormMLP and TransformerLayer
+"""The quantization table of docs/guide/te.md: real TE 2.20.2's DenseGeneral, LayerNormMLP and TransformerLayer
 under each FP8/FP4 recipe this emulated GPU supports, and each policy: activation bytes, the
 quantized share, and the quantizations the backward pass runs again. Markdown rows on stdout.
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The README's quantization table (te_cpu/quantization_table.py) on the emulated H100, then B200.
+# The quantization table of docs/guide/te.md (te_cpu/quantization_table.py) on the emulated H100, then B200.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="$(bash te_cpu/setup.sh | tail -n 1)"

@@ -25,7 +25,7 @@ def scheduler() -> Iterator[str]:
         pytest.skip("distributed is not installed")
     from distributed import LocalCluster
 
-    # worker processes of one thread each, as the README asks of a cluster's workers
+    # worker processes of one thread each, as docs/guide/maxtext.md asks of a cluster's workers
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
         yield cluster.scheduler_address
 

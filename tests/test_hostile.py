@@ -64,7 +64,7 @@ CASES = [
                "    return d, loss_inputs()[1]\n"),
     # a gate never silently off
     check_case("config-baseline-empty", "baseline must be a path", 'baseline = ""'),
-    # exit codes as the README says
+    # exit codes as docs/reference/exit-codes.md says
     case("offload-reversed", "model.py:loss -p offload_dot_with_no_batch_dims:src=pinned_host,dst=device", USAGE,
          "offloads from src=device to dst=pinned_host only"),
     case("offload-nowhere", "model.py:loss -p offload_dot_with_no_batch_dims:dst=nowhere", USAGE,
