@@ -84,7 +84,7 @@ app.command("check", short_help="Gate CI: audit every target of [tool.te-ckpt-au
 app.command("policies", short_help="List every policy spec --policy understands.")(policies)
 app.command("gpus", short_help="List the GPU models --gpu compiles a training step for.")(gpus)
 app.command("recommend", short_help="Find the policy that fits --budget with the least recompute.")(recommend)
-app.command("maxtext", short_help="Compile MaxText's own train step for GPUs, per remat_policy.")(maxtext)
+app.command("maxtext", short_help="Audit MaxText's own train step per remat_policy, for GPUs too.")(maxtext)
 
 
 def run(args: Sequence[str]) -> int:

@@ -102,7 +102,8 @@ def maxtext(
     debug: opt.Debug = False,
     version: opt.Version = False,
 ) -> int:
-    """Compile MaxText's own train step for GPUs (no GPU needed), under each remat_policy: the peak
+    """Audit MaxText's own train step under each remat_policy: what the loss it differentiates
+    keeps for the backward pass, and (--gpu) the step compiled for GPUs (no GPU needed): the peak
     per device, whether it fits at the run's memory fraction, and the least fraction it needs.
 
     The step is MaxText's: its model, abstract train state and `train_step`, built as its
@@ -111,11 +112,11 @@ def maxtext(
     failed, 2 usage or bad input, 3 MaxText failed to build the step, 4 internal error.
     """
     run = MaxTextRun(config, tuple(settings or ()))
-    if gpu is None and gpu_config is None:
-        raise UsageError("maxtext compiles MaxText's train step for a GPU", "add --gpu h100")
+    if recommend and gpu is None and gpu_config is None:
+        raise UsageError("maxtext --recommend compiles MaxText's train step for a GPU", "add --gpu h100")
+    compiled = gpu is not None or gpu_config is not None  # MaxText's own step, its state donated
     on_gpu = GpuOptions.parse(gpu, gpu_config, DEFAULT_GPUS_PER_HOST, None, mem_fraction, fit, peak_budget,
-                              compile_cache(), step=True, donate=[0])
-    assert on_gpu.request is not None
+                              compile_cache(), step=compiled, donate=[0] if compiled else None)
     policies = list(policy or ["as-is"])
     if "all" in policies:
         policies = ["as-is", *REMAT_POLICIES]
@@ -130,8 +131,9 @@ def maxtext(
         raise UsageError("--format markdown: --recommend writes table or json", "--format json")
     out = OutputOptions(OutputFormat(format.value), None if output is None else Path(output), 10, None, False)
     check_report_destination(out.output)
-    process.prepare(None, run.devices, on_gpu.request.model)
+    process.prepare(None, run.devices, None if on_gpu.request is None else on_gpu.request.model)
     if recommend:
+        assert on_gpu.request is not None
         with stdout_kept_for_the_report(), progress_on_stderr() as progress:
             found = recommend_maxtext(run, on_gpu.request, tuple(batch or ()), tuple(layout or ()),
                                       max_compiles=max_compiles,

@@ -11,7 +11,11 @@ sizes over a CUDA topology of as many H100s (`_gpu._placement`): no GPU and no d
 
 Each `remat_policy` builds its own program (MaxText's decoder picks its checkpoint policy from the
 config), so each is a session of its own; `as-is` is the config's own value. The step is compiled
-as it is, not audited (its residuals are inside it).
+as it is; its residuals are audited on the function it differentiates: while the step is traced,
+MaxText's train module is handed a `jax` whose `value_and_grad` notes the function and the
+arguments' shapes (MaxText's own `diff_wrapper`, its loss with the model merged in), and that
+loss is traced again as a target of its own, its parameters trained, under the decoder's own
+checkpoints (`as-is`).
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from ._session import Session
 from ._trace import trace
 from .errors import TargetError, UsageError, first_line
 from .gpus import GpuRequest
-from .records import AuditReport, MaxTextPoint, MaxTextRecommendation
+from .records import AuditReport, MaxTextPoint, MaxTextRecommendation, PolicyResult
 from .specs import AsIs
 
 # MaxText's cuDNN flash attention through TE finds no fused backend without a GPU driver (TE falls
@@ -175,10 +179,76 @@ def _device_mesh(config: Any, devices: list[jax.Device]) -> Any:  # an ndarray o
     return np.array(devices).reshape([i * d for i, d in zip(ici, dcn, strict=True)])
 
 
+class _GradNoted:
+    """What MaxText's train module sees as `jax` while its step is traced: jax itself, but for a
+    `value_and_grad` that notes what it differentiates (the function, the arguments' positions and
+    shapes) before differentiating it as jax does."""
+
+    def __init__(self, real: Any) -> None:
+        self._real = real
+        self.noted: list[tuple[Any, Any, bool, tuple[Any, ...]]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+    def value_and_grad(self, fun: Any, argnums: Any = 0, has_aux: bool = False, **kw: Any) -> Any:
+        grad = self._real.value_and_grad(fun, argnums=argnums, has_aux=has_aux, **kw)
+
+        def noted(*args: Any) -> Any:
+            shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype)
+                                  if isinstance(x, jax.Array | jax.core.Tracer) else x, args)
+            self.noted.append((fun, argnums, has_aux, shapes))
+            return grad(*args)
+
+        return noted
+
+
+@contextlib.contextmanager
+def _noting_grads(module: Any) -> Iterator[_GradNoted]:
+    real = module.jax
+    module.jax = noting = _GradNoted(real)
+    try:
+        yield noting
+    finally:
+        module.jax = real
+
+
+@dataclasses.dataclass(frozen=True)
+class _Loss:
+    """The function MaxText's step differentiates, to trace as a loss of its own."""
+
+    fn: Any
+    argnums: tuple[int, ...]
+    has_aux: bool
+    shapes: tuple[Any, ...]
+
+    def __call__(self, *args: Any) -> Any:
+        out = self.fn(*args)
+        return out[0] if self.has_aux else out
+
+
+def _has_floats(tree: Any) -> bool:
+    return any(isinstance(x, jax.ShapeDtypeStruct) and jax.numpy.issubdtype(x.dtype, jax.numpy.inexact)
+               for x in jax.tree.leaves(tree))
+
+
 def maxtext_session(run: MaxTextRun, remat_policy: str | None = None) -> Session:
     """MaxText's train step for `run` (its remat policy set to `remat_policy`; the config's own
     with None), traced over the config's mesh of virtual CPU devices, as a session of a training
     step of its own."""
+    return _maxtext_sessions(run, remat_policy, residuals=False)[0]
+
+
+def maxtext_sessions(run: MaxTextRun, remat_policy: str | None = None) -> tuple[Session, Session]:
+    """MaxText's train step for `run` (as `maxtext_session`) and, for its residual audit, the
+    loss it differentiates, traced as a target with its parameters trained."""
+    step, loss, _ = _maxtext_sessions(run, remat_policy, residuals=True)
+    assert loss is not None
+    return step, loss
+
+
+def _maxtext_sessions(run: MaxTextRun, remat_policy: str | None,
+                      residuals: bool) -> tuple[Session, Session | None, _Loss | None]:
     config = _config(run, remat_policy)
     target = run.target
     if str(config.attention) == TE_FLASH:  # TE's fused attention needs a GPU driver: JAX's cuDNN flash stands in
@@ -214,15 +284,26 @@ def maxtext_session(run: MaxTextRun, remat_policy: str | None = None) -> Session
                     with logical_axis_rules(config.logical_axis_rules), jax.numpy_dtype_promotion("standard"):
                         return step(state, batch, **kwargs)
 
-                with _te_told_maxtexts_axes():
+                with _te_told_maxtexts_axes(), _noting_grads(train) as noting:
                     traced = trace(train_step, placed, target, differentiable=False)
+                lost, loss = None, None
+                if residuals:
+                    if not noting.noted:
+                        raise TargetError("MaxText's train step differentiated nothing through jax.value_and_grad",
+                                          "this MaxText differentiates otherwise: its residuals cannot be audited")
+                    fn, argnums, has_aux, shapes = noting.noted[0]
+                    loss = _Loss(fn, tuple(argnums) if isinstance(argnums, tuple | list) else (argnums,), has_aux,
+                                 shapes)
+                    trained = [i for i in loss.argnums if _has_floats(shapes[i])]  # an empty State trains nothing
+                    with _te_told_maxtexts_axes():
+                        lost = Session(trace(loss, shapes, f"{target} [the loss it differentiates]", trained))
         except (UsageError, TargetError):
             raise
         except Exception as exc:
             raise TargetError(f"building MaxText's train step raised {type(exc).__name__}: {first_line(exc)}",
                               "check the config's settings ($debug$)") from exc
     rebuild = functools.partial(maxtext_session, run, remat_policy)
-    return Session(traced, rebuild=rebuild, own_step=True)
+    return Session(traced, rebuild=rebuild, own_step=True), lost, loss
 
 
 def _its_own_step(gpu: GpuRequest) -> GpuRequest:
@@ -239,21 +320,31 @@ def audit_maxtext(
     progress: Progress = quiet,
     capture: LogCapture | None = None,
 ) -> AuditReport:
-    """One row per MaxText `remat_policy` (`as-is`: the config's own), each the peak of MaxText's
-    own train step compiled for `gpu` (its state donated), as one report."""
+    """One row per MaxText `remat_policy` (`as-is`: the config's own): the residuals of the loss
+    MaxText's step differentiates, under the decoder's checkpoints of that policy, and (with
+    `gpu`) the peak of MaxText's own train step compiled for it (its state donated), as one
+    report."""
     check_remat_policies(remat_policies)
     if gpu is not None:
         gpu = _its_own_step(gpu)
-    rows, first = [], None
+    rows: list[PolicyResult] = []
+    first: tuple[Session, AuditReport] | None = None
     for policy in dict.fromkeys(remat_policies):
         progress(f"building MaxText's train step ({'the config' if policy == 'as-is' else policy}'s remat)")
-        session = maxtext_session(run, None if policy == "as-is" else policy)
-        first = first or session
+        step, loss = maxtext_sessions(run, None if policy == "as-is" else policy)
         with _te_told_maxtexts_axes():
-            report = session.report([AsIs()], gpu=gpu, progress=progress, capture=capture)
-        rows.append(dataclasses.replace(report.results[0], policy=policy))
+            audited = loss.report([AsIs()], progress=progress)
+            peak = step.report([AsIs()], gpu=gpu, progress=progress, capture=capture).results[0].peak if gpu else None
+        if first is not None and audited.equations != first[1].equations:
+            raise TargetError(f"remat_policy={policy} traces another forward pass than {remat_policies[0]}",
+                              "audit the policies one at a time")
+        first = first or (step, audited)
+        rows.append(dataclasses.replace(audited.results[0], policy=policy, peak=peak))
     assert first is not None
-    return first.report_of(rows, gpu)
+    shell = first[0].report_of(rows, gpu)  # the GPU and the step are the step's; the rest the loss's
+    audited = first[1]
+    return dataclasses.replace(shell, equations=audited.equations, arguments=audited.arguments, te=audited.te,
+                               trained=audited.trained, target=run.target)
 
 
 def _layout(text: str) -> tuple[str, ...]:

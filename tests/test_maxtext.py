@@ -119,6 +119,44 @@ def test_every_remat_policy_of_maxtexts_compiles_to_a_peak() -> None:
     as_is, full = peaks["as-is"], peaks["full"]
     assert as_is is not None and full is not None
     assert (as_is.bytes_per_device, as_is.temp_bytes) == (full.bytes_per_device, full.temp_bytes)
+    # the residual audit of the same step: the loss MaxText differentiates, its parameters trained
+    rows = {r.policy: r for r in report.results}
+    assert all(r.audited and r.error is None and r.residuals for r in rows.values())
+    assert rows["as-is"].totals == rows["full"].totals
+    assert rows["full"].totals.activation_bytes < rows["minimal"].totals.activation_bytes
+    assert rows["full"].recompute_flops > rows["minimal"].recompute_flops
+    assert report.trained is not None and report.trained.arguments == (0,)
+
+
+@compiles
+@pytest.mark.parametrize("policy", ["minimal", "save_qkv_proj", "full"])
+def test_the_residuals_are_jaxs_own_for_the_loss_maxtext_differentiates(policy: str) -> None:
+    """The loss is the function MaxText's own step hands `jax.value_and_grad`; what the audit says
+    it keeps under the decoder's checkpoints is what JAX's `saved_residuals` says, shape for shape."""
+    from collections import Counter
+
+    import numpy as np
+
+    from te_ckpt_audit._jax_compat import jaxpr_as_fun, saved_residuals
+    from te_ckpt_audit.maxtext import _maxtext_sessions
+    from te_ckpt_audit.records import ResidualKind
+    from te_ckpt_audit.specs import AsIs
+
+    _, session, loss = _maxtext_sessions(MaxTextRun(_base_yml(), TINY), policy, residuals=True)
+    assert session is not None and loss is not None
+    assert loss.fn.__name__ == "diff_wrapper" and loss.argnums == (0, 1)  # MaxText's own, as its step takes it
+    result = session.result(AsIs())
+    traced = session._traced
+    trained = len(jax.tree.leaves(loss.shapes[0]))
+    run = jaxpr_as_fun(traced.jaxpr)
+
+    def of_params(params: list[jax.Array]) -> jax.Array:
+        return run(*params, *traced.avals[trained:])[0]
+
+    truth = Counter((tuple(a.shape), str(np.dtype(a.dtype))) for a, src in
+                    saved_residuals(of_params, list(traced.avals[:trained])) if src != "from a literal")
+    ours = Counter((r.shape, r.dtype) for r in result.residuals if r.kind is not ResidualKind.LITERAL)
+    assert ours == truth
 
 
 @compiles
@@ -172,7 +210,7 @@ def test_settings_and_policies_are_checked_before_anything_runs() -> None:
     (["nosuch.yml", "--gpu", "h100"], "no such MaxText config: nosuch.yml"),
     (["c.yml", "per_device_batch_size", "--gpu", "h100"], "MaxText setting 'per_device_batch_size' is not KEY=VALUE"),
     (["c.yml", "-p", "minimal_please", "--gpu", "h100"], "'minimal_please' is not a remat_policy of MaxText's"),
-    (["c.yml"], "maxtext compiles MaxText's train step for a GPU"),
+    (["c.yml", "--recommend"], "maxtext --recommend compiles MaxText's train step for a GPU"),
     (["c.yml", "--gpu", "h100", "--batch", "4"], "--batch, --layout and --max-compiles are about --recommend's"),
     (["c.yml", "--gpu", "h100", "--recommend", "--layout", "fsdp=8"], "'fsdp=8' is not an ici_*/dcn_*_parallelism"),
     (["c.yml", "--gpu", "h100", "--recommend", "-p", "full"], "--recommend searches MaxText's remat policies itself"),
