@@ -151,3 +151,18 @@ def test_a_notebook_shows_the_policy_table() -> None:
     rec = recommendation()
     assert "<b>Recommended:</b> <code>--policy save_only_these_names:layer1,layer2</code>" in rec._repr_html_()
     assert _parse(rec._repr_html_()).errors == []
+
+
+def test_print_of_a_recommendation_is_its_text_and_a_maxtext_one_shows_its_config_lines() -> None:
+    from te_ckpt_audit.records import MaxTextPoint, MaxTextRecommendation, PeakMemory
+    from te_ckpt_audit.render import render_maxtext_recommend_text, render_recommend_text
+
+    rec = recommendation()
+    assert str(rec) == render_recommend_text(rec) and "\n" not in repr(rec)
+    peak = PeakMemory(2**30, 2**30, 2**29, 0, 0, 2**29, True, False, None, 1.0)
+    chosen = MaxTextPoint("minimal", "4", peak, ("ici_fsdp_parallelism=8",))
+    found = MaxTextRecommendation("maxtext c.yml", chosen, (chosen,), None)
+    assert str(found) == render_maxtext_recommend_text(found)
+    shown = found._repr_html_()
+    assert _parse(shown).errors == [] and "remat_policy: &#x27;minimal&#x27;" in shown
+    assert "ici_fsdp_parallelism: 8" in shown and shown.count("<tr>") == 2
