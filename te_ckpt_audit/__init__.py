@@ -7,6 +7,7 @@ starting with `_`) is private.
 
 from __future__ import annotations
 
+from . import render as _render  # noqa: F401 (records print through it: records/_display.py)
 from ._api import audit, audit_target, check_config, check_target
 from ._fit import DEFAULT_MAX_COMPILES
 from ._mesh import MAX_DEVICES

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 from ..records import AuditReport, MaxTextRecommendation, Recommendation
+from ..records._display import shown_by
 from ._common import format_bytes, format_flops, format_percent, hotspots, policy_errors, warning_message
 from ._text import printable, printable_records
 from .check import (
@@ -62,6 +63,9 @@ def html_of(record: object) -> str:
     if isinstance(record, MaxTextRecommendation):
         return maxtext_recommend_html_table(record)
     raise TypeError(f"no HTML table for {type(record).__name__}")
+
+
+shown_by(text_of, html_of)  # print(report) and a notebook's view, without the records importing us
 
 __all__ = [
     "TableView",
