@@ -370,3 +370,19 @@ def _register_cuda_plugin() -> None:
         _cuda._check_cuda_versions = check
     if "cuda" not in _xb._topology_factories:
         raise CudaPluginMissing("jax's CUDA plugin did not register a topology for cuda")
+
+
+def with_context_mesh(eqn: JaxprEqn, mesh_of: Callable[[Any], Any]) -> JaxprEqn:
+    """`eqn` whose context's abstract mesh (the mesh its rule runs under when the equation is
+    evaluated again: a shard_map body's manual mesh, `jax.set_mesh`'s) is `mesh_of(mesh)`; the
+    rest of its context (compute type, metadata, ...) kept. Unchanged where JAX records none."""
+    ctx = getattr(eqn, "ctx", None)
+    mesh = getattr(ctx, "cur_abstract_mesh", None)
+    if ctx is None or mesh is None:
+        return eqn
+    new = mesh_of(mesh)
+    if new is mesh:
+        return eqn
+    with ctx.manager, jax.sharding.use_abstract_mesh(new):
+        fresh = _core.JaxprEqnContext()
+    return eqn.replace(ctx=fresh)

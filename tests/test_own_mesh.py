@@ -57,6 +57,30 @@ def test_the_models_own_mesh_is_laid_over_as_many_gpus() -> None:
     assert peak.argument_bytes == W.size * 4 + X.size * 4
 
 
+ROW = Mesh(np.array(jax.devices("cpu")[:4]), ("data",))
+
+
+def mapped(w: jax.Array, x: jax.Array) -> jax.Array:
+    """A shard_map over a mesh the model made: its equations run under that mesh's manual axes."""
+    f = jax.shard_map(lambda w, x: jnp.tanh(x @ w), mesh=ROW, in_specs=(PartitionSpec(), PartitionSpec("data")),
+                      out_specs=PartitionSpec("data"))
+    return jnp.mean(f(w, x) @ w)
+
+
+@compiles
+def test_a_shard_map_over_the_models_own_mesh_compiles_on_the_gpus() -> None:
+    """The shard_map's mesh, and the mesh each of its equations runs under, are the GPUs': the step
+    compiles (it used to be "not compiled": the body's context mesh was the CPU devices'), to the
+    same plan as the mesh given as `mesh=`."""
+    own = audit(mapped, W, X, policies=["nothing_saveable", "none"], gpu=h100(), params=0)
+    given = audit(mapped, W, X, policies=["nothing_saveable", "none"], gpu=h100(), params=0, mesh=ROW)
+    assert own.gpu is not None and (own.gpu.mesh, own.gpu.mesh_source) == ("data=4", "model")
+    for mine, theirs in zip(own.results, given.results, strict=True):
+        assert mine.peak is not None and mine.peak.error is None and mine.peak.bytes_per_device, mine.peak
+        assert theirs.peak is not None
+        assert dataclasses.replace(mine.peak, compile_seconds=0) == dataclasses.replace(theirs.peak, compile_seconds=0)
+
+
 def test_a_mesh_of_other_devices_than_the_models_is_refused() -> None:
     """--mesh of 2 devices for a model that shards over its own 4: one line naming the option."""
     two = Mesh(np.array(jax.devices("cpu")[:2]).reshape(2), ("data",))

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import jax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
 
 from .. import _jax_compat as jc
 from .._jaxpr import map_sub_jaxprs, open_jaxpr, sub_jaxprs
@@ -110,7 +110,23 @@ def rehomed(traced: Traced, topology: Any) -> Traced:
             meshes[key] = _over(topology, mesh.axis_names, mesh.devices.shape, mesh.axis_types)
         return meshes[key]
 
+    def abstract(mesh: AbstractMesh) -> AbstractMesh:
+        """A shard_map's mesh, as its equation holds it: the GPUs' abstract mesh of its axes (its
+        body runs under it, and its values' types carry the GPUs' kind)."""
+        key = (tuple(mesh.axis_names), tuple(mesh.axis_sizes), tuple(mesh.axis_types))
+        if key not in abstracts:
+            abstracts[key] = _over(topology, mesh.axis_names, tuple(mesh.axis_sizes), mesh.axis_types).abstract_mesh
+        return abstracts[key]
+
+    abstracts: dict[tuple[Any, ...], AbstractMesh] = {}
+
+    def context(mesh: Any) -> Any:
+        """An equation's context mesh: the GPUs' where it names axes, else as it is."""
+        return abstract(mesh) if isinstance(mesh, AbstractMesh) and mesh.axis_names else mesh
+
     def value(v: object) -> object:
+        if isinstance(v, AbstractMesh) and not isinstance(v, Mesh) and v.axis_names:
+            return abstract(v)
         if isinstance(v, NamedSharding) and isinstance(v.mesh, Mesh) and v.mesh.axis_names:
             return NamedSharding(gpus(v.mesh), v.spec, memory_kind=v.memory_kind)
         if isinstance(v, Mesh) and v.axis_names:  # not the empty mesh an equation's context may be
@@ -126,7 +142,7 @@ def rehomed(traced: Traced, topology: Any) -> Traced:
         for eqn in jaxpr.eqns:
             params = {k: value(v) for k, v in eqn.params.items()}
             params = map_sub_jaxprs(params, lambda _, sub: walk(sub), memo)
-            eqns.append(eqn.replace(params=params))
+            eqns.append(jc.with_context_mesh(eqn.replace(params=params), context))
         return jaxpr.replace(eqns=eqns)
 
     closed = traced.jaxpr
