@@ -108,24 +108,20 @@ def _schemas() -> str:
     return f"```python\n{inspect.getsource(schemas).split(chr(10) * 2, 2)[2].strip()}\n```"
 
 
-class _DoctestFences:
-    """A Markdown preprocessor: a docstring's `>>>` session becomes a `pycon` code block (Markdown
-    would read its `>` as nested quotes)."""
-
-    @staticmethod
-    def run(lines: list[str]) -> list[str]:
-        out: list[str] = []
-        inside = False
-        for line in lines:
-            starts = line.lstrip().startswith(">>>")
-            if starts and not inside:
-                out += ["", "```pycon"]
-                inside = True
-            elif inside and not line.strip():
-                out.append("```")
-                inside = False
-            out.append(line.strip() if inside else line)
-        return out + (["```"] if inside else [])
+def _fenced(lines: list[str]) -> list[str]:
+    """A docstring's `>>>` session as a `pycon` code block (Markdown would read its `>` as nested
+    quotes): from its first prompt to the next blank line."""
+    out: list[str] = []
+    inside = False
+    for line in lines:
+        if line.lstrip().startswith(">>>") and not inside:
+            out += ["", "```pycon"]
+            inside = True
+        elif inside and not line.strip():
+            out.append("```")
+            inside = False
+        out.append(line.strip() if inside else line)
+    return out + (["```"] if inside else [])
 
 
 def _doctest_extension() -> Any:
@@ -134,7 +130,7 @@ def _doctest_extension() -> Any:
 
     class Fences(Preprocessor):
         def run(self, lines: list[str]) -> list[str]:
-            return _DoctestFences.run(lines)
+            return _fenced(lines)
 
     class DoctestFences(Extension):
         def extendMarkdown(self, md: Any) -> None:  # noqa: N802 (Markdown's name)
