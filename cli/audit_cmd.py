@@ -21,6 +21,7 @@ from te_ckpt_audit import (
     parse_policies,
 )
 from te_ckpt_audit.baselines import load_baseline
+from te_ckpt_audit.config import files_read
 from te_ckpt_audit.gpus import DEFAULT_GPUS_PER_HOST
 from te_ckpt_audit.render import (
     TableView,
@@ -34,7 +35,7 @@ from te_ckpt_audit.render import (
 
 from . import options as opt
 from . import process
-from .files import check_baseline_file, compile_cache, same_file, save_baseline
+from .files import check_baseline_file, compile_cache, refuse_overwriting, same_file, save_baseline
 from .options import GateOptions, GpuOptions, MeshOptions, OutputFormat, OutputOptions, TargetOptions
 from .terminal import (
     at_the_edge,
@@ -130,6 +131,8 @@ def audit(
     )
     out = OutputOptions(format, None if output is None else Path(output), top, by, equations)
     check_report_destination(out.output)
+    reads = files_read(what.target, what.inputs, policy or (), on_gpu.request)
+    refuse_overwriting(out.output, [*reads, *([("the baseline", gate.baseline)] if gate.baseline else [])])
     if out.output is not None and gate.save_baseline is not None and same_file(out.output, gate.save_baseline):
         raise UsageError(f"--output and --save-baseline both name {out.output}",
                          "write the report and the baseline to two files")

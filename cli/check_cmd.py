@@ -18,7 +18,7 @@ from te_ckpt_audit.render import render_check_github, render_check_json, render_
 
 from . import options as opt
 from . import process, terminal
-from .files import check_baseline_file, compile_cache, same_file, save_baseline
+from .files import check_baseline_file, compile_cache, refuse_overwriting, same_file, save_baseline
 from .options import CheckFormat, default_jobs
 
 ConfigPath = Annotated[
@@ -73,6 +73,8 @@ def check(
     terminal.check_report_destination(written)
     cfg = load_config(config)
     baseline = cfg.baseline
+    reads = [("the config file", cfg.path), *([("the baseline", baseline)] if baseline is not None else [])]
+    refuse_overwriting(written, [*reads, *(r for t in cfg.targets for r in t.reads())])
     reference = None
     if save_baseline_flag and baseline is None:
         raise UsageError(f"{config} names no baseline file", 'add baseline = "ckpt-baseline.json"')

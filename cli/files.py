@@ -40,12 +40,43 @@ def check_writable(path: str | Path) -> Path:
     folder = real.parent
     if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
         raise UsageError(f"cannot write {path}: no writable folder {folder}", "choose a file in a writable folder")
+    _probe(folder, path)
     return real
 
 
+def _probe(folder: Path, shown: str | Path) -> None:
+    """A file is written through a new one beside it: make (and remove) one now, so that a folder
+    where none can be made (a read-only or virtual filesystem) is refused before the run."""
+    try:
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".te-ckpt-audit.", suffix=".probe")
+    except OSError as exc:
+        readonly = hasattr(os, "statvfs") and os.statvfs(folder).f_flag & os.ST_RDONLY
+        why = "is on a read-only filesystem" if readonly else f"takes no new file ({exc.strerror})"
+        raise UsageError(f"cannot write {shown}: {folder} {why}", "choose a file in a writable folder") from None
+    os.close(fd)
+    os.unlink(tmp)
+
+
 def same_file(a: str | Path, b: str | Path) -> bool:
-    """Whether two paths name one file (symlinks followed; neither need exist yet)."""
-    return os.path.realpath(a) == os.path.realpath(b)
+    """Whether two paths name one file (symlinks and hard links followed; neither need exist yet)."""
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist (yet)
+        return False
+
+
+def refuse_overwriting(output: str | Path | None, reads: Iterable[tuple[str, str | Path]],
+                       flag: str = "--output") -> None:
+    """Before any work: `output` must not be a file the run reads (links followed, hard links
+    too), or the report would replace it."""
+    if output is None:
+        return
+    for what, path in reads:
+        if same_file(output, path):
+            raise UsageError(f"{flag} {output} is {what} ({path}), which this run reads: the report would "
+                             "replace it", "write the report to another file")
 
 
 def write_output(path: str | Path, text: str) -> None:

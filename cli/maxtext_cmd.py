@@ -22,7 +22,9 @@ from te_ckpt_audit.maxtext import (
     check_config_file,
     check_layouts,
     check_remat_policies,
+    config_files,
     recommend_maxtext,
+    resolved,
 )
 from te_ckpt_audit.render import render_maxtext_recommend_json, render_maxtext_recommend_text
 
@@ -30,7 +32,7 @@ from . import options as opt
 from . import process
 from .audit_cmd import renderer, table_view
 from .exit_codes import ExitCode
-from .files import compile_cache
+from .files import compile_cache, refuse_overwriting
 from .options import GpuOptions, MaxTextFormat, OutputFormat, OutputOptions
 from .terminal import (
     at_the_edge,
@@ -131,6 +133,10 @@ def maxtext(
         raise UsageError("--format markdown: --recommend writes table or json", "--format json")
     out = OutputOptions(OutputFormat(format.value), None if output is None else Path(output), 10, None, False)
     check_report_destination(out.output)
+    chain = config_files(run)
+    refuse_overwriting(out.output, [("the MaxText config" if i == 0 else "a base_config of the MaxText config", p)
+                                    for i, p in enumerate(chain)])
+    run = process.in_a_child(resolved, run)  # MaxText's own values, before this process sets its devices
     process.prepare(None, run.devices, None if on_gpu.request is None else on_gpu.request.model)
     if recommend:
         assert on_gpu.request is not None

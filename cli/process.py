@@ -24,7 +24,9 @@ import re
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TypeVar
 
 import jax
 
@@ -38,6 +40,7 @@ DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
 CLUSTER_TIMEOUT_S = 10  # how long --cluster waits for its scheduler to answer
 REEXEC_MARKER = "TE_CKPT_AUDIT_MESH_DEVICES"  # set in a process run again for its devices
 _FLAG = re.compile(rf"{DEVICE_COUNT_FLAG}=(\S*)")
+T = TypeVar("T")
 
 
 def rerun_argv() -> list[str]:
@@ -129,6 +132,30 @@ def workers(jobs: int) -> Iterator[concurrent.futures.Executor | None]:
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=context, initializer=_worker_setup) as pool:
         yield pool
+
+
+def in_a_child(fn: Callable[..., T], *args: object) -> T:
+    """`fn(*args)` in a process of its own (spawned, on JAX's CPU backend), for library calls that
+    start JAX's backend before this process has set its devices (MaxText's config). Its output is
+    kept apart and shown only where the child dies without an answer; its errors are raised here."""
+    context = multiprocessing.get_context("spawn")
+    with tempfile.NamedTemporaryFile(prefix="te-ckpt-audit-child.", suffix=".log") as log, \
+            concurrent.futures.ProcessPoolExecutor(1, mp_context=context, initializer=_child_setup,
+                                                   initargs=(log.name,)) as pool:
+        try:
+            return pool.submit(fn, *args).result()
+        except concurrent.futures.process.BrokenProcessPool:
+            said = Path(log.name).read_text(errors="replace").strip().splitlines()[-3:]
+            raise UsageError(f"the process reading the configuration died: {' / '.join(said) or 'no output'}",
+                             "run again with $debug$; report it if it persists") from None
+
+
+def _child_setup(log: str) -> None:
+    _worker_setup()
+    fd = os.open(log, os.O_WRONLY | os.O_APPEND)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
 
 
 _ABSL_LINE = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+ \S+:\d+\] ")

@@ -16,6 +16,7 @@ from te_ckpt_audit import (
     ShardingSource,
     recommend_target,
 )
+from te_ckpt_audit.config import files_read
 from te_ckpt_audit.gpus import DEFAULT_GPUS_PER_HOST
 from te_ckpt_audit.render import format_bytes, render_recommend_html, render_recommend_json, render_recommend_text
 from te_ckpt_audit.sizes import count_at_least_one, parse_size, positive_bytes
@@ -23,7 +24,7 @@ from te_ckpt_audit.sizes import count_at_least_one, parse_size, positive_bytes
 from . import options as opt
 from . import process
 from .exit_codes import ExitCode
-from .files import compile_cache
+from .files import compile_cache, refuse_overwriting
 from .options import GpuOptions, MeshOptions, TargetOptions
 from .terminal import (
     PROG,
@@ -141,6 +142,7 @@ def recommend(
     where = MeshOptions.parse(mesh, ShardingSource.COMPILED)
     written = output
     check_report_destination(written)
+    refuse_overwriting(written, files_read(what.target, what.inputs, (), on_gpu.request))
     process.prepare(emulate_gpu, where.devices, None if on_gpu.request is None else on_gpu.request.model)
     compiling_on = process.running(on_gpu.jobs, on_gpu.cluster)  # here, worker processes or a cluster
     with stdout_kept_for_the_report(), progress_on_stderr() as progress, compiling_on as pool:

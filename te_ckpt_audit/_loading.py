@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import difflib
 import importlib
+import importlib.machinery
 import importlib.util
 import inspect
 import os
@@ -217,6 +218,87 @@ def anchored(spec: str | None, what: str = "$inputs$") -> str | None:
     if not Path(where).is_file():
         raise UsageError(f"no such file: {where}", "check the path; it is relative to the current folder")
     return f"{os.path.abspath(where)}:{attr}"
+
+
+MAX_SOURCE_FILES = 200  # a model folder's own modules; a library's are not followed
+
+
+def source_files(spec: str) -> tuple[Path, ...]:
+    """The files a `FILE.py:NAME` or `package.module:NAME` spec runs, found without running them:
+    its module, then the modules it imports from its own folder (and theirs), read by `ast`. An
+    installed package's module is listed alone. Nothing where the spec names no file here (its load
+    says why later).
+
+    >>> [p.name for p in source_files("sample_models/mlp.py:loss")]  # doctest: +SKIP
+    ['mlp.py']
+    """
+    where = spec.rpartition(":")[0] if ":" in spec else spec
+    first = _module_file(where)
+    if first is None:
+        return ()
+    found: dict[Path, None] = {}
+    todo = [first]
+    while todo and len(found) < MAX_SOURCE_FILES:
+        path = todo.pop()
+        if path in found:
+            continue
+        found[path] = None
+        if not _installed(path):
+            todo += [p for p in _imported_beside(path) if p not in found]
+    return tuple(found)
+
+
+def _module_file(where: str) -> Path | None:
+    if where.endswith(".py") or os.sep in where or "/" in where:
+        path = Path(where)
+        return path.resolve() if path.is_file() else None
+    search: list[str] | None = [os.getcwd(), *sys.path]
+    origin = None
+    for part in where.split("."):
+        try:
+            spec = importlib.machinery.PathFinder.find_spec(part, search)
+        except (ImportError, ValueError):
+            return None
+        if spec is None:
+            return None
+        origin = spec.origin
+        search = list(spec.submodule_search_locations or [])
+    return Path(origin).resolve() if origin and os.path.isfile(origin) else None
+
+
+def _installed(path: Path) -> bool:
+    return bool({"site-packages", "dist-packages"} & set(path.parts)) or path.is_relative_to(sys.base_prefix)
+
+
+def _imported_beside(path: Path) -> list[Path]:
+    """The files of `path`'s imports that lie in its folder or its package's: absolute names from
+    its folder and from the folder above its packages, relative ones from its package."""
+    try:
+        tree = ast.parse(path.read_bytes(), str(path))
+    except (OSError, SyntaxError, ValueError):
+        return []
+    top = path.parent  # absolute names resolve from the folder above its packages, as `_import_file` puts it
+    while (top / "__init__.py").exists() and top.parent != top:
+        top = top.parent
+    roots = [path.parent] if top == path.parent else [path.parent, top]
+    names: list[tuple[Path, list[str]]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names += [(root, a.name.split(".")) for a in node.names for root in roots]
+        elif isinstance(node, ast.ImportFrom):
+            base = path.parent
+            for _ in range(max(0, node.level - 1)):
+                base = base.parent
+            head = node.module.split(".") if node.module else []
+            bases = [base] if node.level else roots
+            names += [(b, [*head, a.name]) for a in node.names for b in bases]
+            names += [(b, head) for b in bases if head]
+    files = []
+    for base, parts in names:
+        for i in range(1, len(parts) + 1):
+            stem = base.joinpath(*parts[:i])
+            files += [f for f in (stem.with_suffix(".py"), stem / "__init__.py") if f.is_file()]
+    return [f.resolve() for f in files]
 
 
 def load_target(text: str) -> Target:

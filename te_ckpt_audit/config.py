@@ -41,6 +41,7 @@ from typing import Any, Literal
 
 from . import gpus
 from ._loading import Defines as Defines  # the -D mapping, as the command line types it
+from ._loading import source_files
 from ._textfile import read_text
 from ._trained import parse_params
 from .errors import UsageError
@@ -77,6 +78,38 @@ class TargetConfig:
     gpu: GpuRequest | None = None  # each policy's step compiled for this GPU (like --gpu)
     peak: PeakGate = PeakGate()  # like --fit and --peak-budget
     params: tuple[int | str, ...] | Literal["all"] | None = None  # the trained arguments (None: the first)
+
+
+    def reads(self) -> tuple[tuple[str, Path], ...]:
+        """The files auditing this target reads (`files_read`)."""
+        return files_read(self.target, self.inputs, self.policies, self.gpu)
+
+
+def files_read(target: str, inputs: str | None = None, policies: Sequence[PolicyLike] = (),
+               gpu: GpuRequest | None = None) -> tuple[tuple[str, Path], ...]:
+    """What a target's run reads, each file with what it is to the run, found before any of the
+    user's code runs: the target's module and the modules it imports from its folder, the inputs
+    module, a custom policy's module, the GPU config file. A writer checks its output against these.
+
+    >>> [(what, p.name) for what, p in files_read("sample_models/te_transformer.py:loss")]  # doctest: +SKIP
+    [("the target's module", 'te_transformer.py'), ('a module the target imports', 'te_standin.py'), ...]
+    """
+    found: list[tuple[str, Path]] = []
+
+    def spec(text: str, what: str, imported: str) -> None:
+        files = source_files(text)
+        found.extend([(what, files[0])] if files else [])
+        found.extend((imported, f) for f in files[1:])
+
+    spec(target, "the target's module", "a module the target imports")
+    if inputs:
+        spec(inputs, "the inputs module", "a module the inputs module imports")
+    for p in policies:
+        if isinstance(p, str) and ":" in p:
+            spec(p, f"the module of policy {p!r}", f"a module policy {p!r} imports")
+    if gpu is not None and gpu.model.path is not None:
+        found.append(("the GPU config", gpu.model.path))
+    return tuple(found)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
+import os
 import shlex
 from collections.abc import Mapping
 from pathlib import Path
@@ -57,6 +58,7 @@ class GpuModel:
     bandwidth: int  # memory bandwidth, bytes per second
     arch: Arch
     config: str | None = dataclasses.field(default=None, repr=False)  # a config file's own text (--gpu-config)
+    path: Path | None = dataclasses.field(default=None, repr=False, compare=False)  # that file, absolute
 
     @property
     def emulated(self) -> str:
@@ -234,6 +236,7 @@ def model_of_config(path: str | Path) -> GpuModel:
             accelerated=cc.get("feature_extension") == "ACCELERATED_FEATURES",
         ),
         config=textproto.write(doc, GPU_TARGET_CONFIG),
+        path=Path(os.path.realpath(path)),
     )
 
 
@@ -420,12 +423,13 @@ class GpuRequest:
 
 
 def least_fraction(peak: int, memory: int) -> float:
-    """The least fraction of `memory` (to 0.01, rounded up) that holds `peak` bytes.
+    """The least fraction of `memory` (to 0.01, rounded up: never below 0.01, the least JAX's
+    memory fraction is set to here) that holds `peak` bytes.
 
-    >>> least_fraction(63 * GIB, 80 * GIB)
-    0.79
+    >>> least_fraction(63 * GIB, 80 * GIB), least_fraction(1, 10**18)
+    (0.79, 0.01)
     """
-    return math.ceil(100 * peak / memory - 1e-9) / 100
+    return max(1, math.ceil(100 * peak / memory - 1e-9)) / 100
 
 
 def suggested_fraction(least: float, most: float) -> float:

@@ -22,9 +22,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import difflib
 import functools
+import importlib.util
+import math
 import os
+import re
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -72,6 +77,7 @@ class MaxTextRun:
 
     config: str
     settings: tuple[str, ...] = ()
+    resolved: tuple[str, ...] = ()  # `resolved`: MaxText's own values of the settings the tool sizes by, read first
 
     def __post_init__(self) -> None:
         for s in self.settings:
@@ -81,13 +87,15 @@ class MaxTextRun:
 
     def value(self, key: str) -> str | None:
         """The last value given for `key`, as MaxText reads its command line."""
-        found = [s.partition("=")[2] for s in self.settings if s.partition("=")[0].strip() == key]
+        found = [s.partition("=")[2] for s in (*self.resolved, *self.settings) if s.partition("=")[0].strip() == key]
         return found[-1] if found else None
 
     @property
     def slices(self) -> int:
-        text = self.value("compile_topology_num_slices") or "1"
-        if not text.isdigit() or int(text) < 1:
+        """The hosts of 8 GPUs: `compile_topology_num_slices` as given (`resolved` writes in the
+        config's own value), else 1."""
+        text = (self.value("compile_topology_num_slices") or "1").strip()
+        if not (text.isascii() and text.isdigit()) or int(text) < 1:
             raise UsageError(f"compile_topology_num_slices={text} must be a positive count of hosts",
                              "compile_topology_num_slices=16 for 16 hosts of 8 GPUs")
         return int(text)
@@ -128,13 +136,99 @@ def check_remat_policies(policies: Sequence[str]) -> None:
 def check_config_file(run: MaxTextRun) -> None:
     if not os.path.isfile(run.config):
         raise UsageError(f"no such MaxText config: {run.config}", "a YAML file such as MaxText's configs/base.yml")
+    if not run.config.endswith(".yml"):  # MaxText reads any other name as a setting
+        raise UsageError(f"MaxText reads its config only from a file named *.yml, not {run.config}",
+                         f"rename it (or copy it) to {Path(run.config).stem}.yml")
+
+
+_BASE_CONFIG = re.compile(r"""^base_config\s*:\s*["']?([^"'#\s]+)""", re.MULTILINE)
+
+
+def config_files(run: MaxTextRun) -> tuple[Path, ...]:
+    """The run's config file and its `base_config` chain, found as MaxText's `pyconfig` finds them
+    (beside the file that names it, else in MaxText's own configs folder), without MaxText."""
+    found: list[Path] = []
+    path: Path | None = Path(run.config)
+    while path is not None and path.is_file() and path.resolve() not in found:
+        found.append(path.resolve())
+        try:
+            named = _BASE_CONFIG.search(path.read_text(encoding="utf-8", errors="replace"))
+        except OSError:
+            break
+        path = None if named is None else _beside(path, named.group(1))
+    return tuple(found)
+
+
+def _beside(config: Path, base: str) -> Path | None:
+    if os.path.isabs(base):
+        return Path(base)
+    here = config.parent / base
+    if here.is_file():
+        return here
+    spec = importlib.util.find_spec("maxtext")  # the package's folder, nothing of it imported
+    folders = list(spec.submodule_search_locations or []) if spec is not None else []
+    return next((Path(f, "configs", base) for f in folders if Path(f, "configs", base).is_file()), None)
+
+
+def resolved(run: MaxTextRun) -> MaxTextRun:
+    """`run` with the settings the tool sizes the run by written in as MaxText resolves them (its
+    config file, the `base_config` chain, its `M_` environment variables and the command line):
+    `compile_topology_num_slices` (1 where the config leaves it unset) and `per_device_batch_size`.
+    Each is checked here, and `remat_policy`, so a bad value is a UsageError naming it before any
+    work. MaxText's `pyconfig` starts JAX's backend: the command line calls this in a process of
+    its own, before it sets this one's devices."""
+    config = _config(run, None)
+    check_settings(config)
+    slices = int(config.compile_topology_num_slices)
+    extra = (f"compile_topology_num_slices={max(1, slices)}",
+             f"per_device_batch_size={number(config.per_device_batch_size)}")
+    return dataclasses.replace(run, resolved=extra)
+
+
+MAX_TOKENS_PER_DEVICE = 2**31  # a batch x sequence past this indexes no int32 array
+
+
+def _sized(run: MaxTextRun) -> MaxTextRun:
+    """`run` resolved, unless the command line resolved it already."""
+    known = run.value("compile_topology_num_slices") and run.value("per_device_batch_size")
+    return run if known else resolved(run)
+
+
+def check_settings(config: Any) -> None:
+    """MaxText's resolved `config` as the tool can size it: a positive, finite per-device batch
+    whose tokens an int32 can count, a positive count of hosts (or unset), a known remat_policy."""
+    batch, seq = float(config.per_device_batch_size), int(config.max_target_length)
+    if not math.isfinite(batch) or batch <= 0 or batch * seq > MAX_TOKENS_PER_DEVICE:
+        raise UsageError(f"per_device_batch_size={number(config.per_device_batch_size)} is not a per-device "
+                         f"batch a step can take (positive, at most {MAX_TOKENS_PER_DEVICE // max(seq, 1):,} "
+                         f"at max_target_length={seq})", "e.g. per_device_batch_size=4")
+    slices = int(config.compile_topology_num_slices)
+    if slices == 0 or slices < -1:
+        raise UsageError(f"compile_topology_num_slices={slices} must be a positive count of hosts",
+                         "compile_topology_num_slices=16 for 16 hosts of 8 GPUs")
+    policy = config.remat_policy
+    if policy not in (*REMAT_POLICIES, "custom"):
+        close = difflib.get_close_matches(str(policy), REMAT_POLICIES, n=3)
+        raise UsageError(f"remat_policy={policy} is not a remat_policy of MaxText's",
+                         f"did you mean {' or '.join(close)}?" if close else f"one of: {', '.join(REMAT_POLICIES)}")
+
+
+def number(value: float | int | str) -> str:
+    """A setting's number as MaxText's config lines take it: 4, not 4.0.
+
+    >>> number(4.0), number(0.5), number("2")
+    ('4', '0.5', '2')
+    """
+    x = float(value)
+    return str(int(x)) if x.is_integer() and abs(x) < 2**53 else repr(x)
 
 
 def _argv(run: MaxTextRun, remat_policy: str | None) -> list[str | None]:
-    given = {s.partition("=")[0].strip() for s in run.settings}
-    ours = {"compile_topology": "a3", "compile_topology_num_slices": "1", "skip_jax_distributed_system": "True",
-            "enable_checkpointing": "False", "dataset_type": "synthetic"}
-    argv: list[str | None] = [None, run.config, *run.settings]
+    given = {s.partition("=")[0].strip() for s in (*run.resolved, *run.settings)}
+    # compile_topology_num_slices is the config's own (`resolved` writes it in)
+    ours = {"compile_topology": "a3", "skip_jax_distributed_system": "True", "enable_checkpointing": "False",
+            "dataset_type": "synthetic"}
+    argv: list[str | None] = [None, run.config, *run.resolved, *run.settings]
     argv += [f"{k}={v}" for k, v in ours.items() if k not in given]
     if remat_policy is not None:
         argv.append(f"remat_policy={remat_policy}")
@@ -150,8 +244,39 @@ def _config(run: MaxTextRun, remat_policy: str | None) -> Any:  # MaxText's Hype
     try:
         return pyconfig.initialize(_argv(run, remat_policy))
     except Exception as exc:  # noqa: BLE001 - MaxText's own validation says what is wrong
-        raise UsageError(f"MaxText refuses the config: {type(exc).__name__}: {first_line(exc)}",
-                         "fix the setting MaxText names") from None
+        raise _refusal(exc) from None
+
+
+_UNKNOWN_KEY = re.compile(r"^'(\w+)' not in ")
+MAX_REASON = 300  # characters of MaxText's own message kept in the one line
+
+
+def _refusal(exc: Exception) -> UsageError:
+    """MaxText's refusal as one line that names the setting: pydantic's first error with its reason
+    and value, an unknown key with the closest few MaxText has, else its own first line (cut)."""
+    errors = getattr(exc, "errors", None)
+    if callable(errors) and type(exc).__name__ == "ValidationError":
+        found = errors()
+        first = found[0]
+        where = ".".join(str(part) for part in first.get("loc", ()))
+        more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+        reason = _cut(f"{first.get('msg')}{more}")
+        if not where:  # a check of the whole config: its input is every setting
+            return UsageError(f"MaxText refuses the config: {reason}", "fix the setting it names")
+        return UsageError(f"MaxText refuses {where}={_cut(repr(first.get('input')), 80)}: {reason}", f"fix {where}")
+    text = str(exc)
+    unknown = _UNKNOWN_KEY.match(text)
+    if isinstance(exc, ValueError) and unknown:
+        key = unknown.group(1)
+        close = difflib.get_close_matches(key, re.findall(r"'(\w+)'", text)[1:], n=3)
+        return UsageError(f"MaxText has no setting {key!r}",
+                          f"did you mean {' or '.join(close)}?" if close else "see MaxText's configs/base.yml")
+    return UsageError(f"MaxText refuses the config: {type(exc).__name__}: {_cut(first_line(exc))}",
+                      "fix the setting MaxText names")
+
+
+def _cut(text: str, most: int = MAX_REASON) -> str:
+    return text if len(text) <= most else text[: most - 3] + "..."
 
 
 def _sharding_or_none(x: object) -> bool:
@@ -325,6 +450,7 @@ def audit_maxtext(
     `gpu`) the peak of MaxText's own train step compiled for it (its state donated), as one
     report."""
     check_remat_policies(remat_policies)
+    run = _sized(run)
     if gpu is not None:
         gpu = _its_own_step(gpu)
     rows: list[PolicyResult] = []
@@ -385,14 +511,16 @@ def recommend_maxtext(
     if max_compiles < 1:
         raise UsageError(f"$max_compiles$ {max_compiles} must be at least 1", "e.g. $max_compiles$ 24")
     gpu = _its_own_step(gpu)
-    given = run.value("per_device_batch_size")
     for size in batch_sizes:
         try:
-            if float(size) <= 0:
+            if not (math.isfinite(float(size)) and float(size) > 0):
                 raise ValueError(size)
         except ValueError:
             raise UsageError(f"$batch$ {size} is not a positive per-device batch size", "e.g. $batch$ 4") from None
-    sizes = sorted(dict.fromkeys(batch_sizes), key=float, reverse=True) if batch_sizes else [given or ""]
+    run = _sized(run)
+    given = run.value("per_device_batch_size")
+    assert given is not None
+    sizes = sorted(dict.fromkeys(batch_sizes), key=float, reverse=True) if batch_sizes else [given]
     meshes = [_layout(text) for text in dict.fromkeys(layouts)] or [()]
     # without TE's quantization the `_with_quantization` variants are their bases again: not tried
     quantized = bool(str(_config(run, None).quantization or ""))
@@ -400,19 +528,19 @@ def recommend_maxtext(
     tried: list[MaxTextPoint] = []
     first: Session | None = None
     for size in sizes:
-        batch = (f"per_device_batch_size={size}",) if size else ()
+        batch = (f"per_device_batch_size={size}",)
         for policy in policies:
             for layout in meshes:
                 if len(tried) >= max_compiles:
                     break
                 at = dataclasses.replace(run, settings=(*run.settings, *batch, *layout))
                 where = "".join(f", {x}" for x in layout)
-                progress(f"MaxText's train step: remat_policy={policy}, batch {size or given or 'its own'}{where}")
+                progress(f"MaxText's train step: remat_policy={policy}, batch {size}{where}")
                 session = maxtext_session(at, policy)
                 first = first or session
                 with _te_told_maxtexts_axes():
                     peak = session.peaks([AsIs()], gpu, progress, capture=capture)[AsIs().text]
-                tried.append(MaxTextPoint(policy, size or given or "the config's", peak, layout))
+                tried.append(MaxTextPoint(policy, number(size), peak, layout))
                 if tried[-1].fits:
                     return MaxTextRecommendation(run.target, tried[-1], tuple(tried), first.gpu_info(gpu))
     return MaxTextRecommendation(run.target, None, tuple(tried), None if first is None else first.gpu_info(gpu))

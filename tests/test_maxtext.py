@@ -222,3 +222,66 @@ def test_bad_input_is_exit_2_in_one_line(tmp_path: Path, args: list[str], said: 
     run = cli("maxtext", *args, cwd=tmp_path)
     lines = run.stderr.strip().splitlines()
     assert run.returncode == 2 and len(lines) == 1 and said in lines[0], run.stderr
+
+
+# --- issue 38: settings read as MaxText resolves them, bad values refused before any work -----------------
+
+needs_maxtext = pytest.mark.skipif(not HAS_MAXTEXT and not LANE, reason="maxtext is not installed")
+
+
+def test_a_count_of_hosts_is_ascii_digits() -> None:
+    with pytest.raises(UsageError, match="compile_topology_num_slices=² must be a positive count"):
+        _ = MaxTextRun("c.yml", ("compile_topology_num_slices=²",)).devices  # was exit 4 (int('²'))
+
+
+@pytest.mark.parametrize("size", ["nan", "inf", "-inf", "0", "-1", "four"])
+def test_recommend_refuses_a_batch_that_is_not_positive_and_finite_before_any_work(size: str) -> None:
+    with pytest.raises(UsageError, match=f"{size} is not a positive per-device batch size"):
+        recommend_maxtext(MaxTextRun("c.yml"), GpuRequest(gpu_model("h100")), ["2", size])
+
+
+@needs_maxtext
+def test_the_count_of_hosts_and_the_batch_are_maxtexts_own(tmp_path: Path) -> None:
+    """A config's own compile_topology_num_slices and per_device_batch_size (they were read only from
+    key=value settings: 2 hosts in the YAML were audited as 1), the command line's over them."""
+    from te_ckpt_audit.maxtext import resolved
+
+    two = tmp_path / "two.yml"
+    two.write_text(f"base_config: '{_base_yml()}'\ncompile_topology_num_slices: 2\nper_device_batch_size: 3\n")
+    untiny = tuple(s for s in TINY if not s.startswith("per_device_batch_size="))
+    run = resolved(MaxTextRun(str(two), untiny))
+    assert (run.devices, run.value("per_device_batch_size")) == (16, "3")
+    assert run.target == MaxTextRun(str(two), untiny).target  # the run as the user wrote it
+    run = resolved(MaxTextRun(str(two), (*untiny, "compile_topology_num_slices=4", "per_device_batch_size=0.5")))
+    assert (run.devices, run.value("per_device_batch_size")) == (32, "0.5")
+    assert resolved(MaxTextRun(_base_yml(), TINY)).devices == 8  # base.yml leaves it unset (-1): one host
+
+
+@needs_maxtext
+@pytest.mark.parametrize(("setting", "said"), [
+    ("per_device_batch_size=0", "per_device_batch_size=0 is not a per-device batch a step can take"),
+    ("per_device_batch_size=-1", "per_device_batch_size=-1 is not a per-device batch a step can take"),
+    ("per_device_batch_size=1e30", "per_device_batch_size=1e+30 is not a per-device batch a step can take"),
+    ("remat_policy=bogus", "remat_policy=bogus is not a remat_policy of MaxText's"),
+    ("compile_topology_num_slices=-3", "compile_topology_num_slices=-3 must be a positive count of hosts"),
+    ("compile_topology_num_slices=²", "MaxText refuses compile_topology_num_slices='²': Input should be a valid"),
+    ("remat_polcy=full", "MaxText has no setting 'remat_polcy'"),
+], ids=["batch-0", "batch-negative", "batch-1e30", "remat-bogus", "slices-negative", "slices-superscript",
+        "unknown-key"])
+def test_a_setting_maxtext_or_the_tool_cannot_take_is_named(setting: str, said: str) -> None:
+    from te_ckpt_audit.maxtext import resolved
+
+    with pytest.raises(UsageError) as caught:
+        resolved(MaxTextRun(_base_yml(), (*TINY, setting)))
+    assert said in caught.value.message and len(caught.value.message) < 400, caught.value.message
+
+
+@needs_maxtext
+def test_the_command_line_resolves_the_config_before_it_sets_its_devices(tmp_path: Path) -> None:
+    (tmp_path / "c.yaml").write_text(f"base_config: '{_base_yml()}'\n")
+    run = cli("maxtext", "c.yaml", cwd=tmp_path)
+    assert run.returncode == 2 and "MaxText reads its config only from a file named *.yml" in run.stderr
+    (tmp_path / "c.yml").write_text(f"base_config: '{_base_yml()}'\n")
+    run = cli("maxtext", "c.yml", *TINY, "per_device_batch_size=-1", cwd=tmp_path)
+    lines = run.stderr.strip().splitlines()
+    assert run.returncode == 2 and len(lines) == 1 and "per_device_batch_size=-1 is not" in lines[0], run.stderr

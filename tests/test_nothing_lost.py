@@ -1,0 +1,112 @@
+"""Nothing lost, nothing hangs (issue 38): an output never replaces a file the run reads, settings
+are read as the tool that owns them reads them, and bad values are refused before any work.
+
+Each case ends in exit 2 with one line on stderr naming what is wrong, nothing on stdout, and every
+file in the folder as it was."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from te_ckpt_audit_cli.exit_codes import ExitCode
+from test_bad_input import Case, _set_up, case, config
+from test_cli import PREFIX, cli
+
+from te_ckpt_audit.config import files_read
+from te_ckpt_audit.gpus import gpu_model
+
+USAGE = ExitCode.USAGE
+BASELINE = '{"schema": "te-ckpt-audit-baseline/2", "entries": []}'
+HELPER = "def helper(x):\n    return x\n"
+INPUTS = "from model import loss_inputs\n\ndef mk():\n    return loss_inputs()\n"
+POLICY = "def save_all(prim, *avals, **params):\n    return True\n"
+USES_HELPER = "from helper import helper\n"
+CHILD = "base_config: 'parent.yml'\nper_device_batch_size: 2\n"
+
+# -o naming each kind of file a run reads
+OVERWRITES = [
+    case("the-target", "model.py:loss -o model.py", USAGE, "is the target's module"),
+    case("a-module-the-target-imports", "model.py:loss -o helper.py", USAGE, "a module the target imports",
+         model=USES_HELPER, helper__py=HELPER),
+    case("the-inputs-module", "model.py:loss --inputs inp.py:mk -o inp.py", USAGE, "is the inputs module",
+         inp__py=INPUTS),
+    case("a-custom-policy", "model.py:loss -p pol.py:save_all -o pol.py", USAGE, "the module of policy",
+         pol__py=POLICY),
+    case("the-baseline", "model.py:loss --baseline b.json -o b.json", USAGE, "is the baseline", b__json=BASELINE),
+    case("recommend-the-target", "recommend model.py:loss --budget 1GiB -o model.py", USAGE,
+         "is the target's module"),
+    case("check-the-config", "check -o pyproject.toml", USAGE, "is the config file", pyproject__toml=config()),
+    case("check-a-target", "check -o model.py", USAGE, "is the target's module", pyproject__toml=config()),
+    case("check-the-baseline", "check -o b.json", USAGE, "is the baseline",
+         pyproject__toml=config('baseline = "b.json"'), b__json=BASELINE),
+    case("maxtext-the-config", "maxtext child.yml -o child.yml", USAGE, "is the MaxText config",
+         child__yml=CHILD, parent__yml="steps: 1\n"),
+    case("maxtext-its-base-config", "maxtext child.yml -o parent.yml", USAGE, "a base_config of the MaxText config",
+         child__yml=CHILD, parent__yml="steps: 1\n"),
+]
+
+
+@pytest.fixture
+def folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def _refused(folder: Path, c: Case) -> str:
+    _set_up(folder, c)
+    before = {p: p.read_bytes() for p in folder.iterdir()}
+    result = cli(*c.argv)
+    assert result.exit_code == c.code, result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(PREFIX), result.stderr
+    assert result.stdout == ""
+    assert {p: p.read_bytes() for p in folder.iterdir()} == before
+    return lines[0]
+
+
+@pytest.mark.parametrize("c", OVERWRITES, ids=lambda c: c.id)
+def test_an_output_over_a_file_the_run_reads_is_refused(folder: Path, c: Case) -> None:
+    assert c.fragment in _refused(folder, c)
+
+
+def test_the_gpu_config_is_not_overwritten(folder: Path) -> None:
+    (folder / "gpu.txtpb").write_text(gpu_model("h100").config_text())
+    c = case("the-gpu-config", "model.py:loss --gpu-config gpu.txtpb -o gpu.txtpb", USAGE, "is the GPU config")
+    assert "is the GPU config" in _refused(folder, c)
+
+
+@pytest.mark.parametrize("link", [os.symlink, os.link], ids=["symlink", "hard-link"])
+def test_a_link_to_the_model_is_the_model(folder: Path, link: object) -> None:
+    _set_up(folder, case("x", "", USAGE, ""))
+    link(folder / "model.py", folder / "alias.py")  # type: ignore[operator]
+    assert "is the target's module" in _refused(folder, case("link", "model.py:loss -o alias.py", USAGE, ""))
+
+
+def test_what_a_target_reads_is_found_without_running_it(folder: Path) -> None:
+    (folder / "pkg").mkdir()
+    (folder / "pkg" / "__init__.py").write_text("raise SystemExit('never imported')\n")
+    (folder / "pkg" / "model.py").write_text("from . import layers\nfrom pkg.util import f\nimport numpy\n")
+    (folder / "pkg" / "layers.py").write_text("from .deep import g\n")
+    (folder / "pkg" / "deep.py").write_text("")
+    (folder / "pkg" / "util.py").write_text("import pkg.layers\n")
+    found = {(what, p.relative_to(folder).as_posix()) for what, p in files_read("pkg.model:loss")}
+    assert found == {("the target's module", "pkg/model.py"), *(("a module the target imports", f) for f in (
+        "pkg/__init__.py", "pkg/layers.py", "pkg/deep.py", "pkg/util.py"))}
+    assert {p.name for _, p in files_read("pkg/model.py:loss")} == {"model.py", "__init__.py", "layers.py",
+                                                                     "deep.py", "util.py"}
+    assert files_read("no_such_module_here:loss") == ()
+
+
+@pytest.mark.skipif(not os.path.isfile("/proc/version"), reason="no /proc here")
+def test_an_output_no_file_can_be_made_beside_is_refused_before_the_run(folder: Path) -> None:
+    line = _refused(folder, case("proc", "model.py:loss -o /proc/version", USAGE, ""))
+    assert "cannot write /proc/version: /proc" in line
+
+
+def test_the_least_fraction_is_never_below_a_hundredth() -> None:
+    from te_ckpt_audit.gpus import least_fraction
+
+    assert least_fraction(1, 10**18) == least_fraction(0, 80 * 2**30) == 0.01  # was 0.0, against the schema
+    assert least_fraction(63 * 2**30, 80 * 2**30) == 0.79
