@@ -198,6 +198,8 @@ class GpuOptions:
         request = GpuRequest(model, optimizer, gpus_per_host, environment, cache, step, tuple(donate or ()))
         if cluster is not None and jobs is not None:
             raise UsageError("--cluster and --jobs both say where policies compile", "give one of them")
+        if cluster is not None and not cluster.strip():
+            raise UsageError("--cluster is empty", "give the Dask scheduler's address, e.g. tcp://host:8786")
         return cls(request, peak, default_jobs() if jobs is None else jobs, cluster)
 
 

@@ -17,16 +17,20 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import functools
 import gc
+import logging
 import multiprocessing
 import os
 import re
+import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import jax
 
@@ -87,7 +91,9 @@ def prepare(gpu: str | None, devices: int | None, target: GpuModel | None = None
     """The process a command needs before its first trace: on the emulated GPU `gpu` where one is
     asked for (else the `target` GPU's, where the emulated driver is set up), with `devices` CPU
     devices for a compiled mesh (each may run the command again), and with JAX on CPU when a step
-    is compiled for a `target` GPU."""
+    is compiled for a `target` GPU, whose XLA_FLAGS XLA must take."""
+    if target is not None and not os.environ.get(REEXEC_MARKER) and not emulate.emulating():
+        check_xla_flags(os.environ.get("XLA_FLAGS", ""))  # once, before this command runs again
     if gpu is None and target is not None and not emulate.emulating() and emulate.has_fakecuda():
         gpu = target.emulated
     if gpu is not None:
@@ -96,6 +102,34 @@ def prepare(gpu: str | None, devices: int | None, target: GpuModel | None = None
         jax.config.update("jax_platforms", "cpu")  # before JAX starts a backend
     if devices:
         provide_cpu_devices(devices)
+
+
+_UNKNOWN_FLAG = re.compile(r"Unknown flags? in XLA_FLAGS: (.+)$", re.MULTILINE)
+_BAD_VALUE = re.compile(r"Couldn't interpret value (.*) for flag (\S+?)\.?$", re.MULTILINE)
+
+
+@functools.cache
+def check_xla_flags(flags: str) -> None:
+    """XLA_FLAGS as XLA reads them, in a process of its own (XLA ends a process whose flags it
+    refuses, and its reason goes to its log): a flag it does not know or a value it cannot take is
+    a UsageError naming it, before any work."""
+    if not flags.strip():
+        return
+    env = dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu")
+    try:
+        done = subprocess.run([sys.executable, "-c", "import jax; jax.devices('cpu')"], env=env,
+                              capture_output=True, text=True, timeout=300)
+    except subprocess.TimeoutExpired:
+        return  # no answer is no refusal: the compile reads them again
+    if done.returncode == 0:
+        return
+    hint = "fix or remove it in XLA_FLAGS"
+    if unknown := _UNKNOWN_FLAG.search(done.stderr):
+        raise UsageError(f"XLA_FLAGS: XLA does not know {unknown.group(1).strip()}", hint)
+    if bad := _BAD_VALUE.search(done.stderr):
+        raise UsageError(f"XLA_FLAGS: XLA cannot take the value {bad.group(1)!r} for --{bad.group(2)}", hint)
+    last = [line for line in done.stderr.splitlines() if line.strip()][-1:] or [f"exit {done.returncode}"]
+    raise UsageError(f"XLA_FLAGS: XLA refuses them: {last[0][:300]}", hint)
 
 
 def _cuda_plugin_without_cuda() -> bool:
@@ -160,30 +194,47 @@ def _child_setup(log: str) -> None:
 
 _ABSL_LINE = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+ \S+:\d+\] ")
 _capturing = threading.Lock()
+_DONE = "te-ckpt-audit: the capture ended"
+LAST_WORDS = 20  # lines of XLA's log shown where it ended the process
+# The relay holds what XLA writes to stderr while it compiles. Where the capture ends, it passes on
+# what is not XLA's log; where the process died first (XLA aborts on a fatal error), all of its last
+# lines: a process of its own, so that they outlive this one.
+_RELAY = f"""
+import re, sys
+absl = re.compile({_ABSL_LINE.pattern!r})
+lines = sys.stdin.buffer.read().decode(errors="replace").splitlines()
+if lines and lines[-1] == {_DONE!r}:
+    kept = [line for line in lines[:-1 if lines[-2:-1] != [""] else -2] if not absl.match(line)]
+else:
+    kept = ["te-ckpt-audit: error: XLA ended the process while it compiled; its last lines:"] + lines[-{LAST_WORDS}:]
+sys.stdout.write("".join(line + "\\n" for line in kept))
+"""
 
 
 @contextlib.contextmanager
 def xla_log_kept_off_stderr() -> Iterator[None]:
     """While XLA compiles: its own log lines (its C++ logging writes to file descriptor 2) are
-    dropped; anything else written there passes on to stderr afterwards. One capture at a time:
-    a nested or concurrent one is the outer one's."""
+    dropped; anything else written there passes on to stderr afterwards; where XLA ends the process
+    (a fatal error), its last lines reach stderr all the same. One capture at a time: a nested or
+    concurrent one is the outer one's."""
     if not _capturing.acquire(blocking=False):
         yield
         return
     try:
         sys.stderr.flush()
         saved = os.dup(2)
-        with tempfile.TemporaryFile() as captured:
-            os.dup2(captured.fileno(), 2)
-            try:
-                yield
-            finally:
-                os.dup2(saved, 2)
-                os.close(saved)
-                captured.seek(0)
-                for line in captured.read().decode(errors="replace").splitlines():
-                    if not _ABSL_LINE.match(line):
-                        print(line, file=sys.stderr)
+        relay = subprocess.Popen([sys.executable, "-I", "-S", "-c", _RELAY], stdin=subprocess.PIPE, stdout=saved)
+        assert relay.stdin is not None
+        os.dup2(relay.stdin.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            relay.stdin.write(f"\n{_DONE}\n".encode())
+            relay.stdin.close()
+            relay.wait()
+            os.close(saved)
     finally:
         _capturing.release()
 
@@ -224,16 +275,139 @@ def running(jobs: int = 1, cluster: str | None = None) -> Iterator[concurrent.fu
 def on_cluster(address: str) -> Iterator[concurrent.futures.Executor]:
     """The executor of the running Dask cluster at `address` (`distributed`: its workers are
     processes of their own, each tracing the target again, each answer checked as --jobs checks
-    a worker's). Its workers must see the same files at the same paths."""
+    a worker's). Its workers must see the same files at the same paths. Every wait is bounded:
+    no scheduler answering, or none with a worker, within CLUSTER_TIMEOUT_S is a UsageError; a
+    cluster lost mid-sweep fails its outstanding compiles (the library compiles them here). Dask's
+    own log is kept off stderr."""
     try:
         from distributed import Client
     except ImportError:
         raise UsageError("--cluster needs Dask's distributed, which is not installed",
                          'from a checkout: pip install -e ".[cluster]"') from None
+    hint = "start one (dask scheduler; dask worker ADDRESS --nthreads 1) or give its address"
+    with _dask_log_off():
+        connected = _within(CLUSTER_TIMEOUT_S + 5, lambda: Client(address, timeout=CLUSTER_TIMEOUT_S))
+        if not isinstance(connected, Client):
+            why = first_line(connected) if isinstance(connected, BaseException) else "no answer"
+            raise UsageError(f"--cluster {address}: no Dask scheduler answers there ({why})", hint)
+        client = connected
+        try:
+            waited = _within(CLUSTER_TIMEOUT_S + 5, lambda: client.wait_for_workers(1, timeout=CLUSTER_TIMEOUT_S))
+            if waited is not None:
+                raise UsageError(f"--cluster {address}: the scheduler has no worker (none came in "
+                                 f"{CLUSTER_TIMEOUT_S} s)", "start workers: dask worker ADDRESS --nthreads 1")
+            executor = ClusterExecutor(client, address)
+            try:
+                yield executor
+            finally:
+                executor.shutdown()
+        finally:
+            _within(CLUSTER_TIMEOUT_S, lambda: client.close(timeout=CLUSTER_TIMEOUT_S))
+
+
+_NOTHING = object()
+
+
+def _within(seconds: float, call: Callable[[], object]) -> object:
+    """`call()` in a thread of its own, given `seconds`: its value, the exception it raised, or
+    `_NOTHING` where it did not return in time (the thread is left to end on its own)."""
+    box: list[object] = []
+
+    def run() -> None:
+        try:
+            box.append(call())
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            box.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    return box[0] if box else _NOTHING
+
+
+@contextlib.contextmanager
+def _dask_log_off() -> Iterator[None]:
+    """Dask's loggers (and those of the event loop under it) off: each has a level of its own."""
+    names = [n for n in logging.root.manager.loggerDict if n.partition(".")[0] in ("distributed", "tornado")]
+    loggers = [logging.getLogger(n) for n in [*names, "distributed", "tornado", "asyncio"]]
+    before = [lg.disabled for lg in loggers]
+    for lg in loggers:
+        lg.disabled = True
     try:
-        client = Client(address, timeout=CLUSTER_TIMEOUT_S)
-    except (OSError, TimeoutError, ValueError) as exc:
-        raise UsageError(f"--cluster {address}: no Dask scheduler answers there ({first_line(exc)})",
-                         "start one (dask scheduler; dask worker ADDRESS --nthreads 1) or give its address") from None
-    with client:
-        yield client.get_executor()
+        yield
+    finally:
+        for lg, was in zip(loggers, before, strict=True):
+            lg.disabled = was
+
+
+class ClusterLost(Exception):  # noqa: N818 (an event, as BrokenProcessPool)
+    """The cluster stopped answering (its scheduler gone, or no worker left) with this compile
+    outstanding."""
+
+
+class ClusterExecutor(concurrent.futures.Executor):
+    """A Dask client's executor whose futures are this process's own: each takes its Dask future's
+    outcome, or fails with ClusterLost once the cluster has had no reachable worker for
+    CLUSTER_TIMEOUT_S (a watcher thread asks every POLL_S)."""
+
+    POLL_S = 1.0
+
+    def __init__(self, client: Any, address: str) -> None:
+        self._client, self._address = client, address
+        self._inner = client.get_executor()
+        self._outstanding: set[concurrent.futures.Future[Any]] = set()
+        self._lock = threading.Lock()
+        self._lost: str | None = None
+        self._stop = threading.Event()
+        threading.Thread(target=self._watch, daemon=True).start()
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
+        ours: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        with self._lock:
+            if self._lost is not None:
+                ours.set_exception(ClusterLost(self._lost))
+                return ours
+            self._outstanding.add(ours)
+        try:
+            theirs = self._inner.submit(fn, *args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - the cluster refused it: the caller compiles it elsewhere
+            self._settle(ours, exc)
+            return ours
+        theirs.add_done_callback(lambda f: self._settle(ours, f.exception() if not f.cancelled() else
+                                                        ClusterLost("cancelled by the cluster"), f))
+        return ours
+
+    def _settle(self, ours: concurrent.futures.Future[Any], error: BaseException | None,
+                theirs: concurrent.futures.Future[Any] | None = None) -> None:
+        with self._lock:
+            self._outstanding.discard(ours)
+        try:
+            if error is not None:
+                ours.set_exception(error)
+            elif theirs is not None:
+                ours.set_result(theirs.result())
+        except concurrent.futures.InvalidStateError:
+            pass  # lost already
+
+    def _watch(self) -> None:
+        since: float | None = None
+        while not self._stop.wait(self.POLL_S):
+            answer = _within(CLUSTER_TIMEOUT_S, lambda: len(self._client.scheduler_info()["workers"]))
+            if isinstance(answer, int) and answer > 0:
+                since = None
+                continue
+            since = since if since is not None else time.monotonic()
+            if time.monotonic() - since >= CLUSTER_TIMEOUT_S:
+                self._lose(f"the cluster at {self._address} has not answered with a worker for {CLUSTER_TIMEOUT_S} s")
+                return
+
+    def _lose(self, why: str) -> None:
+        with self._lock:
+            self._lost = why
+            pending, self._outstanding = list(self._outstanding), set()
+        for f in pending:
+            with contextlib.suppress(concurrent.futures.InvalidStateError):
+                f.set_exception(ClusterLost(why))
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        self._stop.set()

@@ -270,6 +270,17 @@ def _installed(path: Path) -> bool:
     return bool({"site-packages", "dist-packages"} & set(path.parts)) or path.is_relative_to(sys.base_prefix)
 
 
+def forget_user_modules() -> None:
+    """Drop the user's modules (any module whose file is not installed, nor this tool's) from
+    sys.modules, so that the next load imports them from the files as they are now."""
+    for name, module in list(sys.modules.items()):
+        if name == "__main__" or name.partition(".")[0] in ("te_ckpt_audit", "te_ckpt_audit_cli"):
+            continue
+        found = _file_of(module) if module is not None else ""
+        if found and os.path.isfile(found) and not _installed(Path(found).resolve()):
+            del sys.modules[name]
+
+
 def _imported_beside(path: Path) -> list[Path]:
     """The files of `path`'s imports that lie in its folder or its package's: absolute names from
     its folder and from the folder above its packages, relative ones from its package."""

@@ -337,7 +337,9 @@ def gpu_environment(env: Mapping[str, str], mem_fraction: float | None = None) -
         allowed = ", ".join(a.value for a in Allocator)
         raise UsageError(f"XLA_PYTHON_CLIENT_ALLOCATOR={name[:40]!r} is not an allocator JAX knows",
                          f"one of {allowed}") from None
-    return GpuEnvironment(fraction, source, variable, preallocate, allocator, env.get("XLA_FLAGS", "").strip())
+    flags = env.get("XLA_FLAGS", "").strip()
+    xla_flags(flags)  # flags XLA can split, before any work
+    return GpuEnvironment(fraction, source, variable, preallocate, allocator, flags)
 
 
 def xla_flags(text: str) -> tuple[tuple[str, str], ...]:
@@ -347,7 +349,11 @@ def xla_flags(text: str) -> tuple[tuple[str, str], ...]:
     (('xla_gpu_enable_triton_gemm', 'false'), ('xla_dump_hlo_as_text', 'true'))
     """
     out = []
-    for word in shlex.split(text):
+    try:
+        words = shlex.split(text)
+    except ValueError as exc:  # an unbalanced quote
+        raise UsageError(f"XLA_FLAGS cannot be split into flags: {exc}", "balance its quotes") from None
+    for word in words:
         if not word.startswith("--"):
             raise UsageError(f"XLA_FLAGS holds {word[:60]!r}, which is not a --flag", "e.g. XLA_FLAGS=--xla_foo=true")
         name, eq, value = word[2:].partition("=")

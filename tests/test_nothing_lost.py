@@ -7,6 +7,8 @@ file in the folder as it was."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -110,3 +112,49 @@ def test_the_least_fraction_is_never_below_a_hundredth() -> None:
 
     assert least_fraction(1, 10**18) == least_fraction(0, 80 * 2**30) == 0.01  # was 0.0, against the schema
     assert least_fraction(63 * 2**30, 80 * 2**30) == 0.79
+
+
+# --- XLA_FLAGS: refused before any work, XLA's last words kept (item 5) -------------------------------
+
+
+@pytest.mark.parametrize(("flags", "said"), [
+    ("--xla_no_such_flag_here=1", "XLA_FLAGS: XLA does not know --xla_no_such_flag_here=1"),
+    ("--xla_gpu_enable_triton_gemm=maybe", "XLA_FLAGS: XLA cannot take the value 'maybe' for "
+                                           "--xla_gpu_enable_triton_gemm"),
+    ("--xla_gpu_enable_triton_gemm='false", "XLA_FLAGS cannot be split into flags: No closing quotation"),
+], ids=["unknown", "bad-value", "unbalanced-quote"])
+def test_xla_flags_xla_refuses_are_one_line_before_any_work(folder: Path, flags: str, said: str) -> None:
+    _set_up(folder, case("x", "", USAGE, ""))
+    env = {**os.environ, "XLA_FLAGS": flags}
+    env.pop("JAX_PLATFORMS", None)
+    done = subprocess.run([sys.executable, "-m", "te_ckpt_audit_cli", "model.py:loss", "--gpu", "h100"],
+                          cwd=folder, env=env, capture_output=True, text=True, timeout=600)
+    lines = done.stderr.splitlines()
+    assert done.returncode == USAGE and len(lines) == 1 and said in lines[0], done.stderr  # was exit 1, silent
+    assert done.stdout == ""
+
+
+def test_flags_xla_takes_pass() -> None:
+    from te_ckpt_audit_cli.process import check_xla_flags
+
+    check_xla_flags("--xla_gpu_enable_triton_gemm=false --xla_dump_hlo_as_text")
+
+
+_CAPTURED = """
+import os, sys
+from te_ckpt_audit_cli.process import xla_log_kept_off_stderr
+with xla_log_kept_off_stderr():
+    os.write(2, b"I1205 08:46:54.954686    7300 x.cc:93] XLA's log line\\nthe user's line\\n")
+    if sys.argv[1] == "abort":
+        os.write(2, b"F1205 08:46:54.954686    7300 x.cc:93] XLA's last words\\n")
+        os.abort()
+print("after", file=sys.stderr)
+"""
+
+
+def test_xla_log_is_kept_off_stderr_and_its_last_words_outlive_the_process() -> None:
+    ok = subprocess.run([sys.executable, "-c", _CAPTURED, "ok"], capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0 and ok.stderr == "the user's line\nafter\n"
+    died = subprocess.run([sys.executable, "-c", _CAPTURED, "abort"], capture_output=True, text=True, timeout=120)
+    assert died.returncode != 0 and "XLA ended the process while it compiled" in died.stderr
+    assert died.stderr.rstrip().endswith("XLA's last words")  # was lost with the process

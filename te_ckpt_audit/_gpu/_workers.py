@@ -5,7 +5,7 @@ A worker builds the session again (`build`, a picklable callable: the target tra
 process) and compiles one policy. Its answer is taken only if it compiled the program this
 process lowered: the hash of the lowered step travels with the request and comes back with the
 answer; a worker that traced another program is refused, naming the policy. A worker that dies
-takes no answer with it: its policies are compiled here instead.
+(or a cluster that is lost) takes no answer with it: its policies are compiled here instead.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import concurrent.futures
 import dataclasses
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
+from .._loading import forget_user_modules
 from .._progress import Progress
 from ..errors import first_line
 from ..gpus import GpuRequest
@@ -33,8 +33,23 @@ class Answer:
     program: str  # the hash of the step the worker lowered
 
 
-def _in_worker(key: str, build: Callable[[], Any], spec_text: str, request: GpuRequest) -> Answer:
-    """One policy's peak in a worker process; what fails there is that policy's error."""
+def _in_worker(key: str, build: Callable[[], Any], spec_text: str, request: GpuRequest, program: str = "") -> Answer:
+    """One policy's peak in a worker process; what fails there is that policy's error. A worker
+    that lives on (a Dask worker's) keeps the session it built: where its step is not the one this
+    process lowered (`program`), the files may have changed since, so it builds once more, the
+    user's modules imported anew, before its answer stands."""
+    answer, kept = _compiled(key, build, spec_text, request)
+    if kept and program and answer.program and answer.program != program:
+        with _BUILDING:
+            _BUILT.pop(key, None)
+            forget_user_modules()
+        answer, _ = _compiled(key, build, spec_text, request)
+    return answer
+
+
+def _compiled(key: str, build: Callable[[], Any], spec_text: str, request: GpuRequest) -> tuple[Answer, bool]:
+    """The answer, and whether it came from a session built before this request."""
+    kept = key in _BUILT
     try:
         with _BUILDING:  # loading the user's code is not thread-safe
             if key not in _BUILT:
@@ -43,10 +58,10 @@ def _in_worker(key: str, build: Callable[[], Any], spec_text: str, request: GpuR
         spec = resolve_policy(spec_text)
         scope = session.resolved_scope(spec)
         compiler = session.compiler(request)
-        return Answer(compiler.peak(spec, scope), compiler.program_hash(spec, scope))
+        return Answer(compiler.peak(spec, scope), compiler.program_hash(spec, scope)), kept
     except Exception as exc:  # noqa: BLE001 - reported per policy, as in this process
         why = f"{type(exc).__name__}: {first_line(exc)}"
-        return Answer(PeakMemory(None, None, None, None, None, None, None, False, None, 0.0, why), "")
+        return Answer(PeakMemory(None, None, None, None, None, None, None, False, None, 0.0, why), ""), kept
 
 
 def peaks_in_workers(
@@ -61,13 +76,14 @@ def peaks_in_workers(
     """Each policy's peak (by spec text), from `executor`'s workers: `wanted` pairs each spec with
     the hash of the step this process lowered for it; `here` compiles one in this process."""
     out: dict[str, PeakMemory] = {}
-    futures = {executor.submit(_in_worker, key, build, spec.text, request): (spec, program) for spec, program in wanted}
+    futures = {executor.submit(_in_worker, key, build, spec.text, request, program): (spec, program)
+               for spec, program in wanted}
     broken: list[PolicySpec] = []
     for done in concurrent.futures.as_completed(futures):
         spec, program = futures[done]
         try:
             answer = done.result()
-        except BrokenProcessPool:
+        except Exception:  # noqa: BLE001 - the worker died, or the cluster was lost: no answer to take
             broken.append(spec)
             continue
         if answer.program and answer.program != program:
@@ -78,7 +94,7 @@ def peaks_in_workers(
         else:
             out[spec.text] = answer.peak
         progress(f"compiled {spec.text} for {request.model.name} ({len(out)}/{len(wanted)})")
-    for spec in broken:  # the worker died (killed, out of memory): compiled here instead
-        progress(f"a worker process died; compiling {spec.text} in this process")
+    for spec in broken:  # the worker died (killed, out of memory) or its cluster was lost: compiled here instead
+        progress(f"no answer from a worker for {spec.text}; compiling it in this process")
         out[spec.text] = here(spec)
     return out
