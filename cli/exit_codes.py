@@ -16,6 +16,7 @@ class ExitCode(enum.IntEnum):
     INTERNAL = 4  # a bug in te-ckpt-audit
     INTERRUPTED = 130  # Ctrl-C, as shells report SIGINT
     PIPE_CLOSED = 141  # whoever read standard output stopped reading, as shells report SIGPIPE
+    TERMINATED = 143  # SIGTERM, as shells report it
 
 
 def exit_code_of(err: AuditError) -> ExitCode:

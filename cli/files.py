@@ -166,8 +166,9 @@ def _locked(folder: Path) -> Iterator[None]:
 
 def compile_cache() -> Path:
     """Where GPU compiles are kept (`--gpu`): the tool's cache folder (TE_CKPT_AUDIT_CACHE, else
-    XDG's, else ~/.cache/te-ckpt-audit), under gpu-compiles/."""
+    XDG's, else ~/.cache/te-ckpt-audit), under gpu-compiles/; absolute, so that a model that
+    changes the working folder as it is imported moves nothing."""
     root = os.environ.get("TE_CKPT_AUDIT_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "te-ckpt-audit"
     )
-    return Path(root) / "gpu-compiles"
+    return Path(os.path.abspath(root)) / "gpu-compiles"

@@ -75,7 +75,9 @@ Layouts = Annotated[
     list[str] | None,
     typer.Option("--layout", metavar="KEY=N,...", help="With --recommend: a parallelism over the run's GPUs to "
                  "try, as MaxText's ici_*/dcn_*_parallelism settings (ici_fsdp_parallelism=4,"
-                 "ici_tensor_parallelism=2); repeat for several, tried in order. Default: the config's own.",
+                 "ici_tensor_parallelism=2), laid over the config's own (what it does not name stays the config's); "
+                 "repeat for several, tried in order, each checked against the GPUs before the first compile. "
+                 "Default: the config's own.",
                  show_default=False),
 ]
 MaxCompiles = Annotated[

@@ -164,8 +164,27 @@ def workers(jobs: int) -> Iterator[concurrent.futures.Executor | None]:
         yield None
         return
     context = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=context, initializer=_worker_setup) as pool:
+    pool = concurrent.futures.ProcessPoolExecutor(jobs, mp_context=context, initializer=_worker_setup)
+    try:
         yield pool
+    except BaseException:  # Ctrl-C, SIGTERM, an error: queued compiles cancelled, running ones ended now
+        pool.shutdown(wait=False, cancel_futures=True)
+        end_children()
+        raise
+    pool.shutdown(wait=True)
+
+
+def end_children(grace: float = 5.0) -> None:
+    """End this process's worker processes: asked (SIGTERM), then, after `grace` seconds, made."""
+    children = multiprocessing.active_children()
+    for child in children:
+        child.terminate()
+    deadline = time.monotonic() + grace
+    for child in children:
+        child.join(max(0.0, deadline - time.monotonic()))
+        if child.is_alive():
+            child.kill()
+            child.join(1.0)
 
 
 def in_a_child(fn: Callable[..., T], *args: object) -> T:

@@ -26,6 +26,7 @@ from te_ckpt_audit import AuditError, AuditReport, CheckResult, UsageError
 from te_ckpt_audit.records import CompileProgress
 from te_ckpt_audit.render import policy_errors, printable, violation_message
 
+from ._launch import Terminated
 from .exit_codes import ExitCode, exit_code_of
 from .files import write_output
 from .options import FLAGS
@@ -81,6 +82,8 @@ def at_the_edge(command: Callable[..., int]) -> Callable[..., int]:
             return fail(*err.worded(FLAGS), exit_code_of(err))
         except KeyboardInterrupt:
             return fail("interrupted", "", ExitCode.INTERRUPTED)
+        except Terminated:
+            return fail("terminated", "", ExitCode.TERMINATED)
         except PipeClosed:
             return ExitCode.PIPE_CLOSED
         except Exception as err:

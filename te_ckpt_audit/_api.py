@@ -10,18 +10,20 @@ from typing import Any
 
 import jax
 
+from ._args import check_target_arg, gpu_arg, mesh_arg
 from ._gpu._compiler import LogCapture
 from ._progress import Progress, quiet
 from ._session import Session
 from ._trained import ALL, ParamsLike
 from .baselines import audit_key
-from .config import TargetConfig, as_defines, parse_mesh
+from .config import TargetConfig, as_defines
+from .errors import UsageError
 from .gating import check, check_budget_policies
 from .gpus import GpuRequest
 from .records import AuditReport, Baseline, CheckResult, MeshSpec, Scope, ShardingSource
 from .registry import AS_IS, DEFAULT_POLICIES
 from .sizes import percent_limit
-from .specs import PolicyLike, parse_policies
+from .specs import PolicyLike, PolicySpec, parse_policies
 
 Policies = Sequence[PolicyLike]
 
@@ -63,7 +65,11 @@ def audit(
     >>> report.result("nothing_saveable").totals.activation_bytes
     0
     """
-    specs = None if policies is None else parse_policies(policies, getattr(fn, "__name__", "fn"))
+    if not callable(fn):
+        raise UsageError(f"audit takes the function to differentiate, not {type(fn).__name__} {fn!r}"[:120],
+                         "audit(fn, *args); audit_target('model.py:loss') takes a target's text")
+    gpu_arg(gpu)
+    specs = None if policies is None else _some(parse_policies(policies, getattr(fn, "__name__", "fn")))
     own = gpu is not None and gpu.step
     session = Session.of_function(fn, *args, scope=Scope(scope), mesh=mesh, params=params, own_step=own)
     chosen = (AS_IS,) if own and specs is None else (default_policies(session) if specs is None else specs)
@@ -99,8 +105,10 @@ def audit_target(
 
     >>> report = audit_target("sample_models/mlp.py:loss", ["nothing_saveable"])  # doctest: +SKIP
     """
-    placement = parse_mesh(mesh) if isinstance(mesh, str) else mesh
-    specs = None if policies is None else parse_policies(policies, target)  # bad specs fail before the target runs
+    check_target_arg(target)
+    placement = mesh_arg(mesh)
+    gpu_arg(gpu)
+    specs = None if policies is None else _some(parse_policies(policies, target))  # bad specs fail before it runs
     own = gpu is not None and gpu.step
     session = Session.of_target(
         target, inputs=inputs, defines=as_defines(defines), scope=Scope(scope), mesh=placement,
@@ -108,6 +116,13 @@ def audit_target(
     )
     chosen = (AS_IS,) if own and specs is None else (default_policies(session) if specs is None else specs)
     return session.report(chosen, compile=compile, gpu=gpu, progress=progress, executor=executor, capture=capture)
+
+
+def _some(specs: tuple[PolicySpec, ...]) -> tuple[PolicySpec, ...]:
+    if not specs:
+        raise UsageError("$policies$ is empty: a report compares at least one policy",
+                         "give one, or leave $policies$ out for the default set")
+    return specs
 
 
 def check_config(config: TargetConfig, tolerance: float = 0.0) -> None:

@@ -22,18 +22,20 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import difflib
 import itertools
 import math
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 from . import registry
+from ._args import check_target_arg, gpu_arg, mesh_arg
 from ._fit import DEFAULT_MAX_COMPILES, fit_on_gpu, largest_fitting
 from ._gpu._compiler import LogCapture
 from ._progress import Progress, quiet
 from ._session import Session
 from ._trained import ParamsLike
-from .config import as_defines, parse_mesh
+from .config import as_defines
 from .errors import TargetError, UsageError
 from .gpus import GpuRequest
 from .records import (
@@ -47,7 +49,7 @@ from .records import (
     ResidualKind,
     Scope,
 )
-from .sizes import count_at_least_one, positive_bytes
+from .sizes import count_at_least_one, positive_bytes, size_arg
 from .specs import PolicySpec, names_spec, resolve_policy, spellable
 
 # Presets a subset of names is combined with (`save_only_these_names:...+BASE`): TE-aware where the
@@ -467,8 +469,9 @@ def _offload(ev: _Evaluator, names: Sequence[str], m: Mapping[str, _Marginal]) -
 
 def recommend_target(
     target: str,
-    budget_bytes: float | None,
+    budget: int | float | str | None = None,
     *,
+    budget_bytes: int | float | None = None,
     inputs: str | None = None,
     defines: Mapping[str, object] | Sequence[str] | None = None,
     allow_offload: bool = False,
@@ -485,40 +488,50 @@ def recommend_target(
     jobs: int = 1,
     capture: LogCapture | None = None,
 ) -> Recommendation:
-    """Load `file.py:fn` and its example inputs, trace once, and `recommend`. With `mesh` (a
-    MeshSpec or "data=8,model=4") the budget is per device. With `gpu`, the winner is the
+    """Load `file.py:fn` and its example inputs, trace once, and `recommend`. `budget` is a size
+    as the command line takes it ("6GiB", or bytes; `budget_bytes`, bytes, says the same). With
+    `mesh` (a MeshSpec or "data=8,model=4") the budget is per device. With `gpu`, the winner is the
     least-recompute point whose compiled step fits that GPU (the budget, by default its usable
     memory, bounds the residual estimates that choose what to compile); with `maximize`, also the
     largest value of that inputs keyword that fits under it. `params` names the trained arguments
     (the first by default); `executor` and `jobs`: compile that many points at once in its worker
     processes; `capture` keeps XLA's log lines off stderr. Bad arguments fail before the target's
     code runs."""
-    mesh = parse_mesh(mesh) if isinstance(mesh, str) else mesh
-    if budget_bytes is None and gpu is None:
-        raise UsageError("recommend needs $budget_bytes$, or $gpu$ (its usable memory)", "e.g. $budget_bytes$ 6GiB")
+    check_target_arg(target)
+    placement: MeshSpec | None = mesh_arg(mesh)
+    gpu_arg(gpu)
+    if budget is not None and budget_bytes is not None:
+        raise UsageError("$budget$ and $budget_bytes$ both give the budget", "give one of them")
+    if budget is None and budget_bytes is None and gpu is None:
+        raise UsageError("recommend needs $budget$, or $gpu$ (its usable memory)", "e.g. $budget$='6GiB'")
     if maximize is not None and gpu is None:
         raise UsageError(f"$maximize$ {maximize} finds what fits a GPU", "add $gpu$")
-    budget = positive_bytes(budget_bytes if budget_bytes is not None else gpu.usable_bytes)  # type: ignore[union-attr]
+    if budget is not None:
+        limit = size_arg(budget, "budget")
+    elif budget_bytes is not None:
+        limit = positive_bytes(budget_bytes, "budget_bytes")
+    else:
+        limit = positive_bytes(gpu.usable_bytes)  # type: ignore[union-attr]
     count_at_least_one(max_evals, "max_evals", 64)
     count_at_least_one(max_compiles, "max_compiles", 8)
     given = as_defines(defines)
 
     def session_with(extra: Mapping[str, str]) -> Session:
         return Session.of_target(
-            target, inputs=inputs, defines={**given, **extra}, scope=Scope(scope), mesh=mesh, params=params,
+            target, inputs=inputs, defines={**given, **extra}, scope=Scope(scope), mesh=placement, params=params,
             progress=progress,
         )
 
     session = session_with({})
+    start = _start_of(session, maximize) if maximize is not None and gpu is not None else 0  # before any compile
     rec = recommend(
-        session, budget, allow_offload=allow_offload, max_evals=max_evals, presets=presets, progress=progress,
+        session, limit, allow_offload=allow_offload, max_evals=max_evals, presets=presets, progress=progress,
     )
     if gpu is None:
         return rec
     rec = fit_on_gpu(session, rec, gpu, max_compiles, progress, executor, jobs, capture)
     if maximize is None or rec.recommended is None:
         return rec
-    start = _start_of(session, maximize)
     found = largest_fitting(lambda v: session_with({maximize: str(v)}), maximize, start, rec.recommended.policy, gpu,
                              max_compiles, progress, capture)
     return dataclasses.replace(rec, maximized=found)
@@ -526,6 +539,11 @@ def recommend_target(
 
 def _start_of(session: Session, keyword: str) -> int:
     """The value of the inputs keyword a search for the largest one starts from: its own."""
+    if keyword not in session.keywords:
+        close = difflib.get_close_matches(keyword, list(session.keywords), n=3)
+        takes = ", ".join(session.keywords) or "none"
+        raise UsageError(f"$maximize$ {keyword}: the inputs callable takes no keyword {keyword!r}",
+                         f"did you mean {' or '.join(close)}?" if close else f"its keywords: {takes}")
     start = session.keywords.get(keyword)
     if isinstance(start, bool) or not isinstance(start, int) or start < 1:
         raise UsageError(

@@ -52,6 +52,9 @@ def parse_params(given: ParamsLike) -> tuple[int | str, ...] | Literal["all"] | 
     """
     if given is None:
         return None
+    if not isinstance(given, int | str | Sequence) or isinstance(given, bytes):
+        raise UsageError(f"$params$ takes argument positions or names, not {type(given).__name__} {given!r}"[:120],
+                         "e.g. $params$=0, or $params$=['params', 'state']")
     items: Sequence[int | str] = [given] if isinstance(given, int | str) else list(given)
     if any(isinstance(i, str) and i.strip() == ALL for i in items):
         if len(items) > 1:

@@ -298,7 +298,10 @@ class GpuEnvironment:
     xla_flags: str = ""
 
     def __post_init__(self) -> None:
-        if isinstance(self.mem_fraction, bool) or not 0 < self.mem_fraction <= 1:
+        if isinstance(self.mem_fraction, bool) or not isinstance(self.mem_fraction, int | float):
+            raise UsageError(f"$mem_fraction$ takes a number in (0, 1], not {type(self.mem_fraction).__name__} "
+                             f"{self.mem_fraction!r}"[:120], "e.g. $mem_fraction$=0.9")
+        if not 0 < self.mem_fraction <= 1:
             raise UsageError(f"$mem_fraction$ {self.mem_fraction} is not in (0, 1]", "JAX's default is 0.75")
 
 

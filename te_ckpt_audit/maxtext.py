@@ -232,6 +232,9 @@ def _argv(run: MaxTextRun, remat_policy: str | None) -> list[str | None]:
     argv += [f"{k}={v}" for k, v in ours.items() if k not in given]
     if remat_policy is not None:
         argv.append(f"remat_policy={remat_policy}")
+    # MaxText turns JAX's persistent cache on at its jax_cache_dir (~/jax_cache): the tool writes
+    # nothing outside its own cache, whatever the config says
+    argv.append("jax_cache_dir=")
     return argv
 
 
@@ -486,6 +489,27 @@ def _layout(text: str) -> tuple[str, ...]:
     return settings
 
 
+def _fitting_layout(run: MaxTextRun, text: str) -> tuple[str, ...]:
+    """`text`'s settings, once MaxText takes them laid over the run's own (those it does not name
+    stay the config's) and their products are the run's GPUs per host (ici) and hosts (dcn), as
+    its mesh asks (`max_utils.fill_unspecified_mesh_axes`): checked before the first compile."""
+    settings = _layout(text)
+    try:
+        config = _config(dataclasses.replace(run, settings=(*run.settings, *settings)), None)
+        from maxtext.utils.max_utils import fill_unspecified_mesh_axes
+
+        fill_unspecified_mesh_axes(list(config.ici_parallelism), GPUS_PER_SLICE, "ICI")
+        fill_unspecified_mesh_axes(list(config.dcn_parallelism), run.slices, "DCN")
+    except UsageError as err:
+        raise UsageError(f"$layouts$ {text}: {err.template}", err.hint_template) from None
+    except AssertionError as exc:
+        raise UsageError(f"$layouts$ {text}: {' '.join(str(exc).split())}",
+                         f"the ici_* products make {GPUS_PER_SLICE} GPUs per host and the dcn_* ones "
+                         f"{run.slices} host(s); the config's own settings stay where the layout names none"
+                         ) from None
+    return settings
+
+
 def check_layouts(layouts: Sequence[str]) -> None:
     """Each of `layouts` MaxText's ici/dcn parallelism settings, else a UsageError naming it."""
     for text in layouts:
@@ -521,7 +545,7 @@ def recommend_maxtext(
     given = run.value("per_device_batch_size")
     assert given is not None
     sizes = sorted(dict.fromkeys(batch_sizes), key=float, reverse=True) if batch_sizes else [given]
-    meshes = [_layout(text) for text in dict.fromkeys(layouts)] or [()]
+    meshes = [_fitting_layout(run, text) for text in dict.fromkeys(layouts)] or [()]
     # without TE's quantization the `_with_quantization` variants are their bases again: not tried
     quantized = bool(str(_config(run, None).quantization or ""))
     policies = [p for p in BY_SPEED if quantized or "quantization" not in p]

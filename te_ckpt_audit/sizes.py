@@ -56,6 +56,25 @@ def percent_limit(value: object, what: str) -> float:
     return float(value)
 
 
+def size_arg(value: object, what: str = "budget") -> int:
+    """A size as the command line takes it, from Python: bytes (an int or a float) or text
+    ("6GiB"), above zero; a UsageError naming the parameter otherwise.
+
+    >>> size_arg("6GiB"), size_arg(1024)
+    (6442450944, 1024)
+    """
+    if isinstance(value, str):
+        try:
+            return positive_bytes(parse_size(value), what)
+        except UsageError as err:
+            raise UsageError(f"${what}$ {value!r}: {err.template}", f"e.g. ${what}$='6GiB' or a number of bytes"
+                             ) from None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise UsageError(f"${what}$ takes a size, \"6GiB\" or a number of bytes, not {type(value).__name__}",
+                         f"e.g. ${what}$='6GiB'")
+    return positive_bytes(value, what)
+
+
 def positive_bytes(value: object, what: str = "budget_bytes") -> int:
     """A byte count above zero (a budget to fit into), or a UsageError."""
     if isinstance(value, bool) or not isinstance(value, int | float):

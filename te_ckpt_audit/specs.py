@@ -308,8 +308,17 @@ def parse_policies(policies: Sequence[PolicyLike], what: str) -> tuple[PolicySpe
     a TargetError naming it."""
     from ._loading import user_code  # the user's module runs under its rule
 
+    if isinstance(policies, str | PolicySpec) or callable(policies):
+        policies = (policies,)  # one policy, not its letters
+    elif not isinstance(policies, Sequence | set | frozenset):
+        raise UsageError(f"$policies$ takes a policy (a spec string, a PolicySpec, a callable) or a list of them, "
+                         f"not {type(policies).__name__} {policies!r}"[:160], "e.g. $policies$=['checkpoint_dots']")
+    for p in policies:
+        if not (isinstance(p, str | PolicySpec) or callable(p)):
+            raise UsageError(f"$policies$ holds {type(p).__name__} {p!r}, which is not a policy"[:160],
+                             "a spec string, a PolicySpec or a policy callable")
     with user_code(what):
-        return policy_specs(policies)
+        return policy_specs(list(policies))
 
 
 def _close_to(spec: str) -> str | None:

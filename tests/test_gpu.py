@@ -359,3 +359,51 @@ def test_the_gpu_extra_is_quiet_without_a_gpu(args: list[str]) -> None:
     check as it starts its backends: the command keeps JAX on CPU and stderr stays empty."""
     run = _cli("sample_models/megatron_tp.py:loss", *args, "-p", "none", "-f", "json", "-o", os.devnull)
     assert run.returncode == 0 and run.stderr == "", run.stderr
+
+
+# --- issue 38, item 16: SIGTERM ends the workers as Ctrl-C does, and neither waits for queued compiles --
+
+
+def _state(pid: int) -> tuple[int, str] | None:
+    """A process's parent and state (None where it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return int(fields[1]), fields[0]
+
+
+def _children(pid: int) -> set[int]:
+    return {int(e.name) for e in Path("/proc").iterdir()
+            if e.name.isdigit() and (st := _state(int(e.name))) is not None and st[0] == pid and st[1] != "Z"}
+
+
+@compiles
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+@pytest.mark.parametrize(("signum", "code"), [(15, 143), (2, 130)], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_ends_the_worker_processes_at_once(tmp_path: Path, signum: int, code: int) -> None:
+    """SIGTERM left the --jobs workers running (exit 143, three processes alive); Ctrl-C waited
+    ~15 s for queued compiles. Both now end every worker at once."""
+    import signal
+    import sys
+    import time
+
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+    env["TE_CKPT_AUDIT_CACHE"] = str(tmp_path)
+    policies = [a for p in ("none", "checkpoint_dots", "everything_saveable", "nothing_saveable") for a in ("-p", p)]
+    with open(tmp_path / "stderr", "w") as err:
+        run = subprocess.Popen([sys.executable, "-m", "te_ckpt_audit_cli", "sample_models/llama.py:loss", "--gpu",
+                                "h100", "--jobs", "2", *policies], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                               stderr=err)
+        deadline = time.monotonic() + 120
+        while len(_children(run.pid)) < 3 and time.monotonic() < deadline:  # two workers and their tracker
+            time.sleep(0.5)
+        workers = _children(run.pid)
+        time.sleep(2)  # the workers compiling
+        sent = time.monotonic()
+        run.send_signal(signal.Signals(signum))
+        assert run.wait(timeout=60) == code, (tmp_path / "stderr").read_text()
+    assert len(workers) >= 2, "no worker processes started"
+    assert time.monotonic() - sent < 10
+    time.sleep(1)
+    assert not [p for p in workers if (st := _state(p)) is not None and st[1] != "Z"]

@@ -285,3 +285,24 @@ def test_the_command_line_resolves_the_config_before_it_sets_its_devices(tmp_pat
     run = cli("maxtext", "c.yml", *TINY, "per_device_batch_size=-1", cwd=tmp_path)
     lines = run.stderr.strip().splitlines()
     assert run.returncode == 2 and len(lines) == 1 and "per_device_batch_size=-1 is not" in lines[0], run.stderr
+
+
+@needs_maxtext
+def test_every_layout_is_checked_against_the_gpus_before_the_first_compile() -> None:
+    """Item 8: a layout is laid over the config's own parallelism (TINY's ici_fsdp_parallelism=8
+    stays): tensor=2 over it makes 16 per host of 8, refused naming it before anything compiles
+    (a bad second layout ended the search, losing the points compiled before it)."""
+    h100 = GpuRequest(gpu_model("h100"))
+    with pytest.raises(UsageError) as caught:
+        recommend_maxtext(MaxTextRun(_base_yml(), TINY), h100, ["2"],
+                          ["ici_fsdp_parallelism=4,ici_tensor_parallelism=2", "ici_tensor_parallelism=2"])
+    assert caught.value.template.startswith("$layouts$ ici_tensor_parallelism=2: Number of devices per slice 8 "
+                                            "does not match the product of the ICI parallelism 16")
+
+
+def test_maxtext_writes_nothing_outside_the_tools_cache() -> None:
+    """Item 12: MaxText's jax_cache_dir (~/jax_cache by default) turns JAX's persistent cache on:
+    the tool hands MaxText an empty one, last, whatever the config or the settings say."""
+    from te_ckpt_audit.maxtext import _argv
+
+    assert _argv(MaxTextRun("c.yml", ("jax_cache_dir=/tmp/x",)), "full")[-1] == "jax_cache_dir="

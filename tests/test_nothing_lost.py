@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from te_ckpt_audit_cli.exit_codes import ExitCode
@@ -158,3 +159,69 @@ def test_xla_log_is_kept_off_stderr_and_its_last_words_outlive_the_process() -> 
     died = subprocess.run([sys.executable, "-c", _CAPTURED, "abort"], capture_output=True, text=True, timeout=120)
     assert died.returncode != 0 and "XLA ended the process while it compiled" in died.stderr
     assert died.stderr.rstrip().endswith("XLA's last words")  # was lost with the process
+
+
+# --- the Python API: sizes as the command line takes them, wrong types named (items 14, 15) -----------
+
+
+def test_recommend_target_takes_the_budget_the_docs_show() -> None:
+    from te_ckpt_audit import recommend_target
+
+    by_text = recommend_target("sample_models/mlp.py:loss", budget="6GiB")  # was a TypeError
+    by_bytes = recommend_target("sample_models/mlp.py:loss", budget_bytes=6 * 2**30)
+    assert by_text.budget_bytes == by_bytes.budget_bytes == 6 * 2**30
+    assert by_text.recommended == by_bytes.recommended
+
+
+def _wrong_types() -> list[tuple[str, Any, str]]:
+    import jax
+    import jax.numpy as jnp
+
+    from te_ckpt_audit import audit, audit_target, recommend_target
+    from te_ckpt_audit.gpus import GpuEnvironment
+
+    x = jax.ShapeDtypeStruct((4, 4), jnp.float32)
+    mlp = "sample_models/mlp.py:loss"
+    return [
+        ("target-int", lambda: audit_target(123), "target takes text"),
+        ("gpu-as-text", lambda: audit_target(mlp, gpu="h100"), "gpu takes a GpuRequest, not str 'h100'"),
+        ("mesh-int", lambda: audit_target(mlp, mesh=8), "mesh takes text such as 'data=8,model=4'"),
+        ("policies-int", lambda: audit_target(mlp, policies=5), "policies takes a policy"),
+        ("policies-empty", lambda: audit(jnp.sin, x, policies=[]), "policies is empty"),
+        ("params-float", lambda: audit_target(mlp, params=1.5), "params takes argument positions or names"),
+        ("fraction-text", lambda: GpuEnvironment(mem_fraction="0.5"), "mem_fraction takes a number in (0, 1]"),
+        ("budget-text", lambda: recommend_target(mlp, budget="lots"), "budget 'lots': not a size"),
+        ("budget-twice", lambda: recommend_target(mlp, budget="1GiB", budget_bytes=2**30), "both give the budget"),
+        ("fn-not-callable", lambda: audit(123, x), "audit takes the function to differentiate"),
+    ]
+
+
+@pytest.mark.parametrize("i", range(10), ids=lambda i: _wrong_types()[i][0])
+def test_a_wrong_type_is_a_usage_error_naming_the_parameter(i: int) -> None:
+    from te_ckpt_audit import UsageError
+
+    _, call, said = _wrong_types()[i]
+    with pytest.raises(UsageError) as caught:
+        call()
+    assert said in caught.value.message
+
+
+def test_one_policy_as_text_is_one_policy() -> None:
+    import jax
+    import jax.numpy as jnp
+
+    from te_ckpt_audit import audit
+
+    report = audit(lambda x: jnp.sum(jnp.sin(x)), jax.ShapeDtypeStruct((4,), jnp.float32), policies="nothing_saveable")
+    assert [r.policy for r in report.results] == ["nothing_saveable"]  # was read as its letters
+
+
+# --- writes only where asked (item 13) ------------------------------------------------------------------
+
+
+def test_a_relative_cache_folder_is_made_absolute_before_the_model_runs(folder: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    from te_ckpt_audit_cli.files import compile_cache
+
+    monkeypatch.setenv("TE_CKPT_AUDIT_CACHE", "rel-cache")
+    assert compile_cache() == folder / "rel-cache" / "gpu-compiles"  # a model's os.chdir moves nothing

@@ -367,3 +367,24 @@ def test_a_model_without_names_is_told_which_tensors_to_name() -> None:
 
 def test_a_model_with_names_is_not_told_to_name_more() -> None:
     assert recommend(Session(four()), 3328).to_name == ()
+
+
+@pytest.mark.parametrize(("keyword", "said"), [
+    ("batchh", "the inputs callable takes no keyword 'batchh'"),  # was "... is None", after every compile
+    ("dtype", "the inputs callable's dtype is 'float32', not a positive int"),
+])
+def test_maximize_checks_its_keyword_before_any_compile(keyword: str, said: str,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 38, item 18: --maximize's keyword and start value are checked before the search."""
+    from te_ckpt_audit import UsageError, recommend_target
+    from te_ckpt_audit._fit import fit_on_gpu
+    from te_ckpt_audit.gpus import GpuRequest, gpu_model
+
+    def no_compile(*args: object, **kwargs: object) -> None:
+        raise AssertionError("compiled before the keyword was checked")
+
+    monkeypatch.setattr("te_ckpt_audit._recommend.fit_on_gpu", no_compile)
+    assert fit_on_gpu is not no_compile
+    with pytest.raises(UsageError) as caught:
+        recommend_target("sample_models/mlp.py:loss", gpu=GpuRequest(gpu_model("h100")), maximize=keyword)
+    assert said in caught.value.message
