@@ -6,7 +6,6 @@
 - te-ckpt-audit refuses a jax outside its supported range while importing
   (`te_ckpt_audit._jax_compat`); here, before any command exists, that refusal becomes the command
   line's one-line error and exit 2 (bad input), not an ImportError traceback.
-- SIGTERM ends the command as Ctrl-C does (its worker processes too), with exit 143.
 - When the command is done, the process ends with its code, even where the model's code left a
   thread running that Python would otherwise wait for forever.
 """
@@ -15,21 +14,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import sys
 import threading
 
 _USAGE = 2  # ExitCode.USAGE; options.py cannot be imported before the version check passes
-
-
-class Terminated(BaseException):  # noqa: N818 (an event, as KeyboardInterrupt)
-    """SIGTERM, raised in the main thread as Ctrl-C raises KeyboardInterrupt: the command's
-    contexts unwind (its worker processes ended) and it exits 143, as shells report SIGTERM. A
-    BaseException, so that no `except Exception` (the model's, or a stage's) swallows it."""
-
-
-def _terminated(signum: int, frame: object) -> None:
-    raise Terminated
 
 
 def _version() -> str:
@@ -73,7 +61,6 @@ def _end(code: int) -> None:
 def main() -> None:
     """Run `te-ckpt-audit`, or say in one line on stderr which jax versions it supports."""
     _hold_closed_streams()
-    signal.signal(signal.SIGTERM, _terminated)
     if sys.argv[1:] in (["--version"], ["-V"]):
         if sys.stdout is not None:
             print(_version())

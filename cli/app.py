@@ -19,7 +19,7 @@ from .maxtext_cmd import maxtext
 from .options import TopVersion
 from .policies_cmd import policies
 from .recommend_cmd import recommend
-from .terminal import PROG, fail
+from .terminal import PROG, end_on_sigterm, fail
 
 DEFAULT_COMMAND = "audit"
 
@@ -88,5 +88,6 @@ app.command("maxtext", short_help="Audit MaxText's own train step per remat_poli
 
 
 def run(args: Sequence[str]) -> int:
-    """Run the command line on `args`; its exit code."""
+    """Run the command line on `args`; its exit code. SIGTERM ends it as Ctrl-C does."""
+    end_on_sigterm()
     return int(typer.main.get_command(app).main(list(args), PROG, standalone_mode=False))

@@ -366,8 +366,9 @@ class ClusterLost(Exception):  # noqa: N818 (an event, as BrokenProcessPool)
 
 class ClusterExecutor(concurrent.futures.Executor):
     """A Dask client's executor whose futures are this process's own: each takes its Dask future's
-    outcome, or fails with ClusterLost once the cluster has had no reachable worker for
-    CLUSTER_TIMEOUT_S (a watcher thread asks every POLL_S)."""
+    outcome, or fails with ClusterLost once the cluster has had no worker, or its client has given
+    up on the scheduler, for CLUSTER_TIMEOUT_S (a watcher thread asks every POLL_S; a slow answer
+    is not a lost cluster)."""
 
     POLL_S = 1.0
 
@@ -412,7 +413,8 @@ class ClusterExecutor(concurrent.futures.Executor):
         since: float | None = None
         while not self._stop.wait(self.POLL_S):
             answer = _within(CLUSTER_TIMEOUT_S, lambda: len(self._client.scheduler_info()["workers"]))
-            if isinstance(answer, int) and answer > 0:
+            gone = answer == 0 or self._client.status not in ("running", "connecting", "newly-created")
+            if not gone:  # workers there, or a scheduler slow to answer (busy compiling): not lost
                 since = None
                 continue
             since = since if since is not None else time.monotonic()

@@ -11,6 +11,7 @@ import contextlib
 import functools
 import inspect
 import os
+import signal
 import sys
 import threading
 import time
@@ -26,7 +27,6 @@ from te_ckpt_audit import AuditError, AuditReport, CheckResult, UsageError
 from te_ckpt_audit.records import CompileProgress
 from te_ckpt_audit.render import policy_errors, printable, violation_message
 
-from ._launch import Terminated
 from .exit_codes import ExitCode, exit_code_of
 from .files import write_output
 from .options import FLAGS
@@ -56,6 +56,21 @@ def error_line(message: str, hint: str = "") -> str:
 def fail(message: str, hint: str, code: int) -> int:
     say(error_line(message, hint))
     return code
+
+
+class Terminated(BaseException):  # noqa: N818 (an event, as KeyboardInterrupt)
+    """SIGTERM, raised in the main thread as Ctrl-C raises KeyboardInterrupt: the command's
+    contexts unwind (its worker processes ended) and it exits 143, as shells report SIGTERM. A
+    BaseException, so that no `except Exception` (the model's, or a stage's) swallows it."""
+
+
+def end_on_sigterm() -> None:
+    """SIGTERM ends the command as Ctrl-C does (`Terminated`)."""
+
+    def terminated(signum: int, frame: object) -> None:
+        raise Terminated
+
+    signal.signal(signal.SIGTERM, terminated)
 
 
 def check_report_destination(output: str | Path | None) -> None:

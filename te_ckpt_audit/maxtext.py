@@ -377,6 +377,7 @@ def maxtext_sessions(run: MaxTextRun, remat_policy: str | None = None) -> tuple[
 
 def _maxtext_sessions(run: MaxTextRun, remat_policy: str | None,
                       residuals: bool) -> tuple[Session, Session | None, _Loss | None]:
+    run = _sized(run)  # MaxText's own count of hosts, never its unset -1
     config = _config(run, remat_policy)
     target = run.target
     if str(config.attention) == TE_FLASH:  # TE's fused attention needs a GPU driver: JAX's cuDNN flash stands in
