@@ -44,6 +44,75 @@ AMPERE = Arch(64, 167936, 166912, 2048)
 ADA = Arch(128, 102400, 101376, 1536)
 
 
+# XLA's element types (xla_data.proto's PrimitiveType numbers), as its unit descriptions key them
+S8, S32, U8, U32, F16, F32, F64, BF16, FP4 = 2, 4, 6, 8, 10, 11, 12, 16, 32
+FP8 = (19, 20, 23, 24, 25, 28, 29, 33, 35, 36)  # its 8-bit float kinds (e4m3, e5m2 and the rest)
+_KIND_NAMES = {S8: "int8", F16: "fp16", F32: "tf32", F64: "fp64", BF16: "bf16", FP4: "fp4", FP8[0]: "fp8"}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Rates:
+    """What a GPU computes and moves per second: its arithmetic units as XLA describes them
+    (`matrix_unit_description`, `scalar_unit_description`: per element type the units per SM and
+    the multiply-adds each does per clock, at the tensor or the SM clock) and its links. The step
+    time estimate compiles with these (XLA's own performance models read them) and floors each
+    kernel at the peaks they give."""
+
+    tensor_clock_ghz: float
+    matrix: tuple[tuple[int, int], ...]  # (element type, multiply-adds per clock per tensor core); 4 per SM
+    scalar: tuple[tuple[int, int, int], ...]  # (element type, units per SM, ops per clock)
+    nvlink_bytes: float  # NVLink bytes per second per GPU and direction (0: none)
+    network_bytes: float  # bytes per second per GPU and direction across hosts
+    nvlink_links: int = 0  # XLA's device_interconnect_info.active_links
+    fp64_at_sm_clock: bool = True  # XLA's descriptions run FP64 tensor math at the SM clock
+
+    def dense_flops(self, kind: int, sms: int, sm_clock_ghz: float) -> float:
+        """Dense tensor-core FLOP/s (2 per multiply-add) for element type `kind`; 0 where it has none."""
+        ops = dict(self.matrix).get(kind, 0)
+        clock = sm_clock_ghz if kind == F64 and self.fp64_at_sm_clock else self.tensor_clock_ghz
+        return 2.0 * sms * 4 * ops * clock * 1e9
+
+    def description(self, sm_clock_ghz: float) -> str:
+        """The unit and interconnect fields of a gpu_device_info, in XLA's text format."""
+        def rates(name: str, rows: list[tuple[int, float, int, int]]) -> str:
+            body = "".join(f"    rate_infos {{ key: {k} value {{ clock_rate_ghz: {c} units_per_core: {u} "
+                           f"ops_per_clock: {o} }} }}\n" for k, c, u, o in rows)
+            return f"  {name} {{\n{body}  }}\n"
+
+        tensor = [(k, sm_clock_ghz if k == F64 and self.fp64_at_sm_clock else self.tensor_clock_ghz, 4, o)
+                  for k, o in self.matrix]
+        text = rates("scalar_unit_description", [(k, sm_clock_ghz, u, o) for k, u, o in self.scalar])
+        text += rates("matrix_unit_description", tensor)
+        if self.nvlink_links:
+            text += f"  device_interconnect_info {{ active_links: {self.nvlink_links} }}\n"
+        return text
+
+
+def _fp8(ops: int) -> tuple[tuple[int, int], ...]:
+    return tuple((k, ops) for k in FP8)
+
+
+GB = 1e9
+# Hopper and Blackwell: XLA's own descriptions (openxla/xla xla/backends/gpu/target_config/specs/
+# h100_sxm.txtpb, h100_pcie.txtpb, b200.txtpb: 4 tensor cores per SM; their clocks and rates).
+# Ampere, which XLA describes without units: NVIDIA's A100 datasheet (dense BF16 312, TF32 156, FP64
+# 19.5, INT8 624 TFLOP/s at 1.41 GHz over 108 SMs). Links: NVLink per GPU and direction, half the
+# datasheets' bidirectional figures (H100/H200 SXM 900 GB/s, H100 PCIe's bridge 600, A100 SXM 600,
+# B200 1.8 TB/s); across hosts one 400 Gb/s ConnectX-7 per GPU as in DGX H100/H200/B200 (50 GB/s),
+# one 200 Gb/s ConnectX-6 as in DGX A100 (25 GB/s).
+_HOPPER_MATRIX = ((S8, 1024), (U8, 1024), (F16, 512), (F32, 256), (F64, 32), (BF16, 512), *_fp8(1024))
+_HOPPER_SCALAR = ((S32, 64, 1), (U32, 64, 1), (F16, 128, 2), (F32, 128, 1), (F64, 64, 1), (BF16, 128, 2))
+_BLACKWELL_MATRIX = ((S8, 2048), (U8, 2048), (F16, 1024), (F32, 512), (F64, 16), (BF16, 1024), *_fp8(2048),
+                     (FP4, 4096))
+_BLACKWELL_SCALAR = ((S32, 64, 1), (U32, 64, 1), (F16, 128, 1), (F32, 128, 1), (F64, 64, 1), (BF16, 128, 1))
+_AMPERE_MATRIX = ((S8, 512), (U8, 512), (F16, 256), (F32, 128), (F64, 16), (BF16, 256))
+_AMPERE_SCALAR = ((S32, 64, 1), (U32, 64, 1), (F16, 64, 4), (F32, 64, 1), (F64, 32, 1), (BF16, 64, 2))
+H100_SXM_RATES = Rates(1.8295201, _HOPPER_MATRIX, _HOPPER_SCALAR, 450 * GB, 50 * GB, 18)
+H100_PCIE_RATES = Rates(1.62162, _HOPPER_MATRIX, _HOPPER_SCALAR, 300 * GB, 50 * GB)
+B200_RATES = Rates(1.8353101, _BLACKWELL_MATRIX, _BLACKWELL_SCALAR, 900 * GB, 50 * GB, 18)
+A100_RATES = Rates(1.41, _AMPERE_MATRIX, _AMPERE_SCALAR, 300 * GB, 25 * GB, 12, fp64_at_sm_clock=False)
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class GpuModel:
     """One GPU model: what XLA:GPU's compiler needs to know of it."""
@@ -59,6 +128,24 @@ class GpuModel:
     arch: Arch
     config: str | None = dataclasses.field(default=None, repr=False)  # a config file's own text (--gpu-config)
     path: Path | None = dataclasses.field(default=None, repr=False, compare=False)  # that file, absolute
+    rates: Rates | None = dataclasses.field(default=None, repr=False)  # what the step-time estimate needs
+
+    def dense_flops(self, kind: int = BF16) -> float:
+        """Dense tensor-core FLOP/s of one GPU for element type `kind` (BF16 by default); 0 unknown.
+
+        >>> round(gpu_model("h100").dense_flops() / 1e12, 1)
+        989.2
+        """
+        return 0.0 if self.rates is None else self.rates.dense_flops(kind, self.sms, self.clock_ghz)
+
+    def estimate_config_text(self) -> str:
+        """The GpuTargetConfigProto the step-time compile uses: the memory compile's, with the
+        arithmetic units and links XLA's performance models read (a config file's own, as given)."""
+        text = self.config_text()
+        if self.config is not None or self.rates is None:
+            return text
+        head = "gpu_device_info {\n"
+        return text.replace(head, head + self.rates.description(self.clock_ghz), 1)
 
     @property
     def emulated(self) -> str:
@@ -115,15 +202,21 @@ device_description_str: "{self.description}"
 CATALOG: dict[str, GpuModel] = {
     m.name: m
     for m in (
-        GpuModel("h100-sxm", "NVIDIA H100 80GB HBM3", (9, 0), 132, 84942979072, 52428800, 1.98, 3352320000000, HOPPER),
-        GpuModel("h100-pcie", "NVIDIA H100 PCIe", (9, 0), 114, 84942979072, 52428800, 1.755, 2039040000000, HOPPER),
-        GpuModel("h200", "NVIDIA H200", (9, 0), 132, 151397597184, 52428800, 1.98, 4800000000000, HOPPER),
-        GpuModel("a100-40gb", "NVIDIA A100-SXM4-40GB", (8, 0), 108, 42331013120, 41943040, 1.41, 1555200000000, AMPERE),
-        GpuModel("a100-80gb", "NVIDIA A100-SXM4-80GB", (8, 0), 108, 85100068864, 41943040, 1.41, 2039040000000, AMPERE),
+        GpuModel("h100-sxm", "NVIDIA H100 80GB HBM3", (9, 0), 132, 84942979072, 52428800, 1.98, 3352320000000, HOPPER,
+                 rates=H100_SXM_RATES),
+        GpuModel("h100-pcie", "NVIDIA H100 PCIe", (9, 0), 114, 84942979072, 52428800, 1.755, 2039040000000, HOPPER,
+                 rates=H100_PCIE_RATES),
+        GpuModel("h200", "NVIDIA H200", (9, 0), 132, 151397597184, 52428800, 1.98, 4800000000000, HOPPER,
+                 rates=H100_SXM_RATES),
+        GpuModel("a100-40gb", "NVIDIA A100-SXM4-40GB", (8, 0), 108, 42331013120, 41943040, 1.41, 1555200000000, AMPERE,
+                 rates=A100_RATES),
+        GpuModel("a100-80gb", "NVIDIA A100-SXM4-80GB", (8, 0), 108, 85100068864, 41943040, 1.41, 2039040000000, AMPERE,
+                 rates=A100_RATES),
         # NVIDIA's L40S datasheet: 48 GB GDDR6 with ECC (46068 MiB as the driver reports it), 864 GB/s,
         # 2.52 GHz boost; AD102's 96 MB L2
         GpuModel("l40s", "NVIDIA L40S", (8, 9), 142, 46068 * 2**20, 100663296, 2.52, 864000000000, ADA),
-        GpuModel("b200", "NVIDIA B200", (10, 0), 148, 191514411008, 132644864, 1.965, 7672320000000, HOPPER),
+        GpuModel("b200", "NVIDIA B200", (10, 0), 148, 191514411008, 132644864, 1.965, 7672320000000, HOPPER,
+                 rates=B200_RATES),
     )
 }
 ALIASES = {"h100": "h100-sxm", "a100": "a100-80gb", "a100-40": "a100-40gb", "a100-80": "a100-80gb"}
