@@ -37,7 +37,7 @@ case "$name" in
     "$PY" -m pip install -q -c "$PINS" --no-deps "maxtext==0.2.5"
     "$PY" -m pip install -q -c "$PINS" $(sed 's/#.*//' zoo/maxtext-requirements.txt)
     TE_CKPT_AUDIT_GPU_LANE=1 TE_CKPT_AUDIT_CACHE="$(mktemp -d)" "$PY" -m pytest tests/test_gpu.py tests/test_user_step.py \
-      tests/test_own_mesh.py tests/test_maxtext.py tests/test_cluster.py "$@"
+      tests/test_own_mesh.py tests/test_maxtext.py tests/test_cluster.py tests/test_step_time.py "$@"
     ;;
   te-jax0.10.2)
     bash te_cpu/test.sh -q "$@"

@@ -111,6 +111,7 @@ def audit(
     donate: opt.Donate = None,
     jobs: opt.Jobs = None,
     cluster: opt.Cluster = None,
+    timed: opt.Time = False,
     params: opt.Params = None,
     debug: opt.Debug = False,
     version: opt.Version = False,
@@ -127,7 +128,7 @@ def audit(
     gate = GateOptions.parse(budget, max_recompute, baseline, tolerance, require_baseline, save_baseline_to)
     on_gpu = GpuOptions.parse(
         gpu, gpu_config, gpus_per_host, optimizer, mem_fraction, fit, peak_budget, compile_cache(), step, donate, jobs,
-        cluster,
+        cluster, timed,
     )
     out = OutputOptions(format, None if output is None else Path(output), top, by, equations)
     check_report_destination(out.output)

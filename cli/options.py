@@ -176,6 +176,7 @@ class GpuOptions:
         cls, gpu: str | None, gpu_config: str | None, gpus_per_host: int, optimizer: Optimizer | None,
         mem_fraction: float | None, fit: bool, peak_budget: list[str] | None, cache: Path | None,
         step: bool = False, donate: list[int] | None = None, jobs: int | None = None, cluster: str | None = None,
+        time: bool = False,
     ) -> GpuOptions:
         if gpu is not None and gpu_config is not None:
             raise UsageError("--gpu and --gpu-config both name a GPU", "give one of them")
@@ -186,7 +187,7 @@ class GpuOptions:
                                      ("--gpus-per-host", gpus_per_host != DEFAULT_GPUS_PER_HOST),
                                      ("--mem-fraction", mem_fraction is not None),
                                      ("--step", step), ("--donate", bool(donate)), ("--jobs", jobs is not None),
-                                     ("--cluster", cluster is not None))
+                                     ("--cluster", cluster is not None), ("--time", time))
                      if on]
             if given:
                 hint = "add --gpu NAME (`te-ckpt-audit gpus` lists them)"
@@ -195,7 +196,7 @@ class GpuOptions:
         # the values are checked where they are made (GpuEnvironment, GpuRequest), named by their flags here
         model = gpu_model(gpu) if gpu is not None else model_of_config(str(gpu_config))
         environment = gpu_environment(os.environ, mem_fraction)
-        request = GpuRequest(model, optimizer, gpus_per_host, environment, cache, step, tuple(donate or ()))
+        request = GpuRequest(model, optimizer, gpus_per_host, environment, cache, step, tuple(donate or ()), time)
         if cluster is not None and jobs is not None:
             raise UsageError("--cluster and --jobs both say where policies compile", "give one of them")
         if cluster is not None and not cluster.strip():
@@ -503,6 +504,14 @@ MemFraction = Annotated[
         "environment says (XLA_CLIENT_MEM_FRACTION or XLA_PYTHON_CLIENT_MEM_FRACTION, as JAX reads them), "
         "else JAX's 0.75. The report also gives the least fraction each policy needs.",
         show_default=False,
+    ),
+]
+Time = Annotated[
+    bool,
+    typer.Option(
+        "--time",
+        help="With --gpu: also estimate each policy's seconds per step on the GPUs, from XLA's own cost models "
+        "of the compiled step (one more compile per policy, beside the memory ones).",
     ),
 ]
 Fit = Annotated[

@@ -48,9 +48,9 @@ def fit_on_gpu(
     while best is None and len(compiled) < min(max_compiles, len(order)):
         batch = order[len(compiled):len(compiled) + min(width, max_compiles - len(compiled))]
         specs = [resolve_policy(c.policy) for c in batch]
-        peaks = session.peaks(specs, request, progress, executor if len(batch) > 1 else None, capture)
+        steps = session.compiled(specs, request, progress, executor if len(batch) > 1 else None, capture)
         for c, spec in zip(batch, specs, strict=True):
-            peak = peaks[spec.text]
+            peak = steps[spec.text].peak
             compiled[c.policy] = dataclasses.replace(c, peak=peak, fits=peak.fits is True)
         best = next((compiled[c.policy] for c in batch if compiled[c.policy].fits), None)
 
@@ -95,7 +95,7 @@ def largest_fitting(
             try:
                 session = build(value)
                 session.row_of(spec)  # the policy applies (an error here is the value's)
-                peak = session.peaks([spec], request, progress, capture=capture)[spec.text]
+                peak = session.compiled([spec], request, progress, capture=capture)[spec.text].peak
             except AuditError as exc:  # a value the model cannot take (a shape it refuses)
                 trials[value] = Trial(value, None, False, first_line(exc))
                 return False

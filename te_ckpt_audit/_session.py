@@ -28,7 +28,7 @@ from ._analysis import Analysis, analyse_policy, failed
 from ._apply import resolve_scope
 from ._compile import compiled_memory
 from ._emulated import emulated_device
-from ._gpu import Compiler, gpu_info, peaks_in_workers, step_info, step_mesh
+from ._gpu import Compiled, Compiler, gpu_info, peaks_in_workers, step_info, step_mesh
 from ._gpu._compiler import LogCapture
 from ._loading import Defines, anchored, load_inputs, load_target, user_code
 from ._mesh import build_abstract_mesh, build_mesh, mesh_context, per_device, place_args, source_of, spec_of
@@ -43,10 +43,10 @@ from .records import (
     AuditReport,
     GpuInfo,
     MeshSpec,
-    PeakMemory,
     PolicyResult,
     Scope,
     ShardingSource,
+    StepTime,
     TeKind,
     Trained,
 )
@@ -263,25 +263,26 @@ class Session:
             self._compilers[request] = Compiler(self._traced, request, self.gpu_mesh, capture)
         return self._compilers[request]
 
-    def peaks(
+    def compiled(
         self,
         specs: Sequence[PolicySpec],
         request: GpuRequest,
         progress: Progress = quiet,
         executor: concurrent.futures.Executor | None = None,
         capture: LogCapture | None = None,
-    ) -> dict[str, PeakMemory]:
-        """Each policy's peak per device of the training step on `request`'s GPU, by spec text;
-        with `executor` (processes: a compile needs a process of its own to run in parallel),
-        several at once, each worker's program checked against this process's."""
+    ) -> dict[str, Compiled]:
+        """Each policy's training step on `request`'s GPU, by spec text: its peak per device and,
+        where the request asks, its time; with `executor` (processes: a compile needs a process of
+        its own to run in parallel), several at once, each worker's program checked against this
+        process's."""
         compiler = self.compiler(request, capture)
 
-        def here(spec: PolicySpec) -> PeakMemory:
+        def here(spec: PolicySpec) -> Compiled:
             with user_code(self._traced.target or "the function"):
-                return compiler.peak(spec, self.resolved_scope(spec), progress)
+                return compiler.result(spec, self.resolved_scope(spec), progress)
 
         portable = [s for s in specs if not isinstance(s, Custom)]  # a callable given directly stays here
-        out: dict[str, PeakMemory] = {}
+        out: dict[str, Compiled] = {}
         if executor is not None and self.rebuild is not None and len(portable) > 1:
             with user_code(self._traced.target or "the function"):
                 wanted = [(s, compiler.program_hash(s, self.resolved_scope(s))) for s in portable]
@@ -290,6 +291,16 @@ class Session:
             if spec.text not in out:
                 out[spec.text] = here(spec)
         return out
+
+    def timed(self, row: PolicyResult, time: StepTime | None, tokens: int | None = None) -> StepTime | None:
+        """`time` with the model's FLOPs per device (3 x forward; a step of the target's own: as
+        traced) and the policy's recompute, from the audit's `row`; `tokens` per step, where known."""
+        if time is None:
+            return None
+        devices = max(time.devices, 1)
+        model = row.forward_flops if self.own_step else 3 * row.forward_flops
+        return dataclasses.replace(time, model_flops=model // devices, recompute_flops=row.recompute_flops // devices,
+                                   tokens=tokens)
 
     def report(
         self,
@@ -326,9 +337,10 @@ class Session:
             rows = compiled
         if gpu is not None:
             wanted = [s for s, r in zip(specs, rows, strict=True) if r.error is None]
-            found = self.peaks(wanted, gpu, progress, executor, capture)
-            rows = [r if r.error is not None else dataclasses.replace(r, peak=found[s.text])
-                    for s, r in zip(specs, rows, strict=True)]
+            found = self.compiled(wanted, gpu, progress, executor, capture)
+            rows = [r if r.error is not None else dataclasses.replace(
+                r, peak=found[s.text].peak, time=self.timed(r, found[s.text].time))
+                for s, r in zip(specs, rows, strict=True)]
         return self.report_of(rows, gpu)
 
     def report_of(self, results: Sequence[PolicyResult], gpu: GpuRequest | None = None) -> AuditReport:

@@ -53,7 +53,7 @@ from .specs import PolicyLike
 
 MAX_DEFINE = 4096  # characters in one -D value: no size or flag is longer
 
-_GPU_KEYS = {"gpu", "gpu_config", "optimizer", "gpus_per_host", "mem_fraction", "fit"}
+_GPU_KEYS = {"gpu", "gpu_config", "optimizer", "gpus_per_host", "mem_fraction", "fit", "time"}
 _TOP_KEYS = {"targets", "baseline", "tolerance", *_GPU_KEYS}
 _TARGET_KEYS = {"target", "inputs", "defines", "policies", "scope", "budget", "budgets", "max_recompute", "mesh",
                 "shardings", "peak_budget", "peak_budgets", "step", "donate", "params", *_GPU_KEYS}
@@ -352,7 +352,10 @@ def _gpu(raw: Mapping[str, Any], where: str, p: Path) -> GpuRequest | None:
     positions = isinstance(donate, list) and all(type(d) is int and d >= 0 for d in donate)
     if not positions:
         raise UsageError(f"{p}: {where}.donate must be a list of argument positions", "e.g. donate = [0, 1]")
-    return GpuRequest(model, chosen, per_host, environment, step=step, donate=tuple(donate))
+    timed = raw.get("time", False)
+    if not isinstance(timed, bool):
+        raise UsageError(f"{p}: {where}.time must be true or false", "e.g. time = true")
+    return GpuRequest(model, chosen, per_host, environment, step=step, donate=tuple(donate), time=timed)
 
 
 def _peak_gate(raw: Mapping[str, Any], where: str, p: Path) -> PeakGate:

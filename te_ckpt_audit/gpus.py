@@ -138,10 +138,10 @@ class GpuModel:
         """
         return 0.0 if self.rates is None else self.rates.dense_flops(kind, self.sms, self.clock_ghz)
 
-    def estimate_config_text(self) -> str:
+    def estimate_config_text(self, memory_bytes: int | None = None) -> str:
         """The GpuTargetConfigProto the step-time compile uses: the memory compile's, with the
         arithmetic units and links XLA's performance models read (a config file's own, as given)."""
-        text = self.config_text()
+        text = self.config_text(memory_bytes)
         if self.config is not None or self.rates is None:
             return text
         head = "gpu_device_info {\n"
@@ -469,6 +469,7 @@ class GpuRequest:
     cache: Path | None = None  # where compiled results are kept (the command line's cache folder)
     step: bool = False  # the target already is a training step: compiled as it is (as-is only)
     donate: tuple[int, ...] = ()  # with `step`: the positional arguments it donates
+    time: bool = False  # also estimate each step's time on the GPUs (a compile of its own)
 
     def __post_init__(self) -> None:
         if self.donate and not self.step:

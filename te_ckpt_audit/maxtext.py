@@ -564,7 +564,7 @@ def recommend_maxtext(
                 session = maxtext_session(at, policy)
                 first = first or session
                 with _te_told_maxtexts_axes():
-                    peak = session.peaks([AsIs()], gpu, progress, capture=capture)[AsIs().text]
+                    peak = session.compiled([AsIs()], gpu, progress, capture=capture)[AsIs().text].peak
                 tried.append(MaxTextPoint(policy, number(size), peak, layout))
                 if tried[-1].fits:
                     return MaxTextRecommendation(run.target, tried[-1], tuple(tried), first.gpu_info(gpu))

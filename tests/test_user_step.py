@@ -26,6 +26,7 @@ from _gpu_lane import cli, compiles
 from _gpu_lane import stack as _stack
 
 from te_ckpt_audit import UsageError, audit, audit_target
+from te_ckpt_audit._gpu import Compiled
 from te_ckpt_audit._gpu._cache import CompileCache, Measured
 from te_ckpt_audit._jax_compat import saved_residuals
 from te_ckpt_audit.baselines import audit_key
@@ -343,12 +344,12 @@ class _FakeSession:
 
         return gpu_info(request)
 
-    def peaks(self, specs: Any, *_: Any) -> dict[str, PeakMemory]:
+    def compiled(self, specs: Any, *_: Any) -> dict[str, Compiled]:
         out = {}
         for s in specs:
             self.asked.append(s.text)
             b = self.peaks_by_policy[s.text]
-            out[s.text] = PeakMemory(b, b, 0, 0, 0, 0, b <= self.usable, False, None, 0.0)
+            out[s.text] = Compiled(PeakMemory(b, b, 0, 0, 0, 0, b <= self.usable, False, None, 0.0), None)
         return out
 
 

@@ -83,6 +83,17 @@ class CompileCache:
 
     def read(self, key: str) -> Measured | None:
         """The entry filed under `key`, or None (a miss) for anything that is not a valid one."""
+        return _entry(self._raw(key), key)
+
+    def read_plain(self, key: str, schema: str) -> dict[str, object] | None:
+        """The payload of an entry of `schema` filed under `key` (its own fields, the caller's to
+        check), or None."""
+        raw = self._raw(key)
+        if not isinstance(raw, dict) or raw.get("schema") != schema or raw.get("key") != key:
+            return None
+        return {k: v for k, v in raw.items() if k not in ("schema", "key")}
+
+    def _raw(self, key: str) -> object:
         if not self._trusted_folder():
             return None
         assert self.folder is not None
@@ -103,20 +114,28 @@ class CompileCache:
         if len(data) > MAX_ENTRY:
             return None
         try:
-            raw = json.loads(data.decode("utf-8"), parse_constant=_constant)
+            return json.loads(data.decode("utf-8"), parse_constant=_constant)
         except (ValueError, RecursionError):
             return None
-        return _entry(raw, key)
 
     def write(self, key: str, measured: Measured) -> None:
         """File `measured` under `key`; a cache that cannot be written costs a compile next time."""
+        self.write_plain(key, SCHEMA, dataclasses.asdict(measured))
+
+    def write_plain(self, key: str, schema: str, payload: dict[str, object]) -> None:
+        """File a payload of `schema` under `key`."""
         if self.folder is None:
             return
         with contextlib.suppress(OSError):
             self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         if not self._trusted_folder():
             return
-        text = json.dumps({"schema": SCHEMA, "key": key, **dataclasses.asdict(measured)}, allow_nan=False)
+        try:
+            text = json.dumps({"schema": schema, "key": key, **payload}, allow_nan=False)
+        except ValueError:
+            return
+        if len(text.encode()) > MAX_ENTRY:
+            return
         part = self.folder / f".{key}.{os.getpid()}.{threading.get_ident()}.tmp"
         try:
             fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)

@@ -35,9 +35,11 @@ from .._step import TrainingStep, own_step, state_on, trained_paths, training_st
 from .._trace import Traced
 from ..errors import UsageError, first_line
 from ..gpus import GpuRequest, Optimizer, least_fraction, xla_flags
-from ..records import CompileProgress, GpuInfo, MeshSpec, PeakMemory, Scope, StepInfo
+from ..records import CompileProgress, GpuInfo, MeshSpec, PeakMemory, Scope, StepInfo, StepTime, to_plain
 from ..specs import AsIs, PolicySpec
+from . import _steptime as steptime
 from ._cache import CompileCache, Measured
+from ._hlo_kernels import step_kernels
 from ._machine import INSTALL_HINT, check_available, versions
 from ._placement import gpu_mesh, on, rehomed, replicated, step_mesh
 
@@ -45,8 +47,19 @@ UNBOUNDED = 2**50  # device memory for the compile that says what a step needs
 TRITON_GEMM = "xla_gpu_enable_triton_gemm"
 DISABLED_PASSES = "xla_disable_hlo_passes"
 PARALLELISM = "xla_gpu_force_compilation_parallelism"  # LLVM's threads per compile (it changes no plan)
+COST_STATS = "xla_gpu_collect_cost_model_stats"  # XLA's cost models' estimates, written into each kernel
+GEMM_TILING = "xla_gpu_experimental_cost_model_gemm_tiling_default"  # Triton GEMMs tiled as tuned, not 16x8
+TIME_SCHEMA = "te-ckpt-audit/gpu-estimate/1"  # the cache's step-time entries
 _REMAT_NAME = re.compile(r"%?([\w.\-]+\.remat\d*)\b")
 LogCapture = Callable[[], contextlib.AbstractContextManager[object]]  # keeps XLA's log lines off stderr
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Compiled:
+    """What the GPU stage says of one policy's step: its peak and (`--time`) its time."""
+
+    peak: PeakMemory
+    time: StepTime | None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -156,7 +169,7 @@ class Compiler:
         self.capture = capture or contextlib.nullcontext
         self.devices = 1 if mesh is None else mesh.devices
         self.optimizer = None if request.optimizer is None else _optimizer(request.optimizer)
-        self._meshes: dict[int, tuple[Mesh, Traced]] = {}
+        self._meshes: dict[tuple[int, bool], tuple[Mesh, Traced]] = {}
         self._programs: dict[tuple[str, Scope], str] = {}  # the hash of each policy's lowered step
         self._texts: dict[int, tuple[Lowered, str]] = {}  # id of a lowering -> (it, the hash of its text)
         self.options = self._checked_options()
@@ -169,17 +182,23 @@ class Compiler:
 
     # --- placing and lowering ------------------------------------------------------------------
 
-    def _placed(self, memory: int) -> tuple[Mesh, Traced]:
-        """The GPU mesh of a device described with `memory` bytes, and the trace moved onto it."""
-        if memory not in self._meshes:
-            config = self.request.model.config_text(memory)
+    def _config(self, memory: int, estimate: bool = False) -> str:
+        model = self.request.model
+        return model.estimate_config_text(memory) if estimate else model.config_text(memory)
+
+    def _placed(self, memory: int, estimate: bool = False) -> tuple[Mesh, Traced]:
+        """The GPU mesh of a device described with `memory` bytes (`estimate`: with the units and
+        links the step-time estimate reads), and the trace moved onto it."""
+        if (memory, estimate) not in self._meshes:
+            config = self._config(memory, estimate)
             try:
                 topology = jc.cuda_topology(config, self.request.topology(self.devices))
             except jc.CudaPluginMissing as exc:
                 raise UsageError(f"JAX's CUDA plugin cannot be used here ({first_line(exc)})", INSTALL_HINT) from None
             mesh = gpu_mesh(topology, self.mesh)
-            self._meshes[memory] = (mesh, rehomed(self.traced, topology) if self.mesh is not None else self.traced)
-        return self._meshes[memory]
+            placed = (mesh, rehomed(self.traced, topology) if self.mesh is not None else self.traced)
+            self._meshes[(memory, estimate)] = placed
+        return self._meshes[(memory, estimate)]
 
     def _checked_options(self) -> tuple[tuple[str, Any], ...]:
         """The run's XLA_FLAGS as compile options, each checked on a trivial program first: a
@@ -212,19 +231,19 @@ class Compiler:
                                      "fix the flag XLA names") from None
         return tuple(options.items())
 
-    def step(self, spec: PolicySpec, scope: Scope, memory: int) -> TrainingStep:
-        mesh, traced = self._placed(memory)
+    def step(self, spec: PolicySpec, scope: Scope, memory: int, estimate: bool = False) -> TrainingStep:
+        mesh, traced = self._placed(memory, estimate)
         fun = policy_function(traced, spec, scope)
         avals = [on(mesh, a) for a in traced.avals]
         if self.request.step:
             return own_step(traced, fun, avals, self.request.donate)
         return training_step(traced, fun, avals, self.optimizer, lambda _, s: state_on(_, s, replicated(mesh)))
 
-    def lowered(self, spec: PolicySpec, scope: Scope, memory: int | None = None) -> Lowered:
+    def lowered(self, spec: PolicySpec, scope: Scope, memory: int | None = None, estimate: bool = False) -> Lowered:
         """The step under `spec`, lowered for the GPU XLA plans against `memory` bytes of (by
-        default, the run's fraction of it)."""
+        default, the run's fraction of it); `estimate`: for the step-time compile's GPU."""
         memory = self.request.planning_memory(self.request.mem_fraction) if memory is None else memory
-        step = self.step(spec, scope, memory)
+        step = self.step(spec, scope, memory, estimate)
         with jax.numpy_dtype_promotion("standard"):  # optax mixes Python scalars with its counts
             return jax.jit(step.fn, donate_argnums=step.donate).lower(*step.args)
 
@@ -237,6 +256,16 @@ class Compiler:
 
     # --- compiling ------------------------------------------------------------------------------
 
+    def result(self, spec: PolicySpec, scope: Scope, progress: Progress = quiet) -> Compiled:
+        """The step's peak per device under `spec` and, where the request asks, its time: the
+        estimate's compile runs beside the memory compiles. A step that does not compile is
+        reported, not raised."""
+        if not self.request.time:
+            return Compiled(self.peak(spec, scope, progress), None)
+        with self.capture(), concurrent.futures.ThreadPoolExecutor(1) as pool:
+            timing = pool.submit(self.time, spec, scope, progress)
+            return Compiled(self.peak(spec, scope, progress), timing.result())
+
     def peak(self, spec: PolicySpec, scope: Scope, progress: Progress = quiet) -> PeakMemory:
         """The step's peak per device under `spec`, over the GEMM backends; a step that does not
         compile is reported, not raised."""
@@ -248,6 +277,65 @@ class Compiler:
             raise
         except Exception as exc:  # noqa: BLE001 - reported per policy; the audit itself stands
             return _not_compiled(f"{type(exc).__name__}: {first_line(exc)}")
+
+    def time(self, spec: PolicySpec, scope: Scope, progress: Progress = quiet) -> StepTime:
+        """The step's time on the GPUs under `spec` (`_steptime`), from a compile of its own: the
+        GPU described with its arithmetic units and links, GEMMs on cuBLAS (whose costs XLA's
+        table measured on real GPUs) unless the run's XLA_FLAGS choose, and XLA's cost models
+        written into the program. Its failure is the estimate's error, not the audit's."""
+        model = self.request.model
+        if self.request.step and not isinstance(spec, AsIs):
+            return steptime.failed("a training step of the target's own is compiled as it is: only as-is",
+                                   model, self.devices)
+        try:
+            return self._time(spec, scope, progress)
+        except UsageError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - reported per policy
+            return steptime.failed(f"{type(exc).__name__}: {first_line(exc)}", model, self.devices)
+
+    def _time(self, spec: PolicySpec, scope: Scope, progress: Progress) -> StepTime:
+        memory = self.request.planning_memory(self.request.mem_fraction)
+        lowered = self.lowered(spec, scope, memory, estimate=True)
+        options = self._estimate_options()
+        backend = Backend("estimate", tuple(sorted(options.items())))
+        config = self._config(memory, estimate=True) + steptime.revision()  # estimates made by this code
+        key = self._key(self._program(lowered), backend, memory, config)
+        hit = self.cache.read_plain(key, TIME_SCHEMA)
+        found = None if hit is None else steptime.from_plain(hit)
+        if found is not None:
+            return found
+        name = self.request.model.name
+        progress(CompileProgress(spec.text, backend.name, name, None))
+        start = time.perf_counter()
+        text = self._estimate_text(lowered, memory, options)
+        seconds = time.perf_counter() - start
+        progress(CompileProgress(spec.text, backend.name, name, round(seconds, 1)))
+        kernels = step_kernels(text, self.devices, self.request.gpus_per_host)
+        found = steptime.estimate(kernels, self.request.model, self.devices, seconds)
+        self.cache.write_plain(key, TIME_SCHEMA, to_plain(found))
+        return found
+
+    def _estimate_options(self) -> dict[str, Any]:
+        chosen = dict(self.options)
+        options = {**chosen, COST_STATS: True, PARALLELISM: 1}
+        if chosen.get(TRITON_GEMM, False) is not False:  # the run's flags chose Triton: its GEMMs tiled as tuned
+            options[GEMM_TILING] = True
+        else:
+            options[TRITON_GEMM] = False
+        return options
+
+    def _estimate_text(self, lowered: Lowered, memory: int, options: dict[str, Any]) -> str:
+        mesh = jax.set_mesh(self._placed(memory, True)[0]) if self.mesh is not None else contextlib.nullcontext()
+        with self.capture(), mesh:
+            compiled = lowered.compile(compiler_options=options)
+        return compiled.as_text() or ""
+
+    def estimate_text(self, spec: PolicySpec, scope: Scope) -> str:
+        """The optimized HLO of the step-time compile under `spec`, XLA's estimates in it (what
+        `time` reads; uncached)."""
+        memory = self.request.planning_memory(self.request.mem_fraction)
+        return self._estimate_text(self.lowered(spec, scope, memory, estimate=True), memory, self._estimate_options())
 
     def _peak(self, spec: PolicySpec, scope: Scope, progress: Progress) -> PeakMemory:
         request = self.request
@@ -358,10 +446,10 @@ class Compiler:
             self._texts[id(lowered)] = found
         return found[1]
 
-    def _key(self, program: str, backend: Backend, memory: int) -> str:
+    def _key(self, program: str, backend: Backend, memory: int, config: str | None = None) -> str:
         h = hashlib.sha256()
         for part in (
-            program, self.request.model.config_text(memory), json.dumps(backend.options, sort_keys=True),
+            program, config or self.request.model.config_text(memory), json.dumps(backend.options, sort_keys=True),
             versions(), self.request.topology(self.devices), os.environ.get("XLA_FLAGS", ""),
             self.request.environment.xla_flags,
         ):

@@ -22,6 +22,7 @@ from ..errors import first_line
 from ..gpus import GpuRequest
 from ..records import PeakMemory
 from ..specs import PolicySpec, resolve_policy
+from ._compiler import Compiled
 
 _BUILT: dict[str, Any] = {}  # in a worker: the session of each build (by its key), made once
 _BUILDING = threading.Lock()  # a worker of several threads (a Dask worker's) builds one session at a time
@@ -29,7 +30,7 @@ _BUILDING = threading.Lock()  # a worker of several threads (a Dask worker's) bu
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Answer:
-    peak: PeakMemory
+    result: Compiled
     program: str  # the hash of the step the worker lowered
 
 
@@ -58,10 +59,13 @@ def _compiled(key: str, build: Callable[[], Any], spec_text: str, request: GpuRe
         spec = resolve_policy(spec_text)
         scope = session.resolved_scope(spec)
         compiler = session.compiler(request)
-        return Answer(compiler.peak(spec, scope), compiler.program_hash(spec, scope)), kept
+        return Answer(compiler.result(spec, scope), compiler.program_hash(spec, scope)), kept
     except Exception as exc:  # noqa: BLE001 - reported per policy, as in this process
-        why = f"{type(exc).__name__}: {first_line(exc)}"
-        return Answer(PeakMemory(None, None, None, None, None, None, None, False, None, 0.0, why), ""), kept
+        return Answer(_failed(f"{type(exc).__name__}: {first_line(exc)}"), ""), kept
+
+
+def _failed(why: str) -> Compiled:
+    return Compiled(PeakMemory(None, None, None, None, None, None, None, False, None, 0.0, why), None)
 
 
 def peaks_in_workers(
@@ -70,12 +74,12 @@ def peaks_in_workers(
     build: Callable[[], Any],
     wanted: Sequence[tuple[PolicySpec, str]],
     request: GpuRequest,
-    here: Callable[[PolicySpec], PeakMemory],
+    here: Callable[[PolicySpec], Compiled],
     progress: Progress,
-) -> dict[str, PeakMemory]:
-    """Each policy's peak (by spec text), from `executor`'s workers: `wanted` pairs each spec with
-    the hash of the step this process lowered for it; `here` compiles one in this process."""
-    out: dict[str, PeakMemory] = {}
+) -> dict[str, Compiled]:
+    """Each policy's compiled step (by spec text), from `executor`'s workers: `wanted` pairs each
+    spec with the hash of the step this process lowered for it; `here` compiles one in this process."""
+    out: dict[str, Compiled] = {}
     futures = {executor.submit(_in_worker, key, build, spec.text, request, program): (spec, program)
                for spec, program in wanted}
     broken: list[PolicySpec] = []
@@ -90,9 +94,9 @@ def peaks_in_workers(
             why = (f"a worker process compiled another program for {spec.text} than this process lowered "
                    f"(step hash {answer.program[:12]} != {program[:12]}): the model builds differently in a new "
                    "process; compile in one process")
-            out[spec.text] = PeakMemory(None, None, None, None, None, None, None, False, None, 0.0, why)
+            out[spec.text] = _failed(why)
         else:
-            out[spec.text] = answer.peak
+            out[spec.text] = answer.result
         progress(f"compiled {spec.text} for {request.model.name} ({len(out)}/{len(wanted)})")
     for spec in broken:  # the worker died (killed, out of memory) or its cluster was lost: compiled here instead
         progress(f"no answer from a worker for {spec.text}; compiling it in this process")

@@ -1,5 +1,5 @@
 """The audit's records: what one target's trace holds and what each policy keeps, recomputes and
-offloads; `AuditReport.to_dict()` is the versioned JSON document (schema ``te-ckpt-audit/5``)."""
+offloads; `AuditReport.to_dict()` is the versioned JSON document (schema ``te-ckpt-audit/6``)."""
 
 from __future__ import annotations
 
@@ -200,6 +200,84 @@ class PeakMemory:
     backends: tuple[str, ...] = ()  # the GEMM backends compiled: triton, cublas (or the run's own)
 
 
+class KernelKind(enum.StrEnum):
+    """What a kernel of the compiled step does, as the step-time estimate costs it."""
+
+    GEMM = "gemm"  # a matrix multiply (cuBLAS, a Triton GEMM fusion, TE's)
+    ATTENTION = "attention"  # fused attention (cuDNN's, TE's)
+    MEMORY = "memory"  # any other fusion or op: bound by what it reads and writes
+    COLLECTIVE = "collective"  # all-reduce, all-gather, reduce-scatter, all-to-all, permute
+    HOST = "host"  # a copy between host and device memory
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class KernelTime:
+    """One kernel of the compiled step, as the estimate timed it: per device, per run."""
+
+    name: str  # the HLO instruction
+    kind: KernelKind
+    seconds: float  # one run
+    runs: int  # times one step runs it (the trip counts of the loops around it)
+    flops: int  # one run's
+    bytes: int  # what one run reads and writes (a collective: what it moves)
+    basis: str  # what set its time: an XLA cost model's name ("sol"), or "roofline" (its floor)
+    source: str  # what it computes: the op_name of its HLO metadata and source line ("" unnamed)
+
+    @property
+    def total_seconds(self) -> float:
+        return self.seconds * self.runs
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StepTime:
+    """An estimate of one training step's time on the target GPUs, from the compiled program:
+    each kernel timed by XLA's own cost models (corrected where they are known wrong) and never
+    below its roofline floor, loops times their trip counts; what `model` names. Per device."""
+
+    seconds: float | None  # the estimate; None: the estimate compile failed (error)
+    seconds_low: float | None  # where XLA's models disagree: the range of their sums
+    seconds_high: float | None
+    compute_seconds: float  # every kernel but collectives
+    communication_seconds: float  # every collective, as if none overlapped
+    exposed_communication_seconds: float  # what the schedule leaves unhidden
+    kernels: int  # kernel runs per step
+    hlo_flops: int  # the compiled kernels' FLOPs per device per step (recompute and XLA's own included)
+    model_flops: int  # the model's FLOPs per device per step: 3 x forward, recompute left out
+    recompute_flops: int  # what the policy recomputes, per device per step
+    peak_flops: float  # one GPU's dense BF16 tensor-core FLOP/s, the utilisations' denominator
+    tokens: int | None  # tokens per step, all GPUs (None: not known for this target)
+    devices: int
+    costliest: tuple[KernelTime, ...]  # the ten costliest kernels, by time per step
+    model: str  # the estimate's method, named
+    compile_seconds: float
+    error: str | None = None
+
+    @property
+    def mfu(self) -> float | None:
+        """Model FLOPs utilisation: the model's FLOPs (recompute left out) over the GPUs' peak."""
+        return _ratio(self.model_flops, self.seconds, self.peak_flops)
+
+    @property
+    def hfu(self) -> float | None:
+        """Hardware FLOPs utilisation: recompute included."""
+        return _ratio(self.model_flops + self.recompute_flops, self.seconds, self.peak_flops)
+
+    @property
+    def tokens_per_second_per_gpu(self) -> float | None:
+        if self.tokens is None or not self.seconds:
+            return None
+        return self.tokens / self.seconds / self.devices
+
+    @property
+    def tflops_per_gpu(self) -> float | None:
+        """The model's TFLOP/s per GPU (recompute left out), as training recipes publish it."""
+        return None if not self.seconds else self.model_flops / self.seconds / 1e12
+
+
+def _ratio(flops: int, seconds: float | None, peak: float) -> float | None:
+    return None if not seconds or not peak else flops / seconds / peak
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class GpuInfo:
     """The GPU a report's peaks were compiled for, and the run's environment."""
@@ -329,6 +407,7 @@ class PolicyResult:
     # Why JAX could not differentiate the function under this policy; the row is then empty.
     error: str | None = None
     audited: bool = True  # False for a training step of the target's own: its residuals are inside it
+    time: StepTime | None = None  # only with --gpu --time
 
     @property
     def recompute_percent(self) -> float:
@@ -381,8 +460,13 @@ class AuditReport(Shown):
         return f"of {self.target!r}: {len(self.results)} policies ({policies}), {len(self.equations)} equations"
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON document (schema ``te-ckpt-audit/5``): plain, ordered, deterministic."""
+        """The JSON document (schema ``te-ckpt-audit/6``): plain, ordered, deterministic."""
         return {"schema": SCHEMA, **_plain(self)}
+
+
+def to_plain(value: Any) -> Any:
+    """A record as the JSON documents hold it: plain values, enums as their codes."""
+    return _plain(value)
 
 
 def _plain(value: Any) -> Any:
@@ -398,6 +482,11 @@ def _plain(value: Any) -> Any:
             out["forward_flops"] = value.forward_flops
         if isinstance(value, MeshSpec):
             out["devices"] = value.devices
+        if isinstance(value, StepTime):
+            out.update(mfu=value.mfu, hfu=value.hfu, tokens_per_second_per_gpu=value.tokens_per_second_per_gpu,
+                       tflops_per_gpu=value.tflops_per_gpu)
+        if isinstance(value, KernelTime):
+            out["total_seconds"] = value.total_seconds
         return out
     if isinstance(value, enum.Enum):
         return value.value

@@ -1,4 +1,4 @@
-"""The JSON Schema (draft 2020-12) of the audit's JSON document, ``te-ckpt-audit/5``: what
+"""The JSON Schema (draft 2020-12) of the audit's JSON document, ``te-ckpt-audit/6``: what
 `AuditReport.to_dict()` gives, plus the hotspots and each warning's words that the JSON renderer
 adds. The tests validate every sample model's document against it."""
 
@@ -10,6 +10,7 @@ from .audit import (
     SCHEMA,
     Category,
     HotspotKey,
+    KernelKind,
     Outcome,
     ResidualKind,
     Scope,
@@ -40,6 +41,9 @@ _OPT_STR = {"type": ["string", "null"]}
 _OPT_INT = {"oneOf": [{"type": "null"}, _INT]}
 _SHAPE = {"type": "array", "items": _INT}
 _FRACTION = {"type": "number", "exclusiveMinimum": 0, "maximum": 1}
+_SECONDS = {"type": "number", "minimum": 0}
+_OPT_SECONDS = {"oneOf": [{"type": "null"}, _SECONDS]}
+_OPT_NUMBER = {"oneOf": [{"type": "null"}, {"type": "number", "minimum": 0}]}
 _SOURCE = {
     "oneOf": [{"type": "null"}, _object(file=_STR, line=_INT, function=_STR)],
 }
@@ -180,6 +184,25 @@ JSON_SCHEMA: dict[str, Any] = {
                 requantized_equations=_array(_STR),
                 error=_OPT_STR,
                 audited=_BOOL,
+                time={
+                    "oneOf": [
+                        {"type": "null"},
+                        _object(
+                            seconds=_OPT_SECONDS, seconds_low=_OPT_SECONDS, seconds_high=_OPT_SECONDS,
+                            compute_seconds=_SECONDS, communication_seconds=_SECONDS,
+                            exposed_communication_seconds=_SECONDS, kernels=_INT, hlo_flops=_INT, model_flops=_INT,
+                            recompute_flops=_INT, peak_flops={"type": "number", "minimum": 0}, tokens=_OPT_INT,
+                            devices={"type": "integer", "minimum": 1},
+                            costliest=_array(_object(
+                                name=_STR, kind=_enum(KernelKind), seconds=_SECONDS,
+                                runs={"type": "integer", "minimum": 1}, flops=_INT, bytes=_INT, basis=_STR,
+                                source=_STR, total_seconds=_SECONDS,
+                            )),
+                            model=_STR, compile_seconds=_SECONDS, error=_OPT_STR, mfu=_OPT_NUMBER, hfu=_OPT_NUMBER,
+                            tokens_per_second_per_gpu=_OPT_NUMBER, tflops_per_gpu=_OPT_NUMBER,
+                        ),
+                    ]
+                },
                 recompute_percent={"type": "number", "minimum": 0},
             )
         ),

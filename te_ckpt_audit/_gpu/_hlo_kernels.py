@@ -1,0 +1,555 @@
+"""The kernels of a step XLA:GPU compiled, read from its optimized HLO text: what the step-time
+estimate (`_steptime`) costs.
+
+Each instruction of the entry computation (and of the loops, calls and branches it runs) that
+launches work is one kernel, run as many times as the loops around it turn (`known_trip_count`):
+a fusion (its FLOPs those of the dots and elementwise ops inside it, its bytes its operands and
+results, except where it updates or reads a slice of a buffer in place: then the slice's); a cuBLAS
+or TE GEMM; fused attention (cuDNN's, TE's); a copy between host and device; a collective.
+Instructions that launch nothing (parameters, tuples, bitcasts, constants) are left out. Each
+kernel carries XLA's own estimate where the compile collected it (`reification_cost`, compile
+option `xla_gpu_collect_cost_model_stats`) and the source it came from (its `op_name` metadata).
+The module is the partitioned one: its shapes are one device's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+from collections.abc import Iterator
+
+import numpy as np
+
+from ..records import KernelKind
+
+_BITS = {
+    "pred": 8, "s2": 2, "u2": 2, "s4": 4, "u4": 4, "f4e2m1fn": 4, "s8": 8, "u8": 8, "bf16": 16, "f16": 16, "s16": 16,
+    "u16": 16, "f32": 32, "s32": 32, "u32": 32, "f64": 64, "s64": 64, "u64": 64, "c64": 64, "c128": 128, "token": 0,
+}
+_SHAPE = re.compile(r"\b([a-z]\w*)\[([\d,]*)\]")
+_NO_KERNEL = frozenset({
+    "parameter", "constant", "get-tuple-element", "tuple", "bitcast", "after-all", "partition-id", "replica-id",
+    "opt-barrier", "add-dependency", "domain", "send", "recv", "send-done", "recv-done", "copy-done", "fusion-done",
+    "async-update", "call", "while", "conditional", "reshape", "get-dimension-size", "infeed", "outfeed",
+})
+_COLLECTIVES = {
+    "all-reduce": "all-reduce", "all-gather": "all-gather", "reduce-scatter": "reduce-scatter",
+    "all-to-all": "all-to-all", "ragged-all-to-all": "all-to-all", "collective-permute": "collective-permute",
+    "collective-broadcast": "all-gather",
+}
+_ELEMENTWISE = frozenset({
+    "add", "subtract", "multiply", "divide", "maximum", "minimum", "exponential", "exponential-minus-one", "log",
+    "log-plus-one", "tanh", "logistic", "rsqrt", "sqrt", "cbrt", "power", "negate", "abs", "compare", "select",
+    "and", "or", "xor", "not", "sine", "cosine", "tan", "atan2", "erf", "floor", "ceil", "round-nearest-even",
+    "clamp", "remainder", "sign", "is-finite",
+})
+_GEMM_TARGETS = ("__cublas$gemm", "__cublas$lt$matmul")
+
+
+def _bits(dtype: str) -> int:
+    if dtype.startswith("f8"):
+        return 8
+    return _BITS.get(dtype, 32)
+
+
+def _leaves(type_text: str) -> list[tuple[str, tuple[int, ...]]]:
+    return [(d, tuple(int(x) for x in dims.split(",") if x)) for d, dims in _SHAPE.findall(type_text)]
+
+
+def type_bytes(type_text: str) -> int:
+    """The bytes of an HLO type (a tuple's, all its leaves).
+
+    >>> type_bytes("(bf16[8,128]{1,0}, s8[4]{0})")
+    2052
+    """
+    return sum(math.prod(dims) * _bits(d) // 8 for d, dims in _leaves(type_text))
+
+
+@dataclasses.dataclass(slots=True)
+class Inst:
+    name: str
+    type: str
+    opcode: str
+    operands: list[str]
+    attrs: str
+
+    def attr(self, key: str) -> str | None:
+        m = re.search(rf"\b{key}=(%?[\w.\-]+)", self.attrs)
+        return m.group(1).lstrip("%") if m else None
+
+    def backend_config(self) -> dict[str, object]:
+        m = re.search(r"backend_config=(\{.*\})\s*$", self.attrs) or re.search(r"backend_config=(\{.*\})", self.attrs)
+        if not m:
+            return {}
+        text = m.group(1)
+        depth = 0
+        for i, ch in enumerate(text):  # the JSON object alone, whatever follows it
+            depth += ch == "{"
+            depth -= ch == "}"
+            if depth == 0:
+                try:
+                    value = json.loads(text[:i + 1])
+                except ValueError:
+                    return {}
+                return value if isinstance(value, dict) else {}
+        return {}
+
+
+def _balanced(text: str, start: int) -> int:
+    """The index just past the bracket group opening at `start`."""
+    pairs = {"(": ")", "{": "}", "[": "]"}
+    stack = []
+    i = start
+    while i < len(text):
+        ch = text[i]
+        if ch in pairs:
+            stack.append(pairs[ch])
+        elif stack and ch == stack[-1]:
+            stack.pop()
+            if not stack:
+                return i + 1
+        elif ch == '"':
+            i = text.index('"', i + 1) if '"' in text[i + 1:] else len(text)
+        i += 1
+    return len(text)
+
+
+def _split_top(text: str) -> list[str]:
+    parts: list[str] = []
+    cur: list[str] = []
+    depth = 0
+    for ch in text:
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+    if cur:
+        parts.append("".join(cur))
+    return parts
+
+
+_LINE = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*")
+_HEADER = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
+
+
+def _instruction(line: str) -> Inst | None:
+    m = _LINE.match(line)
+    if not m:
+        return None
+    rest = line[m.end():]
+    if rest.startswith("("):
+        end = _balanced(rest, 0)
+        type_text, rest = rest[:end], rest[end:].lstrip()
+    else:
+        type_text, _, rest = rest.partition(" ")
+    op = re.match(r"([\w\-]+)\(", rest)
+    if not op:
+        return None
+    end = _balanced(rest, op.end() - 1)
+    inside = rest[op.end():end - 1]
+    if op.group(1) == "parameter":  # its number, which the fusion's operand list is in the order of
+        return Inst(m.group(1), type_text, "parameter", [inside.strip()], rest[end:])
+    operands = []
+    for part in _split_top(inside):
+        names = re.findall(r"%([\w.\-]+)", part)
+        operands.append(names[-1] if names else "")
+    return Inst(m.group(1), type_text, op.group(1), operands, rest[end:])
+
+
+def parse_module(text: str) -> tuple[dict[str, list[Inst]], str]:
+    """The computations of an HLO module (name -> instructions, in order) and the entry's name."""
+    comps: dict[str, list[Inst]] = {}
+    entry = ""
+    current: list[Inst] | None = None
+    for line in text.splitlines():
+        if current is None:
+            h = _HEADER.match(line)
+            if h and not line.startswith("HloModule"):
+                current = comps.setdefault(h.group(2), [])
+                if h.group(1):
+                    entry = h.group(2)
+            continue
+        if line.strip() == "}":
+            current = None
+            continue
+        inst = _instruction(line)
+        if inst is not None:
+            current.append(inst)
+    return comps, entry
+
+
+# --- collectives' groups -----------------------------------------------------------------------
+
+
+def _groups(inst: Inst, devices: int) -> list[list[int]]:
+    """The device groups of a collective, from its `replica_groups` (every format XLA prints) or
+    a permute's `source_target_pairs`."""
+    attrs = inst.attrs
+    pairs = re.search(r"source_target_pairs=\{(.*?)\}\}", attrs)
+    if pairs:
+        return [[int(a), int(b)] for a, b in re.findall(r"\{(\d+),(\d+)", pairs.group(1) + "}")]
+    m = re.search(r"replica_groups=", attrs)
+    if not m:
+        return [list(range(devices))]
+    rest = attrs[m.end():]
+    mesh = re.match(r"mesh\[([^\]]*)\]\s*\{([^}]*)\}", rest)
+    if mesh:
+        axes = [(a, int(n)) for a, n in re.findall(r"'([^']+)'=(\d+)", mesh.group(1))]
+        chosen = set(re.findall(r"'([^']+)'", mesh.group(2)))
+        sizes = [n for _, n in axes]
+        ids = np.arange(math.prod(sizes)).reshape(sizes)
+        inner = [i for i, (a, _) in enumerate(axes) if a in chosen]
+        outer = [i for i, (a, _) in enumerate(axes) if a not in chosen]
+        size = math.prod(sizes[i] for i in inner)
+        return ids.transpose(outer + inner).reshape(-1, size).tolist()
+    iota = re.match(r"\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?", rest)
+    if iota:
+        shape = [int(x) for x in iota.group(1).split(",")]
+        dims = [int(x) for x in iota.group(2).split(",")]
+        ids = np.arange(math.prod(dims)).reshape(dims)
+        if iota.group(3):
+            ids = ids.transpose([int(x) for x in iota.group(3).split(",")])
+        return ids.reshape(shape[0], -1).tolist()
+    listed = re.match(r"\{(.*?)\}(?=,|\s|$)", rest + " ")
+    text = rest[:_balanced(rest, 0)] if rest.startswith("{") else ""
+    found = [[int(x) for x in g.split(",") if x.strip()] for g in re.findall(r"\{([\d,\s]*)\}", text[1:-1])]
+    if listed is not None and found:
+        return found
+    return [list(range(devices))]
+
+
+def _group(groups: list[list[int]], per_host: int) -> tuple[int, bool]:
+    """The devices a collective's largest group spans, and whether any group spans hosts."""
+    size = max((len(g) for g in groups), default=1)
+    return size, any(len({d // per_host for d in g}) > 1 for g in groups)
+
+
+# --- instructions to kernels -------------------------------------------------------------------
+
+GEMM, ATTENTION, MEMORY, COLLECTIVE, HOST = (KernelKind.GEMM, KernelKind.ATTENTION, KernelKind.MEMORY,
+                                             KernelKind.COLLECTIVE, KernelKind.HOST)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Kernel:
+    """One kernel of a compiled step, as the estimate costs it: per device, per run."""
+
+    name: str  # the HLO instruction
+    kind: KernelKind
+    flops: int
+    bytes: int  # what it reads and writes in HBM (a collective: its operand; an all-gather: its result)
+    precision: str = "bf16"  # a GEMM's operands: fp8, bf16, tf32, fp64
+    widening: int = 1  # a GEMM's result bytes over its operands' (2: bf16 x bf16 -> f32)
+    xla_us: tuple[tuple[str, float], ...] = ()  # XLA's estimates (model name, microseconds)
+    runs: int = 1  # times one step runs it (the trip counts of the loops around it)
+    group: int = 1  # a collective's devices
+    spans_hosts: bool = False  # a collective's group crosses hosts
+    source: str = ""  # what it computes: the op_name of its metadata, and its source line
+    collective: str = ""  # a collective's kind: all-reduce, all-gather, reduce-scatter, all-to-all, ...
+
+
+class _Reader:
+    def __init__(self, comps: dict[str, list[Inst]], devices: int, per_host: int) -> None:
+        self.comps, self.devices, self.per_host = comps, devices, per_host
+        self.types = {name: {i.name: i.type for i in insts} for name, insts in comps.items()}
+        self._fused: dict[str, tuple[int, bool, str, int]] = {}
+
+    def operand_type(self, comp: str, name: str) -> str:
+        return self.types[comp].get(name, "")
+
+    def fused(self, name: str) -> tuple[int, bool, str, int]:
+        """(FLOPs, holds a GEMM, the GEMM's precision, its widening) of a fused computation, nested
+        ones included."""
+        if name in self._fused:
+            return self._fused[name]
+        flops, gemm, precision, widening = 0, False, "bf16", 1
+        for inst in self.comps.get(name, []):
+            if inst.opcode in ("dot", "scaled-dot"):
+                lhs = self.operand_type(name, inst.operands[0])
+                flops += _dot_flops(inst, lhs)
+                gemm, precision = True, "fp8" if inst.opcode == "scaled-dot" else _precision(lhs)
+                widening = _widening(lhs, inst.type)
+            elif inst.opcode == "convolution":
+                flops += 2 * math.prod(_first_dims(inst.type)) * max(1, _conv_window(self, name, inst))
+                gemm = True
+            elif inst.opcode == "fusion" and inst.attr("calls"):
+                f, g, p, w = self.fused(inst.attr("calls") or "")
+                flops += f
+                if g:
+                    gemm, precision, widening = True, p, w
+            elif inst.opcode in _ELEMENTWISE:
+                flops += math.prod(_first_dims(inst.type))
+            elif inst.opcode == "reduce":
+                flops += math.prod(_first_dims(self.operand_type(name, inst.operands[0])))
+        self._fused[name] = (flops, gemm, precision, widening)
+        return self._fused[name]
+    def fusion_bytes(self, comp: str, inst: Inst) -> int:
+        """What a fusion reads and writes: each operand once, but only the slice a parameter is
+        read at (dynamic-slice) and nothing of a buffer updated in place (dynamic-update-slice),
+        whose result is then only the update."""
+        called = inst.attr("calls") or ""
+        body = self.comps.get(called, [])
+        params = {i.name: int(m.group(1)) for i in body if i.opcode == "parameter"
+                  and (m := re.match(r"(\d+)", i.operands[0] if i.operands and i.operands[0] else "")) is not None}
+        if not params:
+            params = {i.name: n for n, i in enumerate(i for i in body if i.opcode == "parameter")}
+        by_param = {v: k for k, v in params.items()}
+        direct: dict[str, list[tuple[Inst, int]]] = {}
+        for i in body:
+            for pos, o in enumerate(i.operands):
+                direct.setdefault(o, []).append((i, pos))
+
+        def uses_of(name: str, depth: int = 0) -> list[tuple[Inst, int]]:
+            """What reads `name`, looking through bitcasts (a view of the same buffer)."""
+            out: list[tuple[Inst, int]] = []
+            for u, pos in direct.get(name, []):
+                if u.opcode == "bitcast" and depth < 8:
+                    out += uses_of(u.name, depth + 1)
+                else:
+                    out.append((u, pos))
+            return out
+
+        users = {name: uses_of(name) for name in params}
+        total = 0
+        for pos, operand in enumerate(inst.operands):
+            full = type_bytes(self.operand_type(comp, operand))
+            pname = by_param.get(pos)
+            uses = users.get(pname or "", [])
+            if pname is not None and uses and all(u.opcode in ("dynamic-update-slice",) and p == 0 for u, p in uses):
+                continue  # updated in place
+            if pname is not None and uses and all(u.opcode in ("dynamic-slice", "slice", "gather") and p == 0
+                                                  for u, p in uses):
+                total += min(full, sum(type_bytes(u.type) for u, _ in uses))
+            else:
+                total += full
+        root = body[-1] if body else None
+        out = type_bytes(inst.type)
+        if root is not None:
+            out = self._written(called, root, out)
+        return total + out
+
+    def _written(self, comp: str, root: Inst, whole: int) -> int:
+        types = self.types.get(comp, {})
+        if root.opcode == "dynamic-update-slice":
+            return type_bytes(types.get(root.operands[1], "")) if len(root.operands) > 1 else whole
+        if root.opcode == "tuple":
+            body = {i.name: i for i in self.comps.get(comp, [])}
+            return sum(self._written(comp, body[o], type_bytes(types.get(o, ""))) if o in body
+                       else type_bytes(types.get(o, "")) for o in root.operands)
+        if root.opcode == "bitcast" and root.operands:
+            body = {i.name: i for i in self.comps.get(comp, [])}
+            if root.operands[0] in body:
+                return self._written(comp, body[root.operands[0]], whole)
+        return whole
+
+    def kernels(self, comp: str, runs: int = 1) -> Iterator[Kernel]:
+        for inst in self.comps.get(comp, []):
+            yield from self.kernel(comp, inst, runs)
+
+    def kernel(self, comp: str, inst: Inst, runs: int) -> Iterator[Kernel]:
+        code = inst.opcode
+        if code == "while":
+            body = inst.attr("body")
+            if body:
+                yield from self.kernels(body, runs * _trip_count(inst))
+            return
+        if code == "call":
+            target = inst.attr("to_apply") or inst.attr("calls")
+            if target:
+                yield from self.kernels(target, runs)
+            return
+        if code == "conditional":
+            listed = re.search(r"branch_computations=\{([^}]*)\}", inst.attrs)
+            names = re.findall(r"%?([\w.\-]+)", listed.group(1)) if listed else [
+                n for n in (inst.attr("true_computation"), inst.attr("false_computation")) if n]
+            branches = [list(self.kernels(n, runs)) for n in names]
+            if branches:  # the heaviest branch
+                yield from max(branches, key=lambda ks: sum(k.flops + k.bytes for k in ks))
+            return
+        if code == "async-start":
+            called = inst.attr("calls") or ""
+            wrapped = self.comps.get(called, [])
+            if wrapped:
+                yield from (dataclasses.replace(k, name=inst.name) for k in self.kernel(called, wrapped[-1], runs))
+            return
+        base = code.removesuffix("-start")
+        costs = _xla_costs(inst)
+        source = _source(inst)
+        if base in _COLLECTIVES:
+            size, spans = _group(_groups(inst, self.devices), self.per_host)
+            moved = sum(type_bytes(self.operand_type(comp, o)) for o in inst.operands)
+            if _COLLECTIVES[base] == "all-gather":
+                moved *= size
+            yield Kernel(inst.name, COLLECTIVE, 0, moved, xla_us=costs, runs=runs, group=size, spans_hosts=spans,
+                         source=source, collective=_COLLECTIVES[base])
+            return
+        if code == "copy-start":
+            operand = self.operand_type(comp, inst.operands[0]) if inst.operands else ""
+            host = "S(5)" in inst.type or "S(5)" in operand
+            yield Kernel(inst.name, HOST if host else MEMORY, 0, type_bytes(operand) * (1 if host else 2),
+                         xla_us=costs, runs=runs, source=source)
+            return
+        if code in _NO_KERNEL or code.endswith("-done"):
+            return
+        if code in ("fusion", "fusion-start"):
+            called = inst.attr("calls") or ""
+            inner = [i for i in self.comps.get(called, []) if i.opcode == "custom-call" and _is_gemm(i)]
+            if inner:  # a cuBLAS GEMM inside (a dynamic-slice fusion): XLA costs it there, not on the fusion
+                gemm_kernel = self._custom_call(called, inner[0])
+                yield dataclasses.replace(gemm_kernel, name=inst.name, bytes=self.fusion_bytes(comp, inst),
+                                          xla_us=_xla_costs(inner[0]), runs=runs, source=_source(inner[0]) or source)
+                return
+            flops, gemm, precision, widening = self.fused(called)
+            yield Kernel(inst.name, GEMM if gemm else MEMORY, flops, self.fusion_bytes(comp, inst), precision,
+                         widening, costs, runs, source=source)
+            return
+        if code == "custom-call":
+            yield dataclasses.replace(self._custom_call(comp, inst), xla_us=costs, runs=runs, source=source)
+            return
+        ins = [self.operand_type(comp, o) for o in inst.operands]
+        moved = sum(map(type_bytes, ins)) + type_bytes(inst.type)
+        if code == "dot":
+            yield Kernel(inst.name, GEMM, _dot_flops(inst, ins[0]), moved, _precision(ins[0]),
+                         _widening(ins[0], inst.type), costs, runs, source=source)
+            return
+        if code == "dynamic-update-slice" and len(ins) > 1:
+            moved = 2 * type_bytes(ins[1])
+        elif code in ("dynamic-slice", "slice", "gather"):
+            moved = 2 * type_bytes(inst.type)
+        flops = math.prod(_first_dims(inst.type)) if code in _ELEMENTWISE else 0
+        yield Kernel(inst.name, MEMORY, flops, moved, xla_us=costs, runs=runs, source=source)
+
+    def _custom_call(self, comp: str, inst: Inst) -> Kernel:
+        found = re.search(r'custom_call_target="([^"]*)"', inst.attrs)
+        target = found.group(1) if found else ""
+        ins = [self.operand_type(comp, o) for o in inst.operands]
+        outs = _leaves(inst.type)
+        moved = sum(map(type_bytes, ins)) + type_bytes(inst.type)
+        low = target.lower()
+        if target.startswith(_GEMM_TARGETS):
+            lhs = ins[0] if ins else ""
+            config = inst.backend_config().get("gemm_backend_config", {})
+            dims = config.get("dot_dimension_numbers", {}) if isinstance(config, dict) else {}
+            contract = [int(d) for d in dims.get("lhs_contracting_dimensions", [])] if isinstance(dims, dict) else []
+            lhs_dims = _first_dims(lhs)
+            k = (math.prod(lhs_dims[d] for d in contract if d < len(lhs_dims)) if contract
+                 else (lhs_dims[-1] if lhs_dims else 1))
+            result = math.prod(outs[0][1]) if outs else 0
+            workspace = type_bytes(inst.type) - (math.prod(outs[0][1]) * _bits(outs[0][0]) // 8 if outs else 0)
+            precision = "fp8" if target.endswith("f8") or lhs.startswith("f8") else _precision(lhs)
+            out_type = f"{outs[0][0]}[]" if outs else ""
+            return Kernel(inst.name, GEMM, 2 * result * k, moved - workspace, precision, _widening(lhs, out_type))
+        if "fmha" in low or "fused_attn" in low or "flash" in low:
+            return Kernel(inst.name, ATTENTION, _attention_flops(ins, low, inst.attrs.lower()), moved,
+                          _precision(ins[0] if ins else ""))
+        if "gemm" in low or "matmul" in low:  # TE's GEMMs: the two largest operands are its matrices
+            big = sorted((math.prod(d) for _, d in (_leaves(t)[0] for t in ins if _leaves(t))), reverse=True)[:2]
+            out = max((math.prod(d) for _, d in outs), default=0)
+            flops = int(2 * math.sqrt(big[0] * big[1] * out)) if len(big) == 2 else 0
+            precision = "fp8" if any(t.startswith("f8") for t in ins) else _precision(ins[0] if ins else "")
+            return Kernel(inst.name, GEMM, flops, moved, precision)
+        return Kernel(inst.name, MEMORY, 0, moved)
+
+
+def _is_gemm(inst: Inst) -> bool:
+    found = re.search(r'custom_call_target="([^"]*)"', inst.attrs)
+    return found is not None and found.group(1).startswith(_GEMM_TARGETS)
+
+
+def _widening(lhs: str, out: str) -> int:
+    """A GEMM's result element bytes over its operands' (bf16 x bf16 -> f32: 2)."""
+    a, b = _leaves(lhs), _leaves(out)
+    if not a or not b:
+        return 1
+    return max(1, _bits(b[0][0]) // max(1, _bits(a[0][0])))
+
+
+def _xla_costs(inst: Inst) -> tuple[tuple[str, float], ...]:
+    """XLA's estimates of a kernel (`reification_cost`: one per cost model), microseconds."""
+    found = inst.backend_config().get("reification_cost")
+    if not isinstance(found, list):
+        return ()
+    out = []
+    for entry in found:
+        if isinstance(entry, dict) and isinstance(entry.get("exec_time_us"), int | float):
+            out.append((str(entry.get("name", "")) or "gpu-performance-model", float(entry["exec_time_us"])))
+    return tuple(out)
+
+
+_OP_NAME = re.compile(r'op_name="([^"]*)"')
+_SOURCE_FILE = re.compile(r'source_file="([^"]*)" source_line=(\d+)')
+
+
+def _source(inst: Inst) -> str:
+    name = _OP_NAME.search(inst.attrs)
+    where = _SOURCE_FILE.search(inst.attrs)
+    text = name.group(1) if name else ""
+    if where:
+        text += f" ({where.group(1).rsplit('/', 1)[-1]}:{where.group(2)})"
+    return text
+
+
+
+def _first_dims(type_text: str) -> tuple[int, ...]:
+    leaves = _leaves(type_text)
+    return leaves[0][1] if leaves else ()
+
+
+def _precision(type_text: str) -> str:
+    dtype = _leaves(type_text)[0][0] if _leaves(type_text) else "bf16"
+    if dtype.startswith("f8") or dtype in ("s8", "u8"):
+        return "fp8"
+    if dtype in ("bf16", "f16"):
+        return "bf16"
+    if dtype == "f64":
+        return "fp64"
+    return "tf32" if dtype == "f32" else "bf16"
+
+
+def _dot_flops(inst: Inst, lhs: str) -> int:
+    m = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", inst.attrs)
+    dims = _first_dims(lhs)
+    contract = [int(x) for x in m.group(1).split(",") if x] if m else []
+    k = math.prod(dims[d] for d in contract if d < len(dims)) if contract else 1
+    return 2 * math.prod(_first_dims(inst.type)) * k
+
+
+def _conv_window(reader: _Reader, comp: str, inst: Inst) -> int:
+    rhs = _first_dims(reader.operand_type(comp, inst.operands[1])) if len(inst.operands) > 1 else ()
+    out = _first_dims(inst.type)
+    return math.prod(rhs) // max(out[-1] if out else 1, 1) if rhs else 1
+
+
+def _attention_flops(ins: list[str], target: str, attrs: str) -> int:
+    """Fused attention: QK^T and PV (4 x B x Sq x H x D x Sk) forward, two and a half times that
+    backward (dQ, dK, dV and the scores again); half under a causal mask. Q and K are [B, S, H, D]."""
+    if len(ins) < 2:
+        return 0
+    q, k = _first_dims(ins[0]), _first_dims(ins[1])
+    if len(q) != 4 or len(k) != 4:
+        return 0
+    forward = 4 * math.prod(q) * k[1]
+    factor = 2.5 if ("backward" in target or "bwd" in target) else 1.0
+    if "causal" in attrs:
+        factor /= 2
+    return int(forward * factor)
+
+
+def _trip_count(inst: Inst) -> int:
+    known = inst.backend_config().get("known_trip_count")
+    if isinstance(known, dict) and str(known.get("n", "")).isdigit():
+        return int(known["n"])
+    return 1
+
+
+def step_kernels(hlo_text: str, devices: int = 1, gpus_per_host: int = 8) -> tuple[Kernel, ...]:
+    """The kernels one step runs, from its optimized HLO text (`compiled.as_text()`)."""
+    comps, entry = parse_module(hlo_text)
+    return tuple(_Reader(comps, devices, gpus_per_host).kernels(entry))

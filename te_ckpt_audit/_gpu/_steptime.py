@@ -1,0 +1,240 @@
+"""How long one training step runs on the target GPUs, from the program XLA compiled for them.
+
+Each kernel (`_hlo_kernels`) is timed by XLA's own performance models, which the estimate compile
+asks to write into the program (`xla_gpu_collect_cost_model_stats`): `sol` (speed of light, the
+cost XLA's latency-hiding scheduler uses on Hopper; its GEMMs from XLA's table measured on H100s)
+and the GPU performance model. Where they are known wrong they are corrected, and no kernel is
+timed below its roofline floor:
+
+- a bf16 x bf16 -> f32 GEMM: the table has no such entry, and XLA's fallback scales the bf16 one
+  by the result's bytes cubed (4^3: 64x too slow); the cube is taken out again;
+- an estimate over IMPLAUSIBLE times the kernel's floor (at least a launch) is a placeholder (XLA
+  gives async fusions in loops 5000 us, Triton softmax fusions minutes): dropped;
+- the floor: the kernel's FLOPs at the GPU's dense tensor-core peak for its operands' type (GEMMs
+  and attention), its bytes at the HBM bandwidth; a collective's bytes over its links (NVLink in
+  a host, the network across hosts), as a ring moves them.
+
+The step's time is the sum over kernel runs (a loop's body times its trip count); `sol` where it
+stands, the range where the models disagree. A one-GPU step has no collectives; with a mesh, the
+collectives are all counted as exposed until the schedule says what overlaps (`schedule`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import math
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+
+from ..gpus import BF16, F32, F64, FP8, GpuModel
+from ..records import KernelKind, KernelTime, StepTime
+from . import _hlo_kernels
+from ._hlo_kernels import Kernel
+
+METHOD = ("XLA's sol cost model per kernel (bf16 -> f32 GEMMs rescaled), floored at each kernel's roofline; "
+          "loops x trip count")
+SOL = "sol"
+ROOFLINE = "roofline"
+IMPLAUSIBLE = 50.0  # times a kernel's floor: an XLA estimate beyond it is a placeholder
+LAUNCH_S = 2e-6  # the least a kernel costs, for the placeholder test
+COSTLIEST = 10
+SOURCE_CHARS = 200
+_PRECISION = {"fp8": FP8[0], "bf16": BF16, "tf32": F32, "fp64": F64}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Timed:
+    """One kernel's time per run: the estimate, and the range over XLA's models."""
+
+    kernel: Kernel
+    seconds: float
+    low: float
+    high: float
+    basis: str
+
+
+def link_seconds(kernel: Kernel, gpu: GpuModel) -> float:
+    """A collective's bytes over its links, as a ring moves them: an all-reduce sends and receives
+    2 (n-1)/n of its buffer, the others (n-1)/n (of an all-gather's result, of a reduce-scatter's
+    operand); NVLink within a host, the network across hosts."""
+    n = max(kernel.group, 1)
+    if n == 1 or gpu.rates is None:
+        return 0.0
+    share = (n - 1) / n * (2 if kernel.collective == "all-reduce" else 1)
+    if kernel.collective == "collective-permute":
+        share = 1.0
+    rate = gpu.rates.network_bytes if kernel.spans_hosts or not gpu.rates.nvlink_bytes else gpu.rates.nvlink_bytes
+    return kernel.bytes * share / rate
+
+
+def floor_seconds(kernel: Kernel, gpu: GpuModel) -> float:
+    """The least time the kernel can take: its FLOPs at the dense peak of its operands' type (GEMMs
+    and attention), its bytes at the HBM bandwidth; a collective's, its links'."""
+    if kernel.kind is KernelKind.COLLECTIVE:
+        return link_seconds(kernel, gpu)
+    compute = 0.0
+    if kernel.kind in (KernelKind.GEMM, KernelKind.ATTENTION) and kernel.flops:
+        peak = gpu.dense_flops(_PRECISION.get(kernel.precision, BF16)) or gpu.dense_flops(BF16)
+        compute = kernel.flops / peak if peak else 0.0
+    return max(compute, kernel.bytes / gpu.bandwidth)
+
+
+def xla_seconds(kernel: Kernel) -> dict[str, float]:
+    """XLA's estimates of one run, by model, seconds; bf16 x bf16 -> f32 GEMMs' `sol` rescaled."""
+    out = {name: us * 1e-6 for name, us in kernel.xla_us if us > 0 and math.isfinite(us)}
+    if SOL in out and kernel.kind is KernelKind.GEMM and kernel.precision == "bf16" and kernel.widening > 1:
+        out[SOL] /= (2 * kernel.widening) ** 3  # XLA's fallback: the bf16 entry times the result's bytes cubed
+    return out
+
+
+def timed(kernel: Kernel, gpu: GpuModel) -> Timed:
+    floor = floor_seconds(kernel, gpu)
+    limit = IMPLAUSIBLE * max(floor, LAUNCH_S)
+    costs = {name: s for name, s in xla_seconds(kernel).items() if s <= limit}
+    if not costs:
+        return Timed(kernel, floor, floor, floor, ROOFLINE)
+    picked_name = SOL if SOL in costs else min(costs)
+    picked = costs[picked_name]
+    seconds = max(floor, picked)
+    return Timed(kernel, seconds, max(floor, min(costs.values())), max(floor, max(costs.values())),
+                 picked_name if picked >= floor else ROOFLINE)
+
+
+def estimate(kernels: Iterable[Kernel], gpu: GpuModel, devices: int, compile_seconds: float,
+             exposed: float | None = None) -> StepTime:
+    """The step's time from its kernels; `exposed`: the collectives' time the schedule could not
+    hide (None: none known, all exposed). Model FLOPs, recompute and tokens are the caller's to set."""
+    rows = [timed(k, gpu) for k in kernels]
+    compute = [t for t in rows if t.kernel.kind is not KernelKind.COLLECTIVE]
+    talk = [t for t in rows if t.kernel.kind is KernelKind.COLLECTIVE]
+
+    def total(ts: Iterable[Timed], field: str) -> float:
+        return sum(getattr(t, field) * t.kernel.runs for t in ts)
+
+    communication = total(talk, "seconds")
+    hidden_not = communication if exposed is None else min(exposed, communication)
+    seconds = total(compute, "seconds") + hidden_not
+    scale = hidden_not / communication if communication else 0.0
+    costliest = sorted(rows, key=lambda t: -t.seconds * t.kernel.runs)[:COSTLIEST]
+    return StepTime(
+        seconds=seconds,
+        seconds_low=total(compute, "low") + scale * total(talk, "low"),
+        seconds_high=total(compute, "high") + scale * total(talk, "high"),
+        compute_seconds=total(compute, "seconds"),
+        communication_seconds=communication,
+        exposed_communication_seconds=hidden_not,
+        kernels=sum(t.kernel.runs for t in rows),
+        hlo_flops=sum(t.kernel.flops * t.kernel.runs for t in rows),
+        model_flops=0,
+        recompute_flops=0,
+        peak_flops=gpu.dense_flops(BF16),
+        tokens=None,
+        devices=devices,
+        costliest=tuple(_row(t) for t in costliest),
+        model=METHOD,
+        compile_seconds=round(compile_seconds, 2),
+    )
+
+
+@functools.cache
+def revision() -> str:
+    """A hash of the estimate's own code (this module and the kernel reader): cached estimates are
+    keyed by it, so a change to either makes them again."""
+    h = hashlib.sha256()
+    for module in (__file__, _hlo_kernels.__file__):
+        h.update(Path(module).read_bytes())
+    return h.hexdigest()
+
+
+def _row(t: Timed) -> KernelTime:
+    k = t.kernel
+    return KernelTime(k.name, k.kind, t.seconds, k.runs, k.flops, k.bytes, t.basis, k.source[:SOURCE_CHARS])
+
+
+def failed(why: str, gpu: GpuModel, devices: int) -> StepTime:
+    return StepTime(None, None, None, 0.0, 0.0, 0.0, 0, 0, 0, 0, gpu.dense_flops(BF16), None, devices, (), METHOD,
+                    0.0, why)
+
+
+# --- the cache's entries ---------------------------------------------------------------------------
+
+def _number(value: object) -> float | None:
+    if type(value) not in (int, float):
+        return None
+    number = float(value)  # type: ignore[arg-type]
+    return number if math.isfinite(number) and 0 <= number < 1e30 else None
+
+
+def _count(value: object) -> int | None:
+    return value if type(value) is int and 0 <= value < 2**80 else None
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+class _Invalid(Exception):
+    pass
+
+
+def _need(value: object) -> object:
+    if value is None:
+        raise _Invalid
+    return value
+
+
+def from_plain(raw: Mapping[str, object]) -> StepTime | None:
+    """A StepTime from its plain form (`to_plain`'s, as the cache keeps it), or None where any
+    field is missing or out of range."""
+    def number(key: str) -> float:
+        return float(_need(_number(raw.get(key))))  # type: ignore[arg-type]
+
+    def count(key: str) -> int:
+        return int(_need(_count(raw.get(key))))  # type: ignore[call-overload]
+
+    def optional(key: str, check: Callable[[object], object]) -> object:
+        value = raw.get(key)
+        return None if value is None else _need(check(value))
+
+    try:
+        rows = raw.get("costliest")
+        if not isinstance(rows, list):
+            return None
+        return StepTime(
+            seconds=optional("seconds", _number),  # type: ignore[arg-type]
+            seconds_low=optional("seconds_low", _number),  # type: ignore[arg-type]
+            seconds_high=optional("seconds_high", _number),  # type: ignore[arg-type]
+            compute_seconds=number("compute_seconds"),
+            communication_seconds=number("communication_seconds"),
+            exposed_communication_seconds=number("exposed_communication_seconds"),
+            kernels=count("kernels"),
+            hlo_flops=count("hlo_flops"),
+            model_flops=count("model_flops"),
+            recompute_flops=count("recompute_flops"),
+            peak_flops=number("peak_flops"),
+            tokens=optional("tokens", _count),  # type: ignore[arg-type]
+            devices=count("devices"),
+            costliest=tuple(_kernel(r) for r in rows),
+            model=str(_need(_text(raw.get("model")))),
+            compile_seconds=number("compile_seconds"),
+            error=optional("error", _text),  # type: ignore[arg-type]
+        )
+    except _Invalid:
+        return None
+
+
+def _kernel(raw: object) -> KernelTime:
+    if not isinstance(raw, dict) or raw.get("kind") not in {k.value for k in KernelKind}:
+        raise _Invalid
+    return KernelTime(
+        name=str(_need(_text(raw.get("name")))),
+        kind=KernelKind(raw["kind"]),
+        seconds=float(_need(_number(raw.get("seconds")))),  # type: ignore[arg-type]
+        runs=int(_need(_count(raw.get("runs")))),  # type: ignore[call-overload]
+        flops=int(_need(_count(raw.get("flops")))),  # type: ignore[call-overload]
+        bytes=int(_need(_count(raw.get("bytes")))),  # type: ignore[call-overload]
+        basis=str(_need(_text(raw.get("basis")))),
+        source=str(_need(_text(raw.get("source")))),
+    )

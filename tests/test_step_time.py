@@ -1,0 +1,292 @@
+"""`--time`: each policy's step time on the target GPUs, from XLA's own cost models of the compiled
+step (issue 39).
+
+Everywhere: the kernel reader on HLO text written here (trip counts, a GEMM's FLOPs, what a fusion
+reads through a slice), each kernel's rule against figures computed here by hand (XLA's estimate
+where it stands, the bf16 x bf16 -> f32 GEMM's rescaled one, the roofline floor), the record's
+JSON and the cache's entries. In the gpu-target lane (the [gpu] extra): compiled steps, whose
+figures are checked against the HLO the estimate compile wrote, read here with regexes of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import jsonschema
+import pytest
+from _gpu_lane import LANE, MISSING_GPU_TARGET, cli, compiles
+
+from te_ckpt_audit import audit
+from te_ckpt_audit._gpu import _steptime as steptime
+from te_ckpt_audit._gpu._hlo_kernels import Kernel, step_kernels
+from te_ckpt_audit.gpus import BF16, F32, GpuRequest, gpu_model
+from te_ckpt_audit.records import JSON_SCHEMA, KernelKind, StepTime, to_plain
+
+H100 = gpu_model("h100")
+PEAK_BF16 = H100.dense_flops(BF16)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _the_lane_has_everything() -> None:
+    if LANE and MISSING_GPU_TARGET is not None:
+        pytest.fail(f"the gpu-target lane cannot compile for a GPU: {MISSING_GPU_TARGET}")
+
+
+# --- each kernel's rule, by hand -----------------------------------------------------------------
+
+
+def gemm(m: int, n: int, k: int, sol_us: float | None, widening: int = 1, precision: str = "bf16") -> Kernel:
+    moved = 2 * (m * k + k * n) + 2 * widening * m * n
+    costs = () if sol_us is None else (("sol", sol_us),)
+    return Kernel("gemm", KernelKind.GEMM, 2 * m * n * k, moved, precision, widening, costs)
+
+
+def test_a_gemm_takes_xlas_estimate_where_it_stands_above_the_floor() -> None:
+    big = gemm(8192, 8192, 8192, 1409.28)  # XLA's table: 780 TFLOP/s
+    assert steptime.timed(big, H100).seconds == pytest.approx(1409.28e-6, rel=1e-12)
+    assert steptime.timed(big, H100).basis == "sol"
+
+
+def test_a_gemm_never_runs_above_the_peak_of_its_type() -> None:
+    fast = gemm(8192, 8192, 8192, 100.0)  # an estimate above the peak: the floor
+    floor = 2 * 8192**3 / PEAK_BF16
+    assert steptime.timed(fast, H100).seconds == pytest.approx(floor, rel=1e-12)
+    assert steptime.timed(fast, H100).basis == "roofline"
+    tf32 = gemm(8192, 8192, 8192, None, precision="tf32")
+    assert steptime.timed(tf32, H100).seconds == pytest.approx(2 * 8192**3 / H100.dense_flops(F32), rel=1e-12)
+    assert H100.dense_flops(F32) == pytest.approx(PEAK_BF16 / 2)
+
+
+def test_a_bf16_gemm_with_an_f32_result_has_xlas_fallback_taken_out() -> None:
+    """XLA's table has no bf16 x bf16 -> f32 entry; its fallback scales the bf16 one by 4^3."""
+    widened = gemm(8192, 8192, 8192, 1409.28 * 64, widening=2)
+    assert steptime.timed(widened, H100).seconds == pytest.approx(1409.28e-6, rel=1e-12)
+
+
+def test_a_memory_kernel_is_floored_at_hbm_bandwidth_and_placeholders_are_dropped() -> None:
+    moved = 1 << 30
+    floor = moved / H100.bandwidth
+    copy = Kernel("f", KernelKind.MEMORY, 0, moved, xla_us=(("sol", 0.01), ("", 1e8)))  # both absurd
+    assert steptime.timed(copy, H100).seconds == pytest.approx(floor, rel=1e-12)
+    assert steptime.timed(copy, H100).high == pytest.approx(floor, rel=1e-12)  # 100 s is a placeholder
+    slow = Kernel("f", KernelKind.MEMORY, 0, moved, xla_us=(("sol", 2e6 * floor), ("", 3e6 * floor)))
+    timed = steptime.timed(slow, H100)
+    assert (timed.seconds, timed.low, timed.high) == pytest.approx((2 * floor, 2 * floor, 3 * floor), rel=1e-12)
+
+
+def test_a_collective_moves_its_bytes_over_its_links_as_a_ring() -> None:
+    rates = H100.rates
+    assert rates is not None
+    all_reduce = Kernel("ar", KernelKind.COLLECTIVE, 0, 1 << 30, group=8, collective="all-reduce")
+    assert steptime.timed(all_reduce, H100).seconds == pytest.approx(2 * 7 / 8 * (1 << 30) / rates.nvlink_bytes)
+    across = Kernel("ag", KernelKind.COLLECTIVE, 0, 1 << 30, group=16, spans_hosts=True, collective="all-gather")
+    assert steptime.timed(across, H100).seconds == pytest.approx(15 / 16 * (1 << 30) / rates.network_bytes)
+
+
+def test_the_step_is_the_sum_of_its_kernel_runs() -> None:
+    kernels = [gemm(4096, 4096, 4096, 200.0), Kernel("f", KernelKind.MEMORY, 0, 1 << 28, runs=4)]
+    expected = max(200e-6, 2 * 4096**3 / PEAK_BF16) + 4 * (1 << 28) / H100.bandwidth
+    time = steptime.estimate(kernels, H100, 1, 1.0)
+    assert time.seconds == pytest.approx(expected, rel=1e-12)
+    assert time.kernels == 5 and time.hlo_flops == 2 * 4096**3
+    assert time.exposed_communication_seconds == 0.0 == time.communication_seconds
+
+
+# --- the kernel reader on HLO text written here ----------------------------------------------------
+
+LOOP = """HloModule step, is_scheduled=true
+
+%fused_slice (param_0: bf16[{layers},1024,1024], param_1: s32[]) -> bf16[1024,1024] {{
+  %param_0 = bf16[{layers},1024,1024]{{2,1,0}} parameter(0)
+  %param_1 = s32[] parameter(1)
+  %zero = s32[] constant(0)
+  %slice = bf16[1,1024,1024]{{2,1,0}} dynamic-slice(%param_0, %param_1, %zero, %zero), dynamic_slice_sizes={{1,1024,1024}}
+  ROOT %b = bf16[1024,1024]{{1,0}} bitcast(%slice)
+}}
+
+%body (p: (s32[], bf16[4096,1024], bf16[{layers},1024,1024])) -> (s32[], bf16[4096,1024], bf16[{layers},1024,1024]) {{
+  %p = (s32[], bf16[4096,1024]{{1,0}}, bf16[{layers},1024,1024]{{2,1,0}}) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %x = bf16[4096,1024]{{1,0}} get-tuple-element(%p), index=1
+  %ws = bf16[{layers},1024,1024]{{2,1,0}} get-tuple-element(%p), index=2
+  %w = bf16[1024,1024]{{1,0}} fusion(%ws, %i), kind=kLoop, calls=%fused_slice, backend_config={{"reification_cost":[{{"exec_time_us":2.5,"name":"sol"}}]}}
+  %mm = (bf16[4096,1024]{{1,0}}, s8[4194304]{{0}}) custom-call(%x, %w), custom_call_target="__cublas$lt$matmul", metadata={{op_name="jit(step)/layer/dot_general" source_file="/home/u/model.py" source_line=12}}, backend_config={{"gemm_backend_config":{{"dot_dimension_numbers":{{"lhs_contracting_dimensions":["1"],"rhs_contracting_dimensions":["0"]}}}},"reification_cost":[{{"exec_time_us":20.0,"name":"sol"}}]}}
+  %y = bf16[4096,1024]{{1,0}} get-tuple-element(%mm), index=0
+  %one = s32[] constant(1)
+  %next = s32[] add(%i, %one)
+  ROOT %t = (s32[], bf16[4096,1024]{{1,0}}, bf16[{layers},1024,1024]{{2,1,0}}) tuple(%next, %y, %ws)
+}}
+
+%cond (c: (s32[], bf16[4096,1024], bf16[{layers},1024,1024])) -> pred[] {{
+  %c = (s32[], bf16[4096,1024]{{1,0}}, bf16[{layers},1024,1024]{{2,1,0}}) parameter(0)
+  %ci = s32[] get-tuple-element(%c), index=0
+  %n = s32[] constant({layers})
+  ROOT %lt = pred[] compare(%ci, %n), direction=LT
+}}
+
+ENTRY %main (a: bf16[4096,1024], b: bf16[{layers},1024,1024]) -> bf16[4096,1024] {{
+  %a = bf16[4096,1024]{{1,0}} parameter(0)
+  %b = bf16[{layers},1024,1024]{{2,1,0}} parameter(1)
+  %zero = s32[] constant(0)
+  %init = (s32[], bf16[4096,1024]{{1,0}}, bf16[{layers},1024,1024]{{2,1,0}}) tuple(%zero, %a, %b)
+  %loop = (s32[], bf16[4096,1024]{{1,0}}, bf16[{layers},1024,1024]{{2,1,0}}) while(%init), condition=%cond, body=%body, backend_config={{"known_trip_count":{{"n":"{layers}"}}}}
+  ROOT %out = bf16[4096,1024]{{1,0}} get-tuple-element(%loop), index=1
+}}
+"""  # noqa: E501 - HLO as XLA prints it
+
+
+def test_the_reader_runs_a_loop_body_its_trip_count_and_reads_only_the_slice() -> None:
+    kernels = step_kernels(LOOP.format(layers=8))
+    by_name = {k.name: k for k in kernels}
+    assert set(by_name) == {"w", "mm", "next"}
+    mm, w = by_name["mm"], by_name["w"]
+    assert (mm.kind, mm.runs, mm.flops, mm.precision, mm.widening) == (KernelKind.GEMM, 8, 2 * 4096 * 1024 * 1024,
+                                                                      "bf16", 1)
+    assert mm.bytes == 2 * (4096 * 1024 + 1024 * 1024 + 4096 * 1024)  # the workspace is not HBM traffic
+    assert mm.xla_us == (("sol", 20.0),) and mm.source == "jit(step)/layer/dot_general (model.py:12)"
+    assert (w.kind, w.runs) == (KernelKind.MEMORY, 8)
+    assert w.bytes == 2 * 1024 * 1024 + 4 + 2 * 1024 * 1024  # one layer's slice read, its index, the result
+
+
+def test_a_scan_of_eight_layers_costs_twice_a_scan_of_four_in_its_loop() -> None:
+    four, eight = (steptime.estimate(step_kernels(LOOP.format(layers=n)), H100, 1, 0.0) for n in (4, 8))
+    assert four.seconds is not None and eight.seconds is not None
+    assert eight.seconds == pytest.approx(2 * four.seconds, rel=1e-12)
+    assert eight.hlo_flops == 2 * four.hlo_flops
+
+
+# --- the record, its JSON and the cache ------------------------------------------------------------
+
+
+def test_the_time_round_trips_through_json_and_the_cache() -> None:
+    time = steptime.estimate(step_kernels(LOOP.format(layers=4)), H100, 1, 1.25)
+    plain = json.loads(json.dumps(to_plain(time)))
+    assert steptime.from_plain(plain) == time
+    assert plain["mfu"] == time.mfu == 0.0  # no model FLOPs yet: the session sets them
+    jsonschema.validate(plain, JSON_SCHEMA["properties"]["results"]["items"]["properties"]["time"])
+    for broken in ({**plain, "seconds": -1.0}, {**plain, "kernels": 1.5}, {**plain, "costliest": [{"kind": "x"}]},
+                   {k: v for k, v in plain.items() if k != "devices"}, {**plain, "compute_seconds": float("nan")}):
+        assert steptime.from_plain(broken) is None
+
+
+def test_utilisation_and_throughput_are_the_models_flops_over_the_time() -> None:
+    time = StepTime(2.0, 1.5, 2.5, 2.0, 0.0, 0.0, 10, 0, 4 * 10**15, 10**15, 10**15, 8192, 8, (), "m", 0.0)
+    assert time.mfu == pytest.approx(2.0) and time.hfu == pytest.approx(2.5)
+    assert time.tflops_per_gpu == pytest.approx(2000.0)
+    assert time.tokens_per_second_per_gpu == pytest.approx(512.0)
+
+
+def test_time_without_a_gpu_is_refused() -> None:
+    run = cli("sample_models/mlp.py:loss", "--time")
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.startswith("te-ckpt-audit: error: --time is about the step compiled for a GPU")
+
+
+# --- compiled steps (the gpu-target lane) ---------------------------------------------------------
+
+
+def _gemm_step(x: jax.Array, w: jax.Array) -> jax.Array:
+    return jnp.sum((x @ w).astype(jnp.float32))
+
+
+def _costs(hlo: str, name: str) -> dict[str, float]:
+    line = next(line for line in hlo.splitlines() if re.search(rf"%{re.escape(name)} = ", line))
+    found = re.finditer(r'"exec_time_us":([\d.e+-]+)[^}]*"name":"([^"]*)"', line)
+    return {m.group(2): float(m.group(1)) for m in found}
+
+
+@compiles
+def test_a_single_gemm_is_timed_as_xlas_table_or_its_roofline_by_hand() -> None:
+    m, k, n = 8192, 4096, 8192
+    args = (jax.ShapeDtypeStruct((m, k), jnp.bfloat16), jax.ShapeDtypeStruct((k, n), jnp.bfloat16))
+    request = GpuRequest(H100, step=True, time=True)
+    report = audit(_gemm_step, *args, policies=["as-is"], gpu=request)
+    time = report.results[0].time
+    assert time is not None and time.error is None and time.seconds is not None
+    top = time.costliest[0]
+    assert top.kind is KernelKind.GEMM and top.flops == 2 * m * n * k
+    from te_ckpt_audit._session import Session
+    from te_ckpt_audit.specs import resolve_policy
+
+    session = Session.of_function(_gemm_step, *args, own_step=True)
+    spec = resolve_policy("as-is")
+    hlo = session.compiler(request).estimate_text(spec, session.resolved_scope(spec))
+    sol = _costs(hlo, top.name)["sol"] * 1e-6
+    floor = max(2 * m * n * k / PEAK_BF16, 2 * (m * k + k * n + m * n) / H100.bandwidth)
+    assert top.seconds == pytest.approx(max(sol, floor), rel=1e-9)
+    assert top.basis == ("sol" if sol >= floor else "roofline")
+    assert 0.3 < 2 * m * n * k / top.seconds / PEAK_BF16 <= 1.0  # a big bf16 GEMM: 30-100% of the peak
+
+
+def _stack(w: jax.Array, x: jax.Array) -> jax.Array:
+    def layer(h: jax.Array, wi: jax.Array) -> tuple[jax.Array, None]:
+        return jnp.tanh(h @ wi), None
+
+    return jnp.mean(jax.lax.scan(layer, x, w)[0].astype(jnp.float32))
+
+
+def _stack_time(layers: int, batch: int, policy: str) -> StepTime:
+    args = (jax.ShapeDtypeStruct((layers, 2048, 2048), jnp.bfloat16), jax.ShapeDtypeStruct((batch, 2048), jnp.bfloat16))
+    report = audit(_stack, *args, policies=[policy], gpu=GpuRequest(H100, time=True), params=0)
+    time = report.results[0].time
+    assert time is not None and time.error is None and time.seconds is not None, time
+    return time
+
+
+@compiles
+def test_a_compiled_scan_of_eight_layers_costs_about_twice_four() -> None:
+    four, eight = _stack_time(4, 8192, "nothing_saveable"), _stack_time(8, 8192, "nothing_saveable")
+    assert four.seconds is not None and eight.seconds is not None
+    looped = [k for k in eight.costliest if k.runs == 8]
+    assert looped, eight.costliest  # the layers' kernels run once per layer
+    assert 1.8 < eight.seconds / four.seconds < 2.05
+    assert eight.model_flops == pytest.approx(2 * four.model_flops, rel=1e-3)
+
+
+@compiles
+def test_a_larger_batch_never_lowers_the_step_time() -> None:
+    times = [_stack_time(4, b, "nothing_saveable").seconds or 0.0 for b in (2048, 4096, 8192)]
+    assert times == sorted(times) and 0 < times[0] < times[-1]
+
+
+@compiles
+def test_a_policy_that_recomputes_more_never_runs_faster() -> None:
+    saved = _stack_time(4, 8192, "dots_saveable")
+    recomputed = _stack_time(4, 8192, "nothing_saveable")
+    assert recomputed.recompute_flops > saved.recompute_flops
+    assert recomputed.seconds is not None and saved.seconds is not None
+    assert recomputed.seconds > saved.seconds
+    assert recomputed.hfu is not None and recomputed.mfu is not None and recomputed.hfu > recomputed.mfu
+
+
+@compiles
+def test_time_on_the_command_line_is_json_under_the_schema(tmp_path: Any) -> None:
+    out = tmp_path / "report.json"
+    run = cli("sample_models/mlp.py:loss", "--gpu", "h100", "--time", "-p", "nothing_saveable", "--format", "json",
+              "-o", str(out))
+    assert run.returncode == 0, run.stderr
+    doc = json.loads(out.read_text())
+    jsonschema.validate(doc, JSON_SCHEMA)
+    time = doc["results"][0]["time"]
+    assert time["seconds"] > 0 and time["model"] == steptime.METHOD and math.isfinite(time["mfu"])
+    assert time["model_flops"] == 3 * doc["results"][0]["forward_flops"]
+
+
+def test_time_in_the_config_file_asks_for_the_estimate(tmp_path: Any) -> None:
+    from te_ckpt_audit import UsageError
+    from te_ckpt_audit.config import load_config
+
+    config = tmp_path / "pyproject.toml"
+    config.write_text('[tool.te-ckpt-audit]\ngpu = "h100"\ntime = true\n[[tool.te-ckpt-audit.targets]]\n'
+                      'target = "m.py:loss"\n')
+    request = load_config(config).targets[0].gpu
+    assert request is not None and request.time is True
+    config.write_text('[tool.te-ckpt-audit]\ngpu = "h100"\ntime = "yes"\n[[tool.te-ckpt-audit.targets]]\n'
+                      'target = "m.py:loss"\n')
+    with pytest.raises(UsageError, match="time must be true or false"):
+        load_config(config)
