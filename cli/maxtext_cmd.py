@@ -101,6 +101,7 @@ def maxtext(
     max_compiles: MaxCompiles = 24,
     fit: opt.Fit = False,
     peak_budget: opt.PeakBudgets = None,
+    timed: opt.Time = False,
     format: opt.MaxTextFormatOption = MaxTextFormat.TABLE,  # noqa: A002 (the option's name)
     output: opt.Output = None,
     debug: opt.Debug = False,
@@ -120,7 +121,7 @@ def maxtext(
         raise UsageError("maxtext --recommend compiles MaxText's train step for a GPU", "add --gpu h100")
     compiled = gpu is not None or gpu_config is not None  # MaxText's own step, its state donated
     on_gpu = GpuOptions.parse(gpu, gpu_config, DEFAULT_GPUS_PER_HOST, None, mem_fraction, fit, peak_budget,
-                              compile_cache(), step=compiled, donate=[0] if compiled else None)
+                              compile_cache(), step=compiled, donate=[0] if compiled else None, time=timed)
     policies = list(policy or ["as-is"])
     if "all" in policies:
         policies = ["as-is", *REMAT_POLICIES]
@@ -129,6 +130,9 @@ def maxtext(
     check_config_file(run)
     if (batch or layout or max_compiles != 24) and not recommend:
         raise UsageError("--batch, --layout and --max-compiles are about --recommend's search", "add --recommend")
+    if recommend and timed:
+        raise UsageError("maxtext --recommend searches by memory; --time is for the policies it compiles",
+                         "drop --recommend, give --policy")
     if recommend and (policy or on_gpu.peak.active):
         raise UsageError("--recommend searches MaxText's remat policies itself", "drop --policy, --fit, --peak-budget")
     if recommend and format is MaxTextFormat.MARKDOWN:

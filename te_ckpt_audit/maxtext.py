@@ -173,15 +173,16 @@ def _beside(config: Path, base: str) -> Path | None:
 def resolved(run: MaxTextRun) -> MaxTextRun:
     """`run` with the settings the tool sizes the run by written in as MaxText resolves them (its
     config file, the `base_config` chain, its `M_` environment variables and the command line):
-    `compile_topology_num_slices` (1 where the config leaves it unset) and `per_device_batch_size`.
-    Each is checked here, and `remat_policy`, so a bad value is a UsageError naming it before any
-    work. MaxText's `pyconfig` starts JAX's backend: the command line calls this in a process of
-    its own, before it sets this one's devices."""
+    `compile_topology_num_slices` (1 where the config leaves it unset), `per_device_batch_size` and
+    `max_target_length` (the step's tokens). Each is checked here, and `remat_policy`, so a bad
+    value is a UsageError naming it before any work. MaxText's `pyconfig` starts JAX's backend:
+    the command line calls this in a process of its own, before it sets this one's devices."""
     config = _config(run, None)
     check_settings(config)
     slices = int(config.compile_topology_num_slices)
     extra = (f"compile_topology_num_slices={max(1, slices)}",
-             f"per_device_batch_size={number(config.per_device_batch_size)}")
+             f"per_device_batch_size={number(config.per_device_batch_size)}",
+             f"max_target_length={int(config.max_target_length)}")
     return dataclasses.replace(run, resolved=extra)
 
 
@@ -464,17 +465,30 @@ def audit_maxtext(
         step, loss = maxtext_sessions(run, None if policy == "as-is" else policy)
         with _te_told_maxtexts_axes():
             audited = loss.report([AsIs()], progress=progress)
-            peak = step.report([AsIs()], gpu=gpu, progress=progress, capture=capture).results[0].peak if gpu else None
+            compiled = step.report([AsIs()], gpu=gpu, progress=progress, capture=capture).results[0] if gpu else None
         if first is not None and audited.equations != first[1].equations:
             raise TargetError(f"remat_policy={policy} traces another forward pass than {remat_policies[0]}",
                               "audit the policies one at a time")
         first = first or (step, audited)
-        rows.append(dataclasses.replace(audited.results[0], policy=policy, peak=peak))
+        row = audited.results[0]
+        # the step's time counted as training runs count it: the loss's model FLOPs, the policy's recompute
+        time = None if compiled is None else loss.timed(row, compiled.time, _tokens(run))
+        rows.append(dataclasses.replace(row, policy=policy, peak=None if compiled is None else compiled.peak,
+                                        time=time))
     assert first is not None
     shell = first[0].report_of(rows, gpu)  # the GPU and the step are the step's; the rest the loss's
     audited = first[1]
     return dataclasses.replace(shell, equations=audited.equations, arguments=audited.arguments, te=audited.te,
                                trained=audited.trained, target=run.target)
+
+
+def _tokens(run: MaxTextRun) -> int | None:
+    """The tokens of one step, all GPUs: the per-device batch over the devices, times the sequence."""
+    batch, seq = run.value("per_device_batch_size"), run.value("max_target_length")
+    try:
+        return None if batch is None or seq is None else round(float(batch) * run.devices * int(seq))
+    except ValueError:
+        return None
 
 
 def _layout(text: str) -> tuple[str, ...]:

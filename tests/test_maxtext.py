@@ -105,6 +105,24 @@ def test_the_step_is_maxtexts_own_byte_for_byte() -> None:
 
 
 @compiles
+def test_time_counts_maxtexts_tokens_and_the_losss_model_flops() -> None:
+    """Issue 39: `--time` on MaxText's own step: tokens are the per-device batch x GPUs x sequence,
+    the model FLOPs 3 x the forward pass of the loss MaxText differentiates (per GPU), and what
+    `full` recomputes is in its compiled kernels. (TINY's kernels are too small for their time to
+    follow their FLOPs: tests/test_step_time.py checks that on GEMM-bound layers.)"""
+    run = MaxTextRun(_base_yml(), TINY)
+    request = GpuRequest(gpu_model("h100"), environment=GpuEnvironment(xla_flags=CUBLAS), time=True)
+    report = audit_maxtext(run, ["minimal", "full"], request)
+    times = {r.policy: r.time for r in report.results}
+    minimal, full = times["minimal"], times["full"]
+    assert minimal is not None and full is not None and minimal.error is None and full.error is None, times
+    assert minimal.tokens == full.tokens == 2 * 8 * 16 and minimal.devices == 8  # TINY's batch, GPUs, sequence
+    row = report.results[0]
+    assert minimal.model_flops == 3 * row.forward_flops // 8 and full.recompute_flops > minimal.recompute_flops
+    assert full.hlo_flops > minimal.hlo_flops and full.seconds is not None and full.seconds > 0
+
+
+@compiles
 def test_every_remat_policy_of_maxtexts_compiles_to_a_peak() -> None:
     """Two small scanned llama2 layers under each remat_policy MaxText has: a peak for every one, the
     same train state in each, and as-is (base.yml's own `full`) the same program as `full`."""

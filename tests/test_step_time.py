@@ -10,6 +10,7 @@ figures are checked against the HLO the estimate compile wrote, read here with r
 
 from __future__ import annotations
 
+import html
 import json
 import math
 import re
@@ -160,6 +161,45 @@ def test_a_scan_of_eight_layers_costs_twice_a_scan_of_four_in_its_loop() -> None
     assert eight.hlo_flops == 2 * four.hlo_flops
 
 
+MESH = """HloModule step, is_scheduled=true
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+ENTRY %main (x: bf16[1024,1024], w: bf16[1024,1024]) -> f32[1024,1024] {
+  %x = bf16[1024,1024]{1,0} parameter(0)
+  %w = bf16[1024,1024]{1,0} parameter(1)
+  %ag = (bf16[1024,1024]{1,0}, bf16[8192,1024]{1,0}) all-gather-start(%x), channel_id=1, replica_groups=[1,8]<=[8], dimensions={0}, use_global_device_ids=true
+  %mm = (bf16[1024,1024]{1,0}, s8[4194304]{0}) custom-call(%w, %w), custom_call_target="__cublas$lt$matmul", backend_config={"gemm_backend_config":{"dot_dimension_numbers":{"lhs_contracting_dimensions":["1"],"rhs_contracting_dimensions":["0"]}},"reification_cost":[{"exec_time_us":10.0,"name":"sol"}]}
+  %agd = bf16[8192,1024]{1,0} all-gather-done(%ag)
+  %y = bf16[1024,1024]{1,0} get-tuple-element(%mm), index=0
+  %f = f32[1024,1024]{1,0} convert(%y)
+  ROOT %ar = f32[1024,1024]{1,0} all-reduce(%f), channel_id=2, replica_groups=[1,8]<=[8], use_global_device_ids=true, to_apply=%add
+}
+"""  # noqa: E501 - HLO as XLA prints it
+
+
+def test_an_asynchronous_collective_hides_behind_the_kernels_scheduled_before_its_wait() -> None:
+    rates = H100.rates
+    assert rates is not None
+    kernels = step_kernels(MESH, devices=8, gpus_per_host=8)
+    gather = next(k for k in kernels if k.name == "ag")
+    assert (gather.collective, gather.group, gather.asynchronous, gather.bytes) == ("all-gather", 8, True, 8 * 2**21)
+    assert [k.waits_for for k in kernels if k.waits_for] == ["ag"]
+    time = steptime.estimate(kernels, H100, 8, 0.0)
+    gathering = 7 / 8 * 8 * 2**21 / rates.nvlink_bytes  # 32.6 us over NVLink
+    reducing = 2 * 7 / 8 * 4 * 2**20 / rates.nvlink_bytes  # synchronous: all of it exposed
+    gemm = 10e-6  # XLA's sol, above its floor (2.2 us)
+    convert = (2 + 4) * 2**20 / H100.bandwidth
+    assert time.communication_seconds == pytest.approx(gathering + reducing, rel=1e-12)
+    assert time.exposed_communication_seconds == pytest.approx(gathering - gemm + reducing, rel=1e-9)
+    assert time.seconds == pytest.approx(gemm + convert + (gathering - gemm) + reducing, rel=1e-9)
+    assert time.kernels == 4  # the wait is no kernel
+
+
 # --- the record, its JSON and the cache ------------------------------------------------------------
 
 
@@ -290,3 +330,49 @@ def test_time_in_the_config_file_asks_for_the_estimate(tmp_path: Any) -> None:
                       'target = "m.py:loss"\n')
     with pytest.raises(UsageError, match="time must be true or false"):
         load_config(config)
+
+
+@compiles
+def test_a_mesh_adds_collective_time_as_the_schedule_orders_it() -> None:
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    mesh = Mesh(np.array(jax.devices("cpu")[:8]), ("data",))
+    weights = jax.ShapeDtypeStruct((4, 2048, 2048), jnp.bfloat16, sharding=NamedSharding(mesh, PartitionSpec()))
+    batch = jax.ShapeDtypeStruct((8 * 2048, 2048), jnp.bfloat16, sharding=NamedSharding(mesh, PartitionSpec("data")))
+    report = audit(_stack, weights, batch, policies=["nothing_saveable"], mesh=mesh, gpu=GpuRequest(H100, time=True),
+                   params=0)
+    on_mesh = report.results[0].time
+    alone = _stack_time(4, 2048, "nothing_saveable")  # one GPU, the same batch per GPU
+    assert on_mesh is not None and on_mesh.seconds is not None and alone.seconds is not None, on_mesh
+    assert on_mesh.devices == 8 and alone.communication_seconds == 0.0
+    assert on_mesh.communication_seconds > 0  # the gradients' all-reduce over 8 GPUs
+    assert 0 <= on_mesh.exposed_communication_seconds <= on_mesh.communication_seconds
+    assert on_mesh.seconds == pytest.approx(on_mesh.compute_seconds + on_mesh.exposed_communication_seconds)
+    assert on_mesh.seconds >= alone.seconds * 0.98
+    assert on_mesh.model_flops == pytest.approx(alone.model_flops, rel=1e-3)  # per device
+
+
+def test_every_format_shows_the_time_as_an_estimate_with_its_method_and_kernels() -> None:
+    import dataclasses
+
+    from te_ckpt_audit.render.html import render_audit_html as render_html
+    from te_ckpt_audit.render.markdown import render_markdown
+    from te_ckpt_audit.render.terminal import render_table
+
+    def loss(w: jax.Array, x: jax.Array) -> jax.Array:
+        return jnp.mean(jnp.tanh(x @ w))
+
+    report = audit(loss, jax.ShapeDtypeStruct((64, 64), jnp.float32), jax.ShapeDtypeStruct((8, 64), jnp.float32),
+                   policies=["nothing_saveable"], params=0)
+    time = dataclasses.replace(steptime.estimate(step_kernels(LOOP.format(layers=4)), H100, 1, 1.0),
+                               model_flops=10**12, tokens=4096)
+    timed = dataclasses.replace(report, results=(dataclasses.replace(report.results[0], time=time),))
+    assert time.seconds is not None
+    shown = f"{time.seconds * 1e3:.3g} ms"
+    for text in (render_table(timed), render_markdown(timed), render_html(timed)):
+        words = " ".join(html.unescape(text).split())  # the terminal wraps at 80 columns
+        assert "an estimate from XLA's cost models" in words and steptime.METHOD in words
+        assert shown in words and "dot_general (model.py:12)" in words
+        assert f"{time.tflops_per_gpu:.0f}" in words and f"{100 * (time.mfu or 0):.1f}%" in words
+    assert "Step time" not in render_table(report)  # no --time, no section

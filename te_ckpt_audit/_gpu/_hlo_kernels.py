@@ -253,6 +253,9 @@ class Kernel:
     spans_hosts: bool = False  # a collective's group crosses hosts
     source: str = ""  # what it computes: the op_name of its metadata, and its source line
     collective: str = ""  # a collective's kind: all-reduce, all-gather, reduce-scatter, all-to-all, ...
+    asynchronous: bool = False  # a collective that starts here and is waited for later (its `waits_for`)
+    waits_for: str = ""  # not a kernel: where the schedule waits for the asynchronous collective named
+    loop: tuple[str, ...] = ()  # the while loops around it, outermost first (the schedule's order is theirs)
 
 
 class _Reader:
@@ -349,27 +352,29 @@ class _Reader:
                 return self._written(comp, body[root.operands[0]], whole)
         return whole
 
-    def kernels(self, comp: str, runs: int = 1) -> Iterator[Kernel]:
+    def kernels(self, comp: str, runs: int = 1, loop: tuple[str, ...] = ()) -> Iterator[Kernel]:
+        """The kernels of `comp` in the order XLA scheduled them (its text's), each run `runs` times."""
         for inst in self.comps.get(comp, []):
-            yield from self.kernel(comp, inst, runs)
+            for k in self.kernel(comp, inst, runs, loop):
+                yield k if k.loop else dataclasses.replace(k, loop=loop)
 
-    def kernel(self, comp: str, inst: Inst, runs: int) -> Iterator[Kernel]:
+    def kernel(self, comp: str, inst: Inst, runs: int, loop: tuple[str, ...] = ()) -> Iterator[Kernel]:
         code = inst.opcode
         if code == "while":
             body = inst.attr("body")
             if body:
-                yield from self.kernels(body, runs * _trip_count(inst))
+                yield from self.kernels(body, runs * _trip_count(inst), (*loop, inst.name))
             return
         if code == "call":
             target = inst.attr("to_apply") or inst.attr("calls")
             if target:
-                yield from self.kernels(target, runs)
+                yield from self.kernels(target, runs, loop)
             return
         if code == "conditional":
             listed = re.search(r"branch_computations=\{([^}]*)\}", inst.attrs)
             names = re.findall(r"%?([\w.\-]+)", listed.group(1)) if listed else [
                 n for n in (inst.attr("true_computation"), inst.attr("false_computation")) if n]
-            branches = [list(self.kernels(n, runs)) for n in names]
+            branches = [list(self.kernels(n, runs, loop)) for n in names]
             if branches:  # the heaviest branch
                 yield from max(branches, key=lambda ks: sum(k.flops + k.bytes for k in ks))
             return
@@ -377,7 +382,12 @@ class _Reader:
             called = inst.attr("calls") or ""
             wrapped = self.comps.get(called, [])
             if wrapped:
-                yield from (dataclasses.replace(k, name=inst.name) for k in self.kernel(called, wrapped[-1], runs))
+                yield from (dataclasses.replace(k, name=inst.name, asynchronous=k.kind is COLLECTIVE)
+                            for k in self.kernel(called, wrapped[-1], runs, loop))
+            return
+        if code == "async-done" or (code.endswith("-done") and code.removesuffix("-done") in _COLLECTIVES):
+            if inst.operands and inst.operands[0]:
+                yield Kernel(inst.name, COLLECTIVE, 0, 0, runs=runs, waits_for=inst.operands[0])
             return
         base = code.removesuffix("-start")
         costs = _xla_costs(inst)
@@ -388,7 +398,7 @@ class _Reader:
             if _COLLECTIVES[base] == "all-gather":
                 moved *= size
             yield Kernel(inst.name, COLLECTIVE, 0, moved, xla_us=costs, runs=runs, group=size, spans_hosts=spans,
-                         source=source, collective=_COLLECTIVES[base])
+                         source=source, collective=_COLLECTIVES[base], asynchronous=code.endswith("-start"))
             return
         if code == "copy-start":
             operand = self.operand_type(comp, inst.operands[0]) if inst.operands else ""

@@ -14,9 +14,11 @@ timed below its roofline floor:
   and attention), its bytes at the HBM bandwidth; a collective's bytes over its links (NVLink in
   a host, the network across hosts), as a ring moves them.
 
-The step's time is the sum over kernel runs (a loop's body times its trip count); `sol` where it
-stands, the range where the models disagree. A one-GPU step has no collectives; with a mesh, the
-collectives are all counted as exposed until the schedule says what overlaps (`schedule`).
+The step's time is its kernels run in the order XLA's latency-hiding scheduler put them in (the
+optimized HLO's order: `elapsed`): compute kernels one after another, each asynchronous collective
+beside the kernels scheduled between its start and its wait, a loop's body once per trip. What
+the collectives add beyond the compute is the exposed communication. `sol` where it stands; the
+range where XLA's models disagree.
 """
 
 from __future__ import annotations
@@ -102,31 +104,30 @@ def timed(kernel: Kernel, gpu: GpuModel) -> Timed:
                  picked_name if picked >= floor else ROOFLINE)
 
 
-def estimate(kernels: Iterable[Kernel], gpu: GpuModel, devices: int, compile_seconds: float,
-             exposed: float | None = None) -> StepTime:
-    """The step's time from its kernels; `exposed`: the collectives' time the schedule could not
-    hide (None: none known, all exposed). Model FLOPs, recompute and tokens are the caller's to set."""
+def estimate(kernels: Iterable[Kernel], gpu: GpuModel, devices: int, compile_seconds: float) -> StepTime:
+    """The step's time from its kernels, in XLA's scheduled order (`elapsed`). Model FLOPs,
+    recompute and tokens are the caller's to set."""
     rows = [timed(k, gpu) for k in kernels]
-    compute = [t for t in rows if t.kernel.kind is not KernelKind.COLLECTIVE]
-    talk = [t for t in rows if t.kernel.kind is KernelKind.COLLECTIVE]
+    work = [t for t in rows if not t.kernel.waits_for]
+    compute = [t for t in work if t.kernel.kind is not KernelKind.COLLECTIVE]
+    talk = [t for t in work if t.kernel.kind is KernelKind.COLLECTIVE]
 
     def total(ts: Iterable[Timed], field: str) -> float:
         return sum(getattr(t, field) * t.kernel.runs for t in ts)
 
-    communication = total(talk, "seconds")
-    hidden_not = communication if exposed is None else min(exposed, communication)
-    seconds = total(compute, "seconds") + hidden_not
-    scale = hidden_not / communication if communication else 0.0
-    costliest = sorted(rows, key=lambda t: -t.seconds * t.kernel.runs)[:COSTLIEST]
+    computing = total(compute, "seconds")
+    communicating = total(talk, "seconds")
+    exposed = min(communicating, max(0.0, elapsed(rows) - computing))
+    costliest = sorted(work, key=lambda t: -t.seconds * t.kernel.runs)[:COSTLIEST]
     return StepTime(
-        seconds=seconds,
-        seconds_low=total(compute, "low") + scale * total(talk, "low"),
-        seconds_high=total(compute, "high") + scale * total(talk, "high"),
-        compute_seconds=total(compute, "seconds"),
-        communication_seconds=communication,
-        exposed_communication_seconds=hidden_not,
-        kernels=sum(t.kernel.runs for t in rows),
-        hlo_flops=sum(t.kernel.flops * t.kernel.runs for t in rows),
+        seconds=computing + exposed,
+        seconds_low=total(compute, "low") + exposed,
+        seconds_high=total(compute, "high") + exposed,
+        compute_seconds=computing,
+        communication_seconds=communicating,
+        exposed_communication_seconds=exposed,
+        kernels=sum(t.kernel.runs for t in work),
+        hlo_flops=sum(t.kernel.flops * t.kernel.runs for t in work),
         model_flops=0,
         recompute_flops=0,
         peak_flops=gpu.dense_flops(BF16),
@@ -135,7 +136,50 @@ def estimate(kernels: Iterable[Kernel], gpu: GpuModel, devices: int, compile_sec
         costliest=tuple(_row(t) for t in costliest),
         model=METHOD,
         compile_seconds=round(compile_seconds, 2),
+        gemm_seconds=total((t for t in compute if t.kernel.kind is KernelKind.GEMM), "seconds"),
+        attention_seconds=total((t for t in compute if t.kernel.kind is KernelKind.ATTENTION), "seconds"),
     )
+
+
+def elapsed(rows: list[Timed], depth: int = 0, runs: int = 1) -> float:
+    """The time the kernels take in the order XLA's latency-hiding scheduler put them: compute
+    kernels one after another on the compute stream; an asynchronous collective starts on the
+    collective stream (after the one before it there) and runs beside the kernels scheduled
+    between it and its wait; a synchronous one waits for the collective stream and blocks. A loop's
+    body (its rows, contiguous) takes its own elapsed time once per trip."""
+    now = stream = 0.0
+    ends: dict[str, float] = {}
+    i = 0
+    while i < len(rows):
+        t = rows[i]
+        k = t.kernel
+        if len(k.loop) > depth:
+            key = k.loop[:depth + 1]
+            j = i
+            while j < len(rows) and rows[j].kernel.loop[:depth + 1] == key:
+                j += 1
+            trips = _trips(rows[i:j], runs)
+            now += elapsed(rows[i:j], depth + 1, runs * trips) * trips
+            i = j
+            continue
+        if k.waits_for:
+            now = max(now, ends.get(k.waits_for, now))
+        elif k.kind is KernelKind.COLLECTIVE and k.asynchronous:
+            stream = max(now, stream) + t.seconds
+            ends[k.name] = stream
+        elif k.kind is KernelKind.COLLECTIVE:
+            now = stream = max(now, stream) + t.seconds
+        else:
+            now += t.seconds
+        i += 1
+    return max(now, stream)
+
+
+def _trips(rows: list[Timed], runs: int) -> int:
+    """The trip count of the loop whose body's rows are `rows`, `runs` the runs outside it: a row
+    directly in its body (the fewest loops around it) runs outside runs x trips."""
+    inner = min(rows, key=lambda t: len(t.kernel.loop))
+    return max(1, inner.kernel.runs // runs)
 
 
 @functools.cache
@@ -220,6 +264,8 @@ def from_plain(raw: Mapping[str, object]) -> StepTime | None:
             model=str(_need(_text(raw.get("model")))),
             compile_seconds=number("compile_seconds"),
             error=optional("error", _text),  # type: ignore[arg-type]
+            gemm_seconds=number("gemm_seconds"),
+            attention_seconds=number("attention_seconds"),
         )
     except _Invalid:
         return None

@@ -251,6 +251,8 @@ class StepTime:
     model: str  # the estimate's method, named
     compile_seconds: float
     error: str | None = None
+    gemm_seconds: float = 0.0  # of compute_seconds: GEMMs'
+    attention_seconds: float = 0.0  # fused attention's (the rest: memory-bound kernels and host copies)
 
     @property
     def mfu(self) -> float | None:

@@ -198,7 +198,8 @@ JSON_SCHEMA: dict[str, Any] = {
                                 runs={"type": "integer", "minimum": 1}, flops=_INT, bytes=_INT, basis=_STR,
                                 source=_STR, total_seconds=_SECONDS,
                             )),
-                            model=_STR, compile_seconds=_SECONDS, error=_OPT_STR, mfu=_OPT_NUMBER, hfu=_OPT_NUMBER,
+                            model=_STR, compile_seconds=_SECONDS, error=_OPT_STR, gemm_seconds=_SECONDS,
+                            attention_seconds=_SECONDS, mfu=_OPT_NUMBER, hfu=_OPT_NUMBER,
                             tokens_per_second_per_gpu=_OPT_NUMBER, tflops_per_gpu=_OPT_NUMBER,
                         ),
                     ]

@@ -24,6 +24,7 @@ from ..records import (
     Residual,
     ResidualKind,
     ShardingSource,
+    StepTime,
     findings,
 )
 from ._text import printable_records
@@ -389,6 +390,92 @@ COLUMNS: dict[str, Column] = {
         Column("compile s", lambda _, r: "n/a" if r.peak is None else f"{r.peak.compile_seconds:.1f}", compiled=True),
     )
 }
+
+
+# --- the step's time (--time): an estimate, labelled as one --------------------------------------
+
+TIME_HEADERS = ("s/step (estimate)", "range", "TFLOP/s per GPU", "MFU", "HFU", "tokens/s per GPU", "exposed comm")
+TIME_TERMINAL = tuple(h for h in TIME_HEADERS if h != "range")  # narrower: the range is in the notes
+KERNEL_HEADERS = ("kernel", "kind", "ms per step", "runs", "set by", "what it computes")
+
+
+def _time(field: Callable[[StepTime], str]) -> Callable[[AuditReport, PolicyResult], str]:
+    def cell(_: AuditReport, r: PolicyResult) -> str:
+        if r.time is None:
+            return "n/a"
+        if r.time.seconds is None:
+            return "failed"
+        return field(r.time)
+
+    return cell
+
+
+def format_seconds(s: float) -> str:
+    """Seconds as a step time reads: 3 significant figures, ms below a second.
+
+    >>> format_seconds(1.2345), format_seconds(0.01234), format_seconds(0.0000123)
+    ('1.23 s', '12.3 ms', '0.0123 ms')
+    """
+    return f"{s:.3g} s" if s >= 1 else f"{s * 1e3:.3g} ms"
+
+
+def _optional(value: float | None, shown: Callable[[float], str]) -> str:
+    return "n/a" if value is None else shown(value)
+
+
+def _range(t: StepTime) -> str:
+    if t.seconds_low is None or t.seconds_high is None:
+        return "n/a"
+    low, high = format_seconds(t.seconds_low), format_seconds(t.seconds_high)
+    return low if low == high else f"{low}..{high}"
+
+
+TIME_COLUMNS: dict[str, Column] = {
+    c.header: c
+    for c in (
+        Column("s/step (estimate)", _time(lambda t: format_seconds(t.seconds or 0.0)), compiled=True),
+        Column("range", _time(_range), compiled=True),
+        Column("TFLOP/s per GPU", _time(lambda t: _optional(t.tflops_per_gpu, lambda v: f"{v:.0f}")), compiled=True),
+        Column("MFU", _time(lambda t: _optional(t.mfu, lambda v: f"{100 * v:.1f}%")), compiled=True),
+        Column("HFU", _time(lambda t: _optional(t.hfu, lambda v: f"{100 * v:.1f}%")), compiled=True),
+        Column("tokens/s per GPU", _time(lambda t: _optional(t.tokens_per_second_per_gpu, lambda v: f"{v:,.0f}")),
+               compiled=True),
+        Column("exposed comm", _time(lambda t: format_seconds(t.exposed_communication_seconds)), compiled=True),
+    )
+}
+
+
+def timed(report: AuditReport) -> bool:
+    return any(r.time is not None for r in report.results)
+
+
+def time_title(report: AuditReport) -> str:
+    gpu = report.gpu.name if report.gpu is not None else "the GPU"
+    devices = next((r.time.devices for r in report.results if r.time is not None), 1)
+    return f"Step time on {devices} x {gpu}: an estimate from XLA's cost models of the compiled step"
+
+
+def time_notes(report: AuditReport) -> list[str]:
+    """How the estimate was made, and each policy's failure."""
+    method = next((r.time.model for r in report.results if r.time is not None), "")
+    notes = [f"Estimate, not a measurement. Method: {method}. MFU: the model's FLOPs (3 x forward, recompute "
+             "left out) over the GPUs' dense BF16 peak; HFU: recompute included. 'exposed comm': what the "
+             "collectives add beyond the compute, in XLA's schedule."]
+    for r in report.results:
+        if r.time is not None and r.time.error:
+            notes.append(f"{r.policy}: no estimate: {r.time.error}")
+        elif r.time is not None and r.time.seconds_low is not None and r.time.seconds_high is not None:
+            notes.append(f"{r.policy}: {_range(r.time)} over XLA's cost models; "
+                         f"{format_seconds(r.time.compute_seconds)} computing, "
+                         f"{format_seconds(r.time.communication_seconds)} in collectives, "
+                         f"{format_seconds(r.time.exposed_communication_seconds)} of it exposed")
+    return notes
+
+
+def costliest_rows(t: StepTime) -> list[list[str]]:
+    """The ten costliest kernels of a step, as rows under KERNEL_HEADERS."""
+    return [[k.name, k.kind.value, f"{k.total_seconds * 1e3:.3g}", str(k.runs), k.basis, k.source or "-"]
+            for k in t.costliest]
 
 
 # --- hotspots: residual bytes grouped by module path or source line -----------------------------

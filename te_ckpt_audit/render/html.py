@@ -32,6 +32,10 @@ from ._common import (
     COLUMNS,
     GPU_HEADERS,
     HOTSPOT_TITLES,
+    KERNEL_HEADERS,
+    TIME_COLUMNS,
+    TIME_HEADERS,
+    costliest_rows,
     format_bytes,
     format_flops,
     format_percent,
@@ -40,6 +44,9 @@ from ._common import (
     gpu_title,
     hotspots,
     peak_range,
+    time_notes,
+    time_title,
+    timed,
     trained_note,
 )
 from ._text import printable
@@ -360,7 +367,8 @@ def _policies_table(report: AuditReport) -> list[str]:
     )
     out = ["<h2>Policies</h2><table><thead><tr><th>policy</th><th>activation</th><th>host</th>"
            f"<th>recompute</th><th>% of forward</th><th>error</th></tr></thead><tbody>{rows}</tbody></table>"]
-    return out + (_gpu_table(report) if report.gpu is not None else [])
+    return out + (_gpu_table(report) if report.gpu is not None else []) + (
+        _time_table(report) if timed(report) else [])
 
 
 def render_audit_html(report: AuditReport) -> str:
@@ -394,6 +402,27 @@ def _gpu_table(report: AuditReport) -> list[str]:
     notes = "".join(f'<p class="meta">{_e(n)}</p>' for n in gpu_notes(report))
     return [f"<h2>{_e(gpu_title(report))}</h2>",
             f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table></div>{notes}']
+
+
+def _time_table(report: AuditReport) -> list[str]:
+    """The step time per policy (an estimate), what it means, and each policy's costliest kernels."""
+    shown = [COLUMNS["policy"], *(TIME_COLUMNS[h] for h in TIME_HEADERS)]
+    out = [f"<h2>{_e(time_title(report))}</h2>", _html_table([c.header for c in shown],
+           [[c.cell(report, r) for c in shown] for r in report.results], [c.numeric for c in shown])]
+    out += [f'<p class="meta">{_e(n)}</p>' for n in time_notes(report)]
+    for r in report.results:
+        if r.time is not None and r.time.costliest:
+            out += [f"<h3>Costliest kernels under {_e(r.policy)}</h3>",
+                    _html_table(list(KERNEL_HEADERS), costliest_rows(r.time), [False, False, True, True, False, False])]
+    return out
+
+
+def _html_table(headers: list[str], rows: list[list[str]], numeric: list[bool]) -> str:
+    head = "".join(f"<th>{_e(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td{NUM if n else ''}>{_e(cell)}</td>" for cell, n in zip(row, numeric,
+                                                                                              strict=True)) + "</tr>"
+                   for row in rows)
+    return f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
 
 
 def _recommendation(rec: Recommendation) -> list[str]:

@@ -11,9 +11,13 @@ from ._common import (
     EMULATED_NOTE,
     GPU_HEADERS,
     HOTSPOT_TITLES,
+    KERNEL_HEADERS,
     PER_DEVICE,
     QUANTIZATION_HEADERS,
+    TIME_COLUMNS,
+    TIME_HEADERS,
     compiled_errors,
+    costliest_rows,
     format_bytes,
     format_flops,
     gpu_notes,
@@ -25,6 +29,9 @@ from ._common import (
     quantizes,
     shown_columns,
     standin_note,
+    time_notes,
+    time_title,
+    timed,
     trained_note,
     warning_message,
 )
@@ -99,6 +106,8 @@ def render_markdown(report: AuditReport, top: int = 10, by: HotspotKey | None = 
         lines += [""] if compiled_errors(report) else []
     if report.gpu is not None:
         lines += _gpu_section(report)
+    if timed(report):
+        lines += _time_section(report)
     if top:
         key = hotspot_key(report, by)
         spots = hotspots(report, top, key)
@@ -113,6 +122,21 @@ def render_markdown(report: AuditReport, top: int = 10, by: HotspotKey | None = 
     else:
         lines += ["None.", ""]
     return "\n".join(lines)
+
+
+def _time_section(report: AuditReport) -> list[str]:
+    """The step time per policy (an estimate), what it means, then each policy's costliest kernels."""
+    shown = [COLUMNS["policy"], *(TIME_COLUMNS[h] for h in TIME_HEADERS)]
+    lines = [f"### {md_text(time_title(report))}", ""]
+    lines += md_table([c.header for c in shown], [[c.cell(report, r) for c in shown] for r in report.results],
+                      [c.numeric for c in shown])
+    lines += ["", *(f"> {md_text(note)}" for note in time_notes(report)), ""]
+    for r in report.results:
+        if r.time is not None and r.time.costliest:
+            lines += [f"#### Costliest kernels under {md_text(r.policy)}", ""]
+            rows = [[md_code(row[0]), *row[1:5], md_code(row[5])] for row in costliest_rows(r.time)]
+            lines += [*md_table(list(KERNEL_HEADERS), rows, [False, False, True, True, False, False]), ""]
+    return lines
 
 
 def _gpu_section(report: AuditReport) -> list[str]:

@@ -11,14 +11,14 @@ import dataclasses
 import io
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from rich import box
 from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from ..records import AuditReport, HotspotKey, Outcome, Run, TeKind
+from ..records import AuditReport, HotspotKey, Outcome, Run, StepTime, TeKind
 from ._common import (
     COLUMNS,
     COMPILED_HEADERS,
@@ -26,9 +26,14 @@ from ._common import (
     EMULATED_NOTE,
     GPU_TERMINAL,
     HOTSPOT_TITLES,
+    KERNEL_HEADERS,
     MARK_SYMBOLS,
     OUTCOME_WORDS,
+    TIME_COLUMNS,
+    TIME_TERMINAL,
+    Column,
     compiled_errors,
+    costliest_rows,
     format_bytes,
     format_flops,
     gpu_notes,
@@ -41,6 +46,9 @@ from ._common import (
     producer_headers,
     shown_columns,
     standin_note,
+    time_notes,
+    time_title,
+    timed,
     trained_note,
     warning_message,
 )
@@ -112,17 +120,33 @@ def _fixed(table: Table, header: str, cells: list[str], justify: str = "right") 
     return _width(header, cells)
 
 
-def _comparison(report: AuditReport, title: str, headers: tuple[str, ...], width: int) -> Group:
+def _comparison(report: AuditReport, title: str, headers: tuple[str, ...], width: int,
+                columns: Mapping[str, Column] = COLUMNS) -> Group:
     """One row per policy, numbered: the other tables refer to policies by that number."""
     table = _table()
     table.add_column("#", justify="right", no_wrap=True)
     table.add_column("policy", overflow="fold")
-    rows = [[c.cell(report, r) for r in report.results] for c in (COLUMNS[h] for h in headers)]
+    rows = [[c.cell(report, r) for r in report.results] for c in (columns[h] for h in headers)]
     used = len(str(len(report.results))) + len(headers) + 1  # numbers and dividers
     used += sum(_fixed(table, h, cells) for h, cells in zip(headers, rows, strict=True))
     name_width = max(MIN_TEXT_WIDTH, width - used)
     for i, result in enumerate(report.results):
         table.add_row(str(i + 1), Text(_break(result.policy, name_width)), *(cells[i] for cells in rows))
+    return _titled(title, table)
+
+
+def _kernels(title: str, time: StepTime, width: int) -> Group:
+    rows = costliest_rows(time)
+    table = _table()
+    table.add_column("kernel", overflow="fold")
+    table.add_column("kind", no_wrap=True)
+    columns = list(zip(*rows, strict=True))
+    for header, column in zip(KERNEL_HEADERS[2:5], columns[2:5], strict=True):
+        _fixed(table, header, list(column))
+    table.add_column("what it computes", overflow="fold")
+    for row in rows:
+        table.add_row(Text(row[0]), row[1], row[2], row[3], row[4], Text(_break(row[5], max(MIN_TEXT_WIDTH, width // 2),
+                                                                              after="/")))
     return _titled(title, table)
 
 
@@ -262,6 +286,13 @@ def _sections(report: AuditReport, view: TableView) -> list[list[RenderableType]
                 *(Text(note, style="dim") for note in gpu_notes(report)),
             ]
         )
+    if timed(report):
+        sections.append([
+            _comparison(report, time_title(report), TIME_TERMINAL, width, TIME_COLUMNS),
+            *(Text(note, style="dim") for note in time_notes(report)),
+        ])
+        sections += [[_kernels(f"Costliest kernels under {r.policy} (of one step, per GPU)", r.time, width)]
+                     for r in report.results if r.time is not None and r.time.costliest]
     if policy_errors(report):
         notes = [f"{p}: not differentiable under this policy: {why}" for p, why in policy_errors(report)]
         sections.append([Text(note, style="yellow") for note in notes])
