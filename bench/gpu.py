@@ -7,6 +7,7 @@ shardings), in a fresh process too. The audit runs `-p as-is`, the same program.
     python bench/gpu.py            # scanned GPT-24; GPT-3 175B shapes scanned on 8, 64, 512 GPUs
     python bench/gpu.py --quick    # without the 512-GPU case
     python bench/gpu.py --runs 3   # the median of three runs of each (default: 3)
+    python bench/gpu.py --time     # also the same run with --time (issue 39: at most 1.6x the --gpu run)
 
 Run it with a Python that has the [gpu] extra (jax 0.12, Linux x86_64). Each run starts with an
 empty compile cache. Printed per case: the median wall time and peak RSS of both, the seconds
@@ -119,6 +120,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="leave out the 512-GPU case")
     parser.add_argument("--runs", type=int, default=3, help="runs of each command; the median is printed")
     parser.add_argument("--only", type=int, default=None, help="run only case N (0-based)")
+    parser.add_argument("--time", action="store_true", help="also run each case with --time, against --gpu alone")
     args = parser.parse_args()
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
     print(f"python {sys.version.split()[0]}; H100 SXM target; {os.cpu_count()} cores; one policy (as-is), "
@@ -146,6 +148,13 @@ def main() -> int:
               f"fits {p['fits']}; least fraction {p['least_fraction']}; XLA remat {p['xla_rematerialized']}")
         print(f"  ratio: one policy's --gpu run / the plain compile = {ours_s / plain_s:.2f}x wall "
               f"(goal <= 1.3x); RSS {ours_rss / plain_rss:.2f}x")
+        if args.time:
+            timed_s, timed_rss, out = _median_run([*argv, "--time"], env, args.runs, True)
+            t = json.loads(out)["results"][0]["time"]
+            print(f"  te-ckpt-audit --gpu --time: {timed_s:6.1f} s wall, {timed_rss:.0f} MiB RSS; estimate "
+                  f"{t['seconds']:.3g} s per step (its compile {t['compile_seconds']:.1f} s)")
+            print(f"  ratio: --gpu --time / --gpu = {timed_s / ours_s:.2f}x wall (goal <= 1.6x); "
+                  f"RSS {timed_rss / ours_rss:.2f}x")
     return 0
 
 

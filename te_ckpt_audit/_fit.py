@@ -51,7 +51,8 @@ def fit_on_gpu(
         steps = session.compiled(specs, request, progress, executor if len(batch) > 1 else None, capture)
         for c, spec in zip(batch, specs, strict=True):
             peak = steps[spec.text].peak
-            compiled[c.policy] = dataclasses.replace(c, peak=peak, fits=peak.fits is True)
+            time = session.timed(c.forward_flops, c.recompute_flops, steps[spec.text].time)
+            compiled[c.policy] = dataclasses.replace(c, peak=peak, fits=peak.fits is True, time=time)
         best = next((compiled[c.policy] for c in batch if compiled[c.policy].fits), None)
 
     def shown(c: Candidate) -> Candidate:

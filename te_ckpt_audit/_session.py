@@ -292,14 +292,15 @@ class Session:
                 out[spec.text] = here(spec)
         return out
 
-    def timed(self, row: PolicyResult, time: StepTime | None, tokens: int | None = None) -> StepTime | None:
-        """`time` with the model's FLOPs per device (3 x forward; a step of the target's own: as
-        traced) and the policy's recompute, from the audit's `row`; `tokens` per step, where known."""
+    def timed(self, forward_flops: int, recompute_flops: int, time: StepTime | None,
+              tokens: int | None = None) -> StepTime | None:
+        """`time` with the model's FLOPs per device (3 x `forward_flops`; a step of the target's own:
+        as traced) and the policy's recompute; `tokens` per step, where known."""
         if time is None:
             return None
         devices = max(time.devices, 1)
-        model = row.forward_flops if self.own_step else 3 * row.forward_flops
-        return dataclasses.replace(time, model_flops=model // devices, recompute_flops=row.recompute_flops // devices,
+        model = forward_flops if self.own_step else 3 * forward_flops
+        return dataclasses.replace(time, model_flops=model // devices, recompute_flops=recompute_flops // devices,
                                    tokens=tokens)
 
     def report(
@@ -339,7 +340,7 @@ class Session:
             wanted = [s for s, r in zip(specs, rows, strict=True) if r.error is None]
             found = self.compiled(wanted, gpu, progress, executor, capture)
             rows = [r if r.error is not None else dataclasses.replace(
-                r, peak=found[s.text].peak, time=self.timed(r, found[s.text].time))
+                r, peak=found[s.text].peak, time=self.timed(r.forward_flops, r.recompute_flops, found[s.text].time))
                 for s, r in zip(specs, rows, strict=True)]
         return self.report_of(rows, gpu)
 

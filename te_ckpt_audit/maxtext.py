@@ -472,7 +472,8 @@ def audit_maxtext(
         first = first or (step, audited)
         row = audited.results[0]
         # the step's time counted as training runs count it: the loss's model FLOPs, the policy's recompute
-        time = None if compiled is None else loss.timed(row, compiled.time, _tokens(run))
+        time = None if compiled is None else loss.timed(row.forward_flops, row.recompute_flops, compiled.time,
+                                                          _tokens(run))
         rows.append(dataclasses.replace(row, policy=policy, peak=None if compiled is None else compiled.peak,
                                         time=time))
     assert first is not None

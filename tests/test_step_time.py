@@ -376,3 +376,18 @@ def test_every_format_shows_the_time_as_an_estimate_with_its_method_and_kernels(
         assert shown in words and "dot_general (model.py:12)" in words
         assert f"{time.tflops_per_gpu:.0f}" in words and f"{100 * (time.mfu or 0):.1f}%" in words
     assert "Step time" not in render_table(report)  # no --time, no section
+
+
+@compiles
+def test_recommend_times_what_it_compiles(tmp_path: Any) -> None:
+    out = tmp_path / "rec.json"
+    run = cli("recommend", "sample_models/mlp.py:loss", "--gpu", "h100", "--time", "--format", "json", "-o", str(out))
+    assert run.returncode == 0, run.stderr
+    doc = json.loads(out.read_text())
+    assert doc["schema"] == "te-ckpt-audit-recommend/6"
+    chosen = doc["recommended"]
+    assert chosen["peak"] is not None and chosen["time"]["seconds"] > 0 and chosen["time"]["error"] is None
+    assert chosen["time"]["model_flops"] == 3 * chosen["forward_flops"]
+    assert all(c["time"] is None for c in doc["frontier"] if c["peak"] is None)  # only what was compiled
+    text = cli("recommend", "sample_models/mlp.py:loss", "--gpu", "h100", "--time")
+    assert text.returncode == 0 and "per step (estimate, XLA's cost models" in text.stdout, text.stdout

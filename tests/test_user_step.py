@@ -344,6 +344,9 @@ class _FakeSession:
 
         return gpu_info(request)
 
+    def timed(self, *_: Any) -> None:
+        return None
+
     def compiled(self, specs: Any, *_: Any) -> dict[str, Compiled]:
         out = {}
         for s in specs:

@@ -1,5 +1,5 @@
 """What `recommend` found: every candidate policy it analysed, the Pareto frontier and the winner;
-`Recommendation.to_dict()` is the JSON document (schema ``te-ckpt-audit-recommend/5``)."""
+`Recommendation.to_dict()` is the JSON document (schema ``te-ckpt-audit-recommend/6``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import enum
 from typing import Any
 
 from ._display import Shown
-from .audit import AuditReport, GpuInfo, MeshSpec, PeakMemory, _plain
+from .audit import AuditReport, GpuInfo, MeshSpec, PeakMemory, StepTime, _plain
 from .schemas import MAXTEXT_RECOMMEND, RECOMMEND
 
 
@@ -40,6 +40,7 @@ class Candidate:
     peak: PeakMemory | None = None  # --gpu: the compiled step's peak (only candidates compiled)
     te_policy: str | None = None  # the TE-aware policy it uses (te_ckpt_audit.policies), if any
     maxtext_policy: str | None = None  # MaxText's remat_policy value that is exactly this candidate, if any
+    time: StepTime | None = None  # --gpu --time: the compiled step's estimated time (only candidates compiled)
 
     @property
     def recompute_percent(self) -> float:
@@ -63,6 +64,7 @@ class Candidate:
             "peak": _plain(self.peak),
             "te_policy": self.te_policy,
             "maxtext_policy": self.maxtext_policy,
+            "time": _plain(self.time),
         }
 
 
@@ -134,7 +136,7 @@ class Recommendation(Shown):
         return self.recommended is not None
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON document (schema ``te-ckpt-audit-recommend/5``): plain, ordered, deterministic."""
+        """The JSON document (schema ``te-ckpt-audit-recommend/6``): plain, ordered, deterministic."""
         return {
             "schema": RECOMMEND,
             "target": self.target,

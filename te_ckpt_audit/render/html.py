@@ -27,6 +27,7 @@ from ..records import (
     PolicyResult,
     Recommendation,
     ResidualKind,
+    StepTime,
 )
 from ._common import (
     COLUMNS,
@@ -39,6 +40,7 @@ from ._common import (
     format_bytes,
     format_flops,
     format_percent,
+    format_seconds,
     fraction_words,
     gpu_notes,
     gpu_title,
@@ -384,6 +386,12 @@ def audit_html_table(report: AuditReport) -> str:
     return f"<div>{title}{''.join(_policies_table(report))}</div>"
 
 
+def _time_cell(time: StepTime | None) -> str:
+    if time is None:
+        return "not compiled"
+    return f"no estimate: {time.error}" if time.seconds is None else format_seconds(time.seconds)
+
+
 def _peak_cell(peak: PeakMemory | None) -> str:
     if peak is None or peak.bytes_per_device is None:
         return "not compiled" if peak is None else f"not compiled: {peak.error}"
@@ -446,13 +454,15 @@ def _recommendation(rec: Recommendation) -> list[str]:
         )
         body += ["<h2>Python</h2>", f"<pre>{_lines(python_snippet(shown))}</pre>",
                  "<h2>MaxText remat settings</h2>", f"<pre>{_lines(maxtext_config(shown, rec.names))}</pre>"]
+    timed_any = any(c.time is not None for c in rec.frontier)
     rows = "".join(
         f"<tr><td>{'★' if c == rec.recommended else ''}</td><td><code>{_e(c.policy)}</code></td>"
         f"<td class=\"num\">{_e(format_bytes(c.activation_bytes))}</td>"
         f"<td class=\"num\">{_e(format_bytes(c.host_bytes))}</td>"
         f"<td class=\"num\">{_e(format_flops(c.recompute_flops))}</td>"
         f"<td class=\"num\">{_e(format_percent(c.recompute_percent))}</td><td>{'yes' if c.fits else 'no'}</td>"
-        + (f"<td class=\"num\">{_e(_peak_cell(c.peak))}</td>" if rec.gpu is not None else "") + "</tr>"
+        + (f"<td class=\"num\">{_e(_peak_cell(c.peak))}</td>" if rec.gpu is not None else "")
+        + (f"<td class=\"num\">{_e(_time_cell(c.time))}</td>" if timed_any else "") + "</tr>"
         for c in rec.frontier
     )
     if rec.to_name:
@@ -464,6 +474,7 @@ def _recommendation(rec: Recommendation) -> list[str]:
                     "<table><thead><tr><th>activation</th><th>where</th><th>line</th><th>add</th></tr></thead>"
                     f"<tbody>{named}</tbody></table>")
     peak_head = "<th>peak per device</th>" if rec.gpu is not None else ""
+    peak_head += "<th>s/step (estimate)</th>" if timed_any else ""
     body.append("<h2>Pareto frontier</h2><table><thead><tr><th></th><th>policy</th><th>activation</th><th>host</th>"
                 f"<th>recompute</th><th>% of forward</th><th>fits</th>{peak_head}</tr></thead><tbody>{rows}</tbody>"
                 "</table>")

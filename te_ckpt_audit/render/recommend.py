@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 
 from ..records import Candidate, CandidateKind, MaxTextRecommendation, Recommendation
-from ._common import format_bytes, format_flops, fraction_words, peak_range
+from ._common import format_bytes, format_flops, format_seconds, fraction_words, peak_range
 from ._text import printable_records
 from .plot import render_frontier_plot
 
@@ -156,6 +156,7 @@ def render_recommend_text(rec: Recommendation, width: int = 80) -> str:
             + (f", host {format_bytes(shown.host_bytes)}" if shown.host_bytes else ""),
             f"  recompute {format_flops(shown.recompute_flops)} ({shown.recompute_percent:.1f}% of the forward pass)",
             *([f"  peak per device {_peak(shown)}"] if shown.peak is not None else []),
+            *([f"  step time {_time(shown)}"] if shown.time is not None else []),
             "",
             "python:",
             _indent(python_snippet(shown)),
@@ -177,6 +178,7 @@ def render_recommend_text(rec: Recommendation, width: int = 80) -> str:
         fit = "" if c.fits else "  over budget"
         if rec.gpu is not None:
             fit = f"  peak {_peak(c)}" if c.peak is not None else "  (not compiled)"
+            fit += f", {_time(c)}" if c.time is not None else ""
         figures = f" {mark} {format_bytes(c.activation_bytes):>10}  {format_flops(c.recompute_flops):>12}" \
                   f"  {c.recompute_percent:5.1f}%"
         line = f"{figures}  {c.policy}{host}{fit}"
@@ -190,6 +192,15 @@ def render_recommend_text(rec: Recommendation, width: int = 80) -> str:
         more = "; stopped by --max-compiles, larger values may fit" if m.bounded else ""
         out += ["", f"--maximize {m.define} under {m.policy}: {best} (tried {tried}){more}"]
     return "\n".join(out) + "\n"
+
+
+def _time(c: Candidate) -> str:
+    """A compiled candidate's step time, labelled as the estimate it is."""
+    t = c.time
+    if t is None or t.seconds is None:
+        return f"no estimate: {t.error}" if t is not None and t.error else "n/a"
+    mfu = "" if t.mfu is None else f", MFU {100 * t.mfu:.1f}%"
+    return f"{format_seconds(t.seconds)} per step (estimate, XLA's cost models{mfu})"
 
 
 def _peak(c: Candidate) -> str:

@@ -1,0 +1,171 @@
+"""Step time against runs that happened: `te-ckpt-audit maxtext ... --gpu h100 --time` on MaxText's
+own configs and train step, set as published H100 runs set them, beside their published step time.
+
+    python bench/step_time.py                 # every row (about 20 minutes on 2 cores)
+    python bench/step_time.py --rows 1vm,jt   # some of them
+    python bench/step_time.py --markdown      # the table of docs/guide/step-time.md
+
+Run it with a Python that has the [gpu] extra, MaxText 0.2.5 and cuDNN (the TE lane's venv: MaxText's
+`cudnn_flash_jax` attention needs cuDNN to build). Each row is the recipe's own command as
+`te-ckpt-audit maxtext` takes it: its config file, its settings (`compile_topology_num_slices`: its
+count of 8-GPU hosts), its XLA_FLAGS (less `--xla_dump_to`) and memory fraction.
+
+Published step times. NVIDIA's figures are seconds per step. MaxText's A3 README gives TFLOP/s per
+chip, which is seconds per step once the step's FLOPs are counted as MaxText counted them when it
+was measured (2024, before MaxText halved causal attention in 2025):
+
+    per device, with B the per-device batch, S the sequence, E the embedding, F the MLP width,
+    H and K the query and key-value heads, D the head size, L the layers, V the vocabulary:
+    weights   = 3 * (L * (2*B*S*F*E*2 + 2*B*S*F*E + 2*B*S*E*(H + 2K)*D + 2*B*S*E*H*D) + 2*B*S*E*V)
+    attention = 3 * L * 4*B*S*S*H*D
+    seconds   = (weights + attention) / (published TFLOP/s * 1e12)
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+A3 = "AI-Hypercomputer/maxtext configs/gpu/a3/llama_2_7b/README.md"
+A3_FLAGS = ("--xla_gpu_enable_latency_hiding_scheduler=true --xla_gpu_enable_command_buffer='' "
+            "--xla_gpu_enable_highest_priority_async_stream=true --xla_gpu_pipeline_all_gather=on "
+            "--xla_gpu_pipeline_reduce_scatter=on --xla_gpu_pipeline_all_reduce=on "
+            "--xla_gpu_enable_while_loop_double_buffering=true --xla_gpu_enable_all_gather_combine_by_dim=false "
+            "--xla_gpu_enable_reduce_scatter_combine_by_dim=false --xla_disable_hlo_passes=rematerialization")
+
+
+def a3_flags(all_reduce: int, all_gather: int, reduce_scatter: int, cublas: bool = True) -> str:
+    gemm = " --xla_gpu_enable_triton_gemm=false" if cublas else ""
+    return (f"{A3_FLAGS}{gemm} --xla_gpu_all_reduce_combine_threshold_bytes={all_reduce} "
+            f"--xla_gpu_all_gather_combine_threshold_bytes={all_gather} "
+            f"--xla_gpu_reduce_scatter_combine_threshold_bytes={reduce_scatter}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Model:
+    emb: int
+    mlp: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    layers: int
+    vocab: int
+
+
+LLAMA2_7B = Model(4096, 11008, 32, 32, 128, 32, 32000)
+LLAMA3_70B = Model(8192, 28672, 64, 8, 128, 80, 128256)
+
+
+def maxtext_2024_flops(m: Model, batch: float, seq: int) -> float:
+    """One device's FLOPs of one training step as MaxText counted them in 2024 (module docstring)."""
+    b, s, e = batch, seq, m.emb
+    per_layer = (2 * b * s * m.mlp * e * 2 + 2 * b * s * m.mlp * e + 2 * b * s * e * (m.heads + 2 * m.kv_heads)
+                 * m.head_dim + 2 * b * s * e * m.heads * m.head_dim)
+    weights = 3 * (m.layers * per_layer + 2 * b * s * e * m.vocab)
+    attention = 3 * m.layers * 4 * b * s * s * m.heads * m.head_dim
+    return weights + attention
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    key: str
+    name: str
+    source: str
+    gpus: int
+    config: str  # under MaxText's configs/gpu/models
+    settings: tuple[str, ...]
+    flags: str
+    fraction: str
+    published_s: float  # seconds per step
+    how: str  # how the published figure becomes seconds per step
+
+
+def _a3(vms: int, tflops: int, flags: str) -> Row:
+    seconds = maxtext_2024_flops(LLAMA2_7B, 4, 4096) / (tflops * 1e12)
+    return Row(f"{vms}vm", f"MaxText Llama-2 7B, {vms} A3 VM{'s' if vms > 1 else ''}", f"{A3} ({tflops} TFLOP/s/chip)",
+               8 * vms, "llama2_7b.yml", (f"dcn_data_parallelism={vms}", "ici_fsdp_parallelism=8",
+                                          f"compile_topology_num_slices={vms}"),
+               flags, "0.85", seconds, f"{tflops} TFLOP/s per chip over MaxText's 2024 count")
+
+
+ROWS = [
+    _a3(1, 492, a3_flags(134217728, 134217728, 67108864)),
+    _a3(2, 422, a3_flags(67108864, 134217728, 67108864)),
+    _a3(4, 407, a3_flags(536870912, 134217728, 67108864, cublas=False)),
+    _a3(8, 409, a3_flags(1073741824, 134217728, 67108864)),
+    _a3(16, 375, a3_flags(1073741824, 134217728, 134217728)),
+    Row("jt", "JAX-Toolbox MaxText Llama-2 7B", "NVIDIA/JAX-Toolbox docs/frameworks/maxtext/README.md", 8,
+        "llama2_7b.yml", ("per_device_batch_size=2", "ici_fsdp_parallelism=8", "remat_policy=minimal_with_context"),
+        a3_flags(1073741824, 1073741824, 134217728), "0.90", 0.721, "published seconds per step"),
+    Row("dgxc70b", "NVIDIA DGXC MaxText Llama-3 70B", "NVIDIA/dgxc-benchmarking v25.04.01 maxtext/README_70b.md",
+        128, "llama3_70b.yml", ("per_device_batch_size=2", "max_target_length=8192", "remat_policy=save_qkv_proj",
+                                "scan_layers=True", "ici_fsdp_parallelism=8", "dcn_fsdp_parallelism=16",
+                                "compile_topology_num_slices=16"),
+        a3_flags(2147483648, 2147483648, 33554432), "0.94", 15.563, "published seconds per step"),
+]
+
+
+def configs_dir() -> Path:
+    found = subprocess.run([sys.executable, "-c", "import maxtext, os; print(os.path.dirname(maxtext.__file__))"],
+                           capture_output=True, text=True, check=True)
+    return Path(found.stdout.strip().splitlines()[-1], "configs", "gpu", "models")
+
+
+def estimate(row: Row, cache: str) -> dict[str, object]:
+    argv = [sys.executable, "-m", "te_ckpt_audit_cli", "maxtext", str(configs_dir() / row.config), *row.settings,
+            "--gpu", "h100", "--time", "-f", "json"]
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    env.update(XLA_PYTHON_CLIENT_MEM_FRACTION=row.fraction, XLA_FLAGS=row.flags, TE_CKPT_AUDIT_CACHE=cache)
+    start = time.perf_counter()
+    done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=3600)
+    if done.returncode not in (0, 1):
+        sys.exit(f"failed ({done.returncode}): {' '.join(argv)}\n{done.stderr[-3000:]}")
+    result = json.loads(done.stdout)["results"][0]
+    return {"time": result["time"], "fits": result["peak"]["fits"], "wall": time.perf_counter() - start}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", default="", help="comma-separated row keys (default: all)")
+    parser.add_argument("--cache", default=None, help="a compile cache folder to keep (default: a new one)")
+    parser.add_argument("--json", default=None, help="also write the figures to this file")
+    parser.add_argument("--markdown", action="store_true", help="print the docs' table")
+    args = parser.parse_args()
+    chosen = [r for r in ROWS if not args.rows or r.key in args.rows.split(",")]
+    cache = args.cache or tempfile.mkdtemp(prefix="te-ckpt-audit-step-time-")
+    out = []
+    for row in chosen:
+        found = estimate(row, cache)
+        t = found["time"]
+        assert isinstance(t, dict)
+        error = (t["seconds"] - row.published_s) / row.published_s
+        out.append({"row": dataclasses.asdict(row), **found, "error": error})
+        print(f"{row.name}: estimate {t['seconds']:.3f} s, published {row.published_s:.3f} s, error {error:+.1%} "
+              f"({found['wall']:.0f} s)", file=sys.stderr)
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1))
+    errors = [abs(float(o["error"])) for o in out]  # type: ignore[arg-type]
+    lines = ["| run | GPUs | published s/step | source | estimate s/step | TFLOP/s per GPU (estimate) | error |",
+             "|---|---|---|---|---|---|---|"]
+    for o in out:
+        row, t = o["row"], o["time"]
+        assert isinstance(row, dict) and isinstance(t, dict)
+        lines.append(f"| {row['name']} | {row['gpus']} H100 | {row['published_s']:.3f} ({row['how']}) | "
+                     f"{row['source']} | {t['seconds']:.3f} | {t['tflops_per_gpu']:.0f} | {float(o['error']):+.1%} |")
+    lines.append(f"\nMedian absolute error {statistics.median(errors):.1%}, worst {max(errors):.1%} "
+                 f"({len(errors)} runs).")
+    print("\n".join(lines) if args.markdown else json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
