@@ -102,6 +102,7 @@ def maxtext(
     fit: opt.Fit = False,
     peak_budget: opt.PeakBudgets = None,
     timed: opt.Time = False,
+    network_gbps: opt.NetworkGbps = None,
     format: opt.MaxTextFormatOption = MaxTextFormat.TABLE,  # noqa: A002 (the option's name)
     output: opt.Output = None,
     debug: opt.Debug = False,
@@ -121,7 +122,8 @@ def maxtext(
         raise UsageError("maxtext --recommend compiles MaxText's train step for a GPU", "add --gpu h100")
     compiled = gpu is not None or gpu_config is not None  # MaxText's own step, its state donated
     on_gpu = GpuOptions.parse(gpu, gpu_config, DEFAULT_GPUS_PER_HOST, None, mem_fraction, fit, peak_budget,
-                              compile_cache(), step=compiled, donate=[0] if compiled else None, time=timed)
+                              compile_cache(), step=compiled, donate=[0] if compiled else None, time=timed,
+                              network_gbps=network_gbps)
     policies = list(policy or ["as-is"])
     if "all" in policies:
         policies = ["as-is", *REMAT_POLICIES]

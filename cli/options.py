@@ -47,7 +47,7 @@ FLAGS = {
     "peak_budgets": "--peak-budget", "shardings": "--shardings", "mesh": "--mesh", "inputs": "--inputs",
     "save_baseline": "--save-baseline", "mem_fraction": "--mem-fraction", "donate": "--donate", "step": "--step",
     "optimizer": "--optimizer", "gpus_per_host": "--gpus-per-host", "jobs": "--jobs", "batch": "--batch",
-    "layouts": "--layout",
+    "layouts": "--layout", "time": "--time", "network_gbps": "--network-gbps",
     "debug": "rerun with --debug for the traceback",
 }
 
@@ -176,7 +176,7 @@ class GpuOptions:
         cls, gpu: str | None, gpu_config: str | None, gpus_per_host: int, optimizer: Optimizer | None,
         mem_fraction: float | None, fit: bool, peak_budget: list[str] | None, cache: Path | None,
         step: bool = False, donate: list[int] | None = None, jobs: int | None = None, cluster: str | None = None,
-        time: bool = False,
+        time: bool = False, network_gbps: float | None = None,
     ) -> GpuOptions:
         if gpu is not None and gpu_config is not None:
             raise UsageError("--gpu and --gpu-config both name a GPU", "give one of them")
@@ -187,7 +187,8 @@ class GpuOptions:
                                      ("--gpus-per-host", gpus_per_host != DEFAULT_GPUS_PER_HOST),
                                      ("--mem-fraction", mem_fraction is not None),
                                      ("--step", step), ("--donate", bool(donate)), ("--jobs", jobs is not None),
-                                     ("--cluster", cluster is not None), ("--time", time))
+                                     ("--cluster", cluster is not None), ("--time", time),
+                                     ("--network-gbps", network_gbps is not None))
                      if on]
             if given:
                 hint = "add --gpu NAME (`te-ckpt-audit gpus` lists them)"
@@ -196,7 +197,8 @@ class GpuOptions:
         # the values are checked where they are made (GpuEnvironment, GpuRequest), named by their flags here
         model = gpu_model(gpu) if gpu is not None else model_of_config(str(gpu_config))
         environment = gpu_environment(os.environ, mem_fraction)
-        request = GpuRequest(model, optimizer, gpus_per_host, environment, cache, step, tuple(donate or ()), time)
+        request = GpuRequest(model, optimizer, gpus_per_host, environment, cache, step, tuple(donate or ()), time,
+                             network_gbps)
         if cluster is not None and jobs is not None:
             raise UsageError("--cluster and --jobs both say where policies compile", "give one of them")
         if cluster is not None and not cluster.strip():
@@ -512,6 +514,16 @@ Time = Annotated[
         "--time",
         help="With --gpu: also estimate each policy's seconds per step on the GPUs, from XLA's own cost models "
         "of the compiled step (one more compile per policy, beside the memory ones).",
+    ),
+]
+NetworkGbps = Annotated[
+    float | None,
+    typer.Option(
+        "--network-gbps",
+        metavar="GBPS",
+        help="With --time: the network's bandwidth per GPU across hosts, in Gb/s. Default: the GPU's in the "
+        "catalog (H100: 400, one 400 Gb/s NIC per GPU as in a DGX H100; Google Cloud's A3 High: 100).",
+        show_default=False,
     ),
 ]
 Fit = Annotated[

@@ -53,7 +53,7 @@ from .specs import PolicyLike
 
 MAX_DEFINE = 4096  # characters in one -D value: no size or flag is longer
 
-_GPU_KEYS = {"gpu", "gpu_config", "optimizer", "gpus_per_host", "mem_fraction", "fit", "time"}
+_GPU_KEYS = {"gpu", "gpu_config", "optimizer", "gpus_per_host", "mem_fraction", "fit", "time", "network_gbps"}
 _TOP_KEYS = {"targets", "baseline", "tolerance", *_GPU_KEYS}
 _TARGET_KEYS = {"target", "inputs", "defines", "policies", "scope", "budget", "budgets", "max_recompute", "mesh",
                 "shardings", "peak_budget", "peak_budgets", "step", "donate", "params", *_GPU_KEYS}
@@ -355,7 +355,11 @@ def _gpu(raw: Mapping[str, Any], where: str, p: Path) -> GpuRequest | None:
     timed = raw.get("time", False)
     if not isinstance(timed, bool):
         raise UsageError(f"{p}: {where}.time must be true or false", "e.g. time = true")
-    return GpuRequest(model, chosen, per_host, environment, step=step, donate=tuple(donate), time=timed)
+    network = raw.get("network_gbps")
+    if network is not None and (isinstance(network, bool) or not isinstance(network, int | float)):
+        raise UsageError(f"{p}: {where}.network_gbps must be a number of Gb/s per GPU", "e.g. network_gbps = 400")
+    return GpuRequest(model, chosen, per_host, environment, step=step, donate=tuple(donate), time=timed,
+                      network_gbps=None if network is None else float(network))
 
 
 def _peak_gate(raw: Mapping[str, Any], where: str, p: Path) -> PeakGate:

@@ -470,6 +470,7 @@ class GpuRequest:
     step: bool = False  # the target already is a training step: compiled as it is (as-is only)
     donate: tuple[int, ...] = ()  # with `step`: the positional arguments it donates
     time: bool = False  # also estimate each step's time on the GPUs (a compile of its own)
+    network_gbps: float | None = None  # with `time`: network bandwidth per GPU across hosts, Gb/s (the catalog's)
 
     def __post_init__(self) -> None:
         if self.donate and not self.step:
@@ -480,6 +481,19 @@ class GpuRequest:
                              "drop one of them")
         if self.gpus_per_host < 1:
             raise UsageError(f"$gpus_per_host$ {self.gpus_per_host} must be at least 1", "8 on an HGX host")
+        if self.network_gbps is not None and not (math.isfinite(self.network_gbps) and 0 < self.network_gbps <= 1e5):
+            raise UsageError(f"$network_gbps$ {self.network_gbps} must be a positive number of Gb/s per GPU",
+                             "e.g. 400 (one 400 Gb/s NIC per GPU, as in a DGX H100)")
+        if self.network_gbps is not None and not self.time:
+            raise UsageError("$network_gbps$ is about the step time estimate", "add $time$")
+
+    @property
+    def timed_model(self) -> GpuModel:
+        """The GPU the step-time estimate reads: the model, with the run's network where given."""
+        if self.network_gbps is None or self.model.rates is None:
+            return self.model
+        rates = dataclasses.replace(self.model.rates, network_bytes=self.network_gbps * 1e9 / 8)
+        return dataclasses.replace(self.model, rates=rates)
 
     @property
     def mem_fraction(self) -> float:

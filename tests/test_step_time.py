@@ -10,6 +10,7 @@ figures are checked against the HLO the estimate compile wrote, read here with r
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import json
 import math
@@ -30,6 +31,7 @@ from te_ckpt_audit.records import JSON_SCHEMA, KernelKind, StepTime, to_plain
 
 H100 = gpu_model("h100")
 PEAK_BF16 = H100.dense_flops(BF16)
+SLOWER = 1 / steptime.TENSOR_EFFICIENCY  # a training step's GEMMs and attention against their isolated speed
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -49,24 +51,24 @@ def gemm(m: int, n: int, k: int, sol_us: float | None, widening: int = 1, precis
 
 def test_a_gemm_takes_xlas_estimate_where_it_stands_above_the_floor() -> None:
     big = gemm(8192, 8192, 8192, 1409.28)  # XLA's table: 780 TFLOP/s
-    assert steptime.timed(big, H100).seconds == pytest.approx(1409.28e-6, rel=1e-12)
+    assert steptime.timed(big, H100).seconds == pytest.approx(1409.28e-6 * SLOWER, rel=1e-12)
     assert steptime.timed(big, H100).basis == "sol"
 
 
 def test_a_gemm_never_runs_above_the_peak_of_its_type() -> None:
     fast = gemm(8192, 8192, 8192, 100.0)  # an estimate above the peak: the floor
     floor = 2 * 8192**3 / PEAK_BF16
-    assert steptime.timed(fast, H100).seconds == pytest.approx(floor, rel=1e-12)
+    assert steptime.timed(fast, H100).seconds == pytest.approx(floor * SLOWER, rel=1e-12)
     assert steptime.timed(fast, H100).basis == "roofline"
     tf32 = gemm(8192, 8192, 8192, None, precision="tf32")
-    assert steptime.timed(tf32, H100).seconds == pytest.approx(2 * 8192**3 / H100.dense_flops(F32), rel=1e-12)
+    assert steptime.timed(tf32, H100).seconds == pytest.approx(2 * 8192**3 / H100.dense_flops(F32) * SLOWER, rel=1e-12)
     assert H100.dense_flops(F32) == pytest.approx(PEAK_BF16 / 2)
 
 
 def test_a_bf16_gemm_with_an_f32_result_has_xlas_fallback_taken_out() -> None:
     """XLA's table has no bf16 x bf16 -> f32 entry; its fallback scales the bf16 one by 4^3."""
     widened = gemm(8192, 8192, 8192, 1409.28 * 64, widening=2)
-    assert steptime.timed(widened, H100).seconds == pytest.approx(1409.28e-6, rel=1e-12)
+    assert steptime.timed(widened, H100).seconds == pytest.approx(1409.28e-6 * SLOWER, rel=1e-12)
 
 
 def test_a_memory_kernel_is_floored_at_hbm_bandwidth_and_placeholders_are_dropped() -> None:
@@ -91,7 +93,7 @@ def test_a_collective_moves_its_bytes_over_its_links_as_a_ring() -> None:
 
 def test_the_step_is_the_sum_of_its_kernel_runs() -> None:
     kernels = [gemm(4096, 4096, 4096, 200.0), Kernel("f", KernelKind.MEMORY, 0, 1 << 28, runs=4)]
-    expected = max(200e-6, 2 * 4096**3 / PEAK_BF16) + 4 * (1 << 28) / H100.bandwidth
+    expected = max(200e-6, 2 * 4096**3 / PEAK_BF16) * SLOWER + 4 * (1 << 28) / H100.bandwidth
     time = steptime.estimate(kernels, H100, 1, 1.0)
     assert time.seconds == pytest.approx(expected, rel=1e-12)
     assert time.kernels == 5 and time.hlo_flops == 2 * 4096**3
@@ -192,7 +194,7 @@ def test_an_asynchronous_collective_hides_behind_the_kernels_scheduled_before_it
     time = steptime.estimate(kernels, H100, 8, 0.0)
     gathering = 7 / 8 * 8 * 2**21 / rates.nvlink_bytes  # 32.6 us over NVLink
     reducing = 2 * 7 / 8 * 4 * 2**20 / rates.nvlink_bytes  # synchronous: all of it exposed
-    gemm = 10e-6  # XLA's sol, above its floor (2.2 us)
+    gemm = 10e-6 * SLOWER  # XLA's sol, above its floor (2.2 us)
     convert = (2 + 4) * 2**20 / H100.bandwidth
     assert time.communication_seconds == pytest.approx(gathering + reducing, rel=1e-12)
     assert time.exposed_communication_seconds == pytest.approx(gathering - gemm + reducing, rel=1e-9)
@@ -221,10 +223,25 @@ def test_utilisation_and_throughput_are_the_models_flops_over_the_time() -> None
     assert time.tokens_per_second_per_gpu == pytest.approx(512.0)
 
 
-def test_time_without_a_gpu_is_refused() -> None:
-    run = cli("sample_models/mlp.py:loss", "--time")
+@pytest.mark.parametrize(("args", "said"), [
+    (["--time"], "--time is about the step compiled for a GPU"),
+    (["--gpu", "h100", "--network-gbps", "100"], "--network-gbps is about the step time estimate"),
+    (["--gpu", "h100", "--time", "--network-gbps", "0"], "--network-gbps 0.0 must be a positive number of Gb/s"),
+    (["--gpu", "h100", "--time", "--network-gbps", "nan"], "--network-gbps nan must be a positive number of Gb/s"),
+])
+def test_time_and_its_network_are_checked_before_any_work(args: list[str], said: str) -> None:
+    run = cli("sample_models/mlp.py:loss", *args)
     assert run.returncode == 2, run.stderr
-    assert run.stderr.startswith("te-ckpt-audit: error: --time is about the step compiled for a GPU")
+    assert run.stderr.startswith(f"te-ckpt-audit: error: {said}"), run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1
+
+
+def test_the_networks_bandwidth_times_what_crosses_hosts() -> None:
+    slow = GpuRequest(H100, time=True, network_gbps=100).timed_model
+    across = Kernel("ag", KernelKind.COLLECTIVE, 0, 1 << 30, group=16, spans_hosts=True, collective="all-gather")
+    within = dataclasses.replace(across, group=8, spans_hosts=False)
+    assert steptime.timed(across, slow).seconds == pytest.approx(15 / 16 * (1 << 30) / 12.5e9)
+    assert steptime.timed(within, slow).seconds == steptime.timed(within, H100).seconds  # NVLink as it was
 
 
 # --- compiled steps (the gpu-target lane) ---------------------------------------------------------
@@ -258,9 +275,9 @@ def test_a_single_gemm_is_timed_as_xlas_table_or_its_roofline_by_hand() -> None:
     hlo = session.compiler(request).estimate_text(spec, session.resolved_scope(spec))
     sol = _costs(hlo, top.name)["sol"] * 1e-6
     floor = max(2 * m * n * k / PEAK_BF16, 2 * (m * k + k * n + m * n) / H100.bandwidth)
-    assert top.seconds == pytest.approx(max(sol, floor), rel=1e-9)
+    assert top.seconds == pytest.approx(max(sol, floor) * SLOWER, rel=1e-9)
     assert top.basis == ("sol" if sol >= floor else "roofline")
-    assert 0.3 < 2 * m * n * k / top.seconds / PEAK_BF16 <= 1.0  # a big bf16 GEMM: 30-100% of the peak
+    assert 0.3 < 2 * m * n * k / top.seconds / PEAK_BF16 <= steptime.TENSOR_EFFICIENCY  # a big bf16 GEMM
 
 
 def _stack(w: jax.Array, x: jax.Array) -> jax.Array:
@@ -354,8 +371,6 @@ def test_a_mesh_adds_collective_time_as_the_schedule_orders_it() -> None:
 
 
 def test_every_format_shows_the_time_as_an_estimate_with_its_method_and_kernels() -> None:
-    import dataclasses
-
     from te_ckpt_audit.render.html import render_audit_html as render_html
     from te_ckpt_audit.render.markdown import render_markdown
     from te_ckpt_audit.render.terminal import render_table

@@ -299,7 +299,8 @@ class Compiler:
         lowered = self.lowered(spec, scope, memory, estimate=True)
         options = self._estimate_options()
         backend = Backend("estimate", tuple(sorted(options.items())))
-        config = self._config(memory, estimate=True) + steptime.revision()  # estimates made by this code
+        rates = self.request.timed_model.rates  # the links the collectives are timed over
+        config = self._config(memory, estimate=True) + steptime.revision() + repr(rates)  # by this code
         key = self._key(self._program(lowered), backend, memory, config)
         hit = self.cache.read_plain(key, TIME_SCHEMA)
         found = None if hit is None else steptime.from_plain(hit)
@@ -312,7 +313,7 @@ class Compiler:
         seconds = time.perf_counter() - start
         progress(CompileProgress(spec.text, backend.name, name, round(seconds, 1)))
         kernels = step_kernels(text, self.devices, self.request.gpus_per_host)
-        found = steptime.estimate(kernels, self.request.model, self.devices, seconds)
+        found = steptime.estimate(kernels, self.request.timed_model, self.devices, seconds)
         self.cache.write_plain(key, TIME_SCHEMA, to_plain(found))
         return found
 
