@@ -63,7 +63,7 @@ class Rates:
     scalar: tuple[tuple[int, int, int], ...]  # (element type, units per SM, ops per clock)
     nvlink_bytes: float  # NVLink bytes per second per GPU and direction (0: none)
     network_bytes: float  # bytes per second per GPU and direction across hosts
-    nvlink_links: int = 0  # XLA's device_interconnect_info.active_links
+    nvlink_links: int = 0  # NVLink links per GPU (XLA's device_interconnect_info.active_links; not handed to it)
     fp64_at_sm_clock: bool = True  # XLA's descriptions run FP64 tensor math at the SM clock
 
     def dense_flops(self, kind: int, sms: int, sm_clock_ghz: float) -> float:
@@ -82,10 +82,10 @@ class Rates:
         tensor = [(k, sm_clock_ghz if k == F64 and self.fp64_at_sm_clock else self.tensor_clock_ghz, 4, o)
                   for k, o in self.matrix]
         text = rates("scalar_unit_description", [(k, sm_clock_ghz, u, o) for k, u, o in self.scalar])
-        text += rates("matrix_unit_description", tensor)
-        if self.nvlink_links:
-            text += f"  device_interconnect_info {{ active_links: {self.nvlink_links} }}\n"
-        return text
+        # no device_interconnect_info: with it, XLA 0.12 emits Triton kernels for small all-reduces on
+        # many hosts and aborts compiling one (LLVM "size mismatch when packing elements", MaxText's
+        # Llama-2 7B on 8 A3 VMs); the estimate times collectives over the links itself
+        return text + rates("matrix_unit_description", tensor)
 
 
 def _fp8(ops: int) -> tuple[tuple[int, int], ...]:

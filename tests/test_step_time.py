@@ -406,3 +406,66 @@ def test_recommend_times_what_it_compiles(tmp_path: Any) -> None:
     assert all(c["time"] is None for c in doc["frontier"] if c["peak"] is None)  # only what was compiled
     text = cli("recommend", "sample_models/mlp.py:loss", "--gpu", "h100", "--time")
     assert text.returncode == 0 and "per step (estimate, XLA's cost models" in text.stdout, text.stdout
+
+
+PIPELINED = """HloModule step, is_scheduled=true
+
+%body (p: (s32[], bf16[1024,1024], (bf16[1024,1024], bf16[8192,1024]))) -> (s32[], bf16[1024,1024], (bf16[1024,1024], bf16[8192,1024])) {
+  %p = (s32[], bf16[1024,1024]{1,0}, (bf16[1024,1024]{1,0}, bf16[8192,1024]{1,0})) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %w = bf16[1024,1024]{1,0} get-tuple-element(%p), index=1
+  %carried = (bf16[1024,1024]{1,0}, bf16[8192,1024]{1,0}) get-tuple-element(%p), index=2
+  %agd = bf16[8192,1024]{1,0} all-gather-done(%carried)
+  %mm = (bf16[1024,1024]{1,0}, s8[4194304]{0}) custom-call(%w, %w), custom_call_target="__cublas$lt$matmul", backend_config={"gemm_backend_config":{"dot_dimension_numbers":{"lhs_contracting_dimensions":["1"],"rhs_contracting_dimensions":["0"]}},"reification_cost":[{"exec_time_us":{gemm_us},"name":"sol"}]}
+  %y = bf16[1024,1024]{1,0} get-tuple-element(%mm), index=0
+  %ag = (bf16[1024,1024]{1,0}, bf16[8192,1024]{1,0}) all-gather-start(%y), channel_id=1, replica_groups=[1,8]<=[8], dimensions={0}, use_global_device_ids=true
+  ROOT %t = (s32[], bf16[1024,1024]{1,0}, (bf16[1024,1024]{1,0}, bf16[8192,1024]{1,0})) tuple(%i, %y, %ag)
+}
+
+ENTRY %main (a: (s32[], bf16[1024,1024], (bf16[1024,1024], bf16[8192,1024]))) -> s32[] {
+  %a = (s32[], bf16[1024,1024]{1,0}, (bf16[1024,1024]{1,0}, bf16[8192,1024]{1,0})) parameter(0)
+  %loop = (s32[], bf16[1024,1024]{1,0}, (bf16[1024,1024]{1,0}, bf16[8192,1024]{1,0})) while(%a), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"10"}}
+  ROOT %n = s32[] get-tuple-element(%loop), index=0
+}
+"""  # noqa: E501 - HLO as XLA prints it
+
+
+@pytest.mark.parametrize("gemm_us", [10.0, 100.0])
+def test_a_pipelined_collective_runs_beside_the_next_trips_kernels(gemm_us: float) -> None:
+    """XLA's pipelined all-gather starts at the end of one trip and is waited for in the next: each
+    trip takes its GEMM or its all-gather, whichever is longer, never both."""
+    rates = H100.rates
+    assert rates is not None
+    kernels = step_kernels(PIPELINED.replace("{gemm_us}", str(gemm_us)), devices=8, gpus_per_host=8)
+    time = steptime.estimate(kernels, H100, 8, 0.0)
+    gathering = 7 / 8 * 8 * 2**21 / rates.nvlink_bytes  # 32.6 us
+    gemm = gemm_us * 1e-6 * SLOWER
+    assert time.seconds == pytest.approx(10 * max(gemm, gathering), rel=1e-9)
+    assert time.exposed_communication_seconds == pytest.approx(10 * max(0.0, gathering - gemm), rel=1e-9)
+
+
+def test_a_collective_across_hosts_leaves_each_host_through_its_groups_nics() -> None:
+    """NCCL runs one ring per NIC: an FSDP group holding all 8 GPUs of each host moves its
+    cross-host share through 8 NICs (8 x 400 Gb/s = 400 GB/s, under NVLink's 450); a data-parallel
+    group of one GPU per host through one."""
+    rates = H100.rates
+    assert rates is not None
+    fsdp = MESH.replace("replica_groups=[1,8]<=[8]", "replica_groups=[1,16]<=[16]")
+    gather = next(k for k in step_kernels(fsdp, devices=16, gpus_per_host=8) if k.name == "ag")
+    assert (gather.group, gather.spans_hosts, gather.nics) == (16, True, 8)
+    assert steptime.timed(gather, H100).seconds == pytest.approx(15 / 16 * gather.bytes / (8 * rates.network_bytes))
+    data = MESH.replace("replica_groups=[1,8]<=[8]", "replica_groups=[8,2]<=[2,8]T(1,0)")
+    across = next(k for k in step_kernels(data, devices=16, gpus_per_host=8) if k.name == "ag")
+    assert (across.group, across.spans_hosts, across.nics) == (2, True, 1)
+    assert steptime.timed(across, H100).seconds == pytest.approx(1 / 2 * across.bytes / rates.network_bytes)
+
+
+def test_the_estimates_gpu_has_tensor_cores_and_no_interconnect_for_xla_to_abort_on() -> None:
+    """XLA's tile-aware models need the tensor-core units; with `device_interconnect_info` XLA 0.12
+    emits Triton all-reduce kernels and aborts compiling one on 64 GPUs (LLVM "size mismatch when
+    packing elements for LLVM struct": MaxText's Llama-2 7B on 8 A3 VMs), so it is left out."""
+    text = H100.estimate_config_text()
+    assert "matrix_unit_description" in text and "rate_infos { key: 16 " in text  # BF16's units
+    assert "device_interconnect_info" not in text
+    assert H100.config_text() in text.replace(text[text.index("  scalar_unit_description"):
+                                                   text.index("  cuda_compute_capability")], "")

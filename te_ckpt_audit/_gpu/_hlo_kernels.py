@@ -14,6 +14,7 @@ The module is the partitioned one: its shapes are one device's.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import math
@@ -225,10 +226,14 @@ def _groups(inst: Inst, devices: int) -> list[list[int]]:
     return [list(range(devices))]
 
 
-def _group(groups: list[list[int]], per_host: int) -> tuple[int, bool]:
-    """The devices a collective's largest group spans, and whether any group spans hosts."""
+def _group(groups: list[list[int]], per_host: int) -> tuple[int, bool, int]:
+    """The devices a collective's largest group spans, whether any group spans hosts, and the
+    fewest of a spanning group's devices on one host (each host's share of the network traffic
+    leaves through that many NICs)."""
     size = max((len(g) for g in groups), default=1)
-    return size, any(len({d // per_host for d in g}) > 1 for g in groups)
+    spanning = [g for g in groups if len({d // per_host for d in g}) > 1]
+    local = min((min(collections.Counter(d // per_host for d in g).values()) for g in spanning), default=1)
+    return size, bool(spanning), local
 
 
 # --- instructions to kernels -------------------------------------------------------------------
@@ -251,6 +256,7 @@ class Kernel:
     runs: int = 1  # times one step runs it (the trip counts of the loops around it)
     group: int = 1  # a collective's devices
     spans_hosts: bool = False  # a collective's group crosses hosts
+    nics: int = 1  # across hosts: the group's devices on each host (their NICs share the traffic)
     source: str = ""  # what it computes: the op_name of its metadata, and its source line
     collective: str = ""  # a collective's kind: all-reduce, all-gather, reduce-scatter, all-to-all, ...
     asynchronous: bool = False  # a collective that starts here and is waited for later (its `waits_for`)
@@ -393,12 +399,13 @@ class _Reader:
         costs = _xla_costs(inst)
         source = _source(inst)
         if base in _COLLECTIVES:
-            size, spans = _group(_groups(inst, self.devices), self.per_host)
+            size, spans, local = _group(_groups(inst, self.devices), self.per_host)
             moved = sum(type_bytes(self.operand_type(comp, o)) for o in inst.operands)
             if _COLLECTIVES[base] == "all-gather":
                 moved *= size
             yield Kernel(inst.name, COLLECTIVE, 0, moved, xla_us=costs, runs=runs, group=size, spans_hosts=spans,
-                         source=source, collective=_COLLECTIVES[base], asynchronous=code.endswith("-start"))
+                         source=source, collective=_COLLECTIVES[base], asynchronous=code.endswith("-start"),
+                         nics=local)
             return
         if code == "copy-start":
             operand = self.operand_type(comp, inst.operands[0]) if inst.operands else ""

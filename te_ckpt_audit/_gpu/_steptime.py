@@ -41,9 +41,10 @@ SOL = "sol"
 ROOFLINE = "roofline"
 IMPLAUSIBLE = 50.0  # times a kernel's floor: an XLA estimate beyond it is a placeholder
 # What a training step's tensor-core kernels (GEMMs, attention) reach of their isolated speed (XLA's
-# table, the peak): NCCL's kernels share the SMs, clocks sit under the power cap. Fitted on three of
-# the published runs of docs/guide/step-time.md (marked there), none of the others.
-TENSOR_EFFICIENCY = 0.65
+# table, the peak): NCCL's kernels share the SMs, clocks sit under the power cap. Fitted on two of
+# the published runs of docs/guide/step-time.md (marked there: the value that makes their larger
+# error least; they alone would take 0.65 and 0.82), none of the others.
+TENSOR_EFFICIENCY = 0.735
 METHOD = ("XLA's sol cost model per kernel (bf16 -> f32 GEMMs rescaled), floored at each kernel's roofline, "
           f"tensor-core kernels at {TENSOR_EFFICIENCY:.0%} of it in a training step (fitted); loops x trip count; "
           "collectives in XLA's scheduled order")
@@ -65,16 +66,21 @@ class Timed:
 
 
 def link_seconds(kernel: Kernel, gpu: GpuModel) -> float:
-    """A collective's bytes over its links, as a ring moves them: an all-reduce sends and receives
-    2 (n-1)/n of its buffer, the others (n-1)/n (of an all-gather's result, of a reduce-scatter's
-    operand); NVLink within a host, the network across hosts."""
+    """A collective's bytes over its links, as NCCL's rings move them: an all-reduce sends and
+    receives 2 (n-1)/n of its buffer, the others (n-1)/n (of an all-gather's result, of a
+    reduce-scatter's operand); within a host over NVLink; across hosts over the network, one ring
+    per NIC, so a host's share leaves through as many NICs as the group has devices there (8 GPUs
+    of a host in one FSDP group: 8 x 400 Gb/s), never faster than NVLink."""
     n = max(kernel.group, 1)
     if n == 1 or gpu.rates is None:
         return 0.0
     share = (n - 1) / n * (2 if kernel.collective == "all-reduce" else 1)
     if kernel.collective == "collective-permute":
         share = 1.0
-    rate = gpu.rates.network_bytes if kernel.spans_hosts or not gpu.rates.nvlink_bytes else gpu.rates.nvlink_bytes
+    rates = gpu.rates
+    rate = rates.nvlink_bytes or rates.network_bytes
+    if kernel.spans_hosts or not rates.nvlink_bytes:
+        rate = min(rate, rates.network_bytes * max(kernel.nics, 1))
     return kernel.bytes * share / rate
 
 
@@ -154,8 +160,10 @@ def elapsed(rows: list[Timed], depth: int = 0, runs: int = 1) -> float:
     kernels one after another on the compute stream; an asynchronous collective starts on the
     collective stream (after the one before it there) and runs beside the kernels scheduled
     between it and its wait; a synchronous one waits for the collective stream and blocks. A loop's
-    body (its rows, contiguous) takes its own elapsed time once per trip."""
-    now = stream = 0.0
+    body (its rows, contiguous) takes its own elapsed time once per trip: where a collective it
+    starts is waited for in the next trip (XLA's pipelined collectives), it runs beside that trip's
+    kernels, so a trip takes its compute and waits, or its collectives' time, whichever is longer."""
+    now = stream = busy = 0.0
     ends: dict[str, float] = {}
     i = 0
     while i < len(rows):
@@ -174,13 +182,15 @@ def elapsed(rows: list[Timed], depth: int = 0, runs: int = 1) -> float:
             now = max(now, ends.get(k.waits_for, now))
         elif k.kind is KernelKind.COLLECTIVE and k.asynchronous:
             stream = max(now, stream) + t.seconds
+            busy += t.seconds
             ends[k.name] = stream
         elif k.kind is KernelKind.COLLECTIVE:
             now = stream = max(now, stream) + t.seconds
+            busy += t.seconds
         else:
             now += t.seconds
         i += 1
-    return max(now, stream)
+    return max(now, busy) if depth else max(now, stream)
 
 
 def _trips(rows: list[Timed], runs: int) -> int:
