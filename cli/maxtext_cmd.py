@@ -83,6 +83,13 @@ Layouts = Annotated[
 MaxCompiles = Annotated[
     int, typer.Option("--max-compiles", metavar="N", help="With --recommend: compile the step at most N times."),
 ]
+Maximize = Annotated[
+    str | None,
+    typer.Option("--maximize", metavar="throughput", help="With --recommend: search remat_policy (all of MaxText's, "
+                 "or those given with --policy) and per_device_batch_size together for the most estimated tokens "
+                 "per second per GPU among the points that fit (--time's estimate; each point compiled), on the "
+                 "config's layout.", show_default=False),
+]
 
 
 @at_the_edge
@@ -99,6 +106,7 @@ def maxtext(
     batch: Batches = None,
     layout: Layouts = None,
     max_compiles: MaxCompiles = 24,
+    maximize: Maximize = None,
     fit: opt.Fit = False,
     peak_budget: opt.PeakBudgets = None,
     timed: opt.Time = False,
@@ -130,13 +138,19 @@ def maxtext(
     check_remat_policies(policies)
     check_layouts(layout or ())
     check_config_file(run)
-    if (batch or layout or max_compiles != 24) and not recommend:
-        raise UsageError("--batch, --layout and --max-compiles are about --recommend's search", "add --recommend")
-    if recommend and timed:
+    if maximize is not None and maximize != "throughput":
+        raise UsageError(f"--maximize {maximize}: MaxText's search maximizes throughput", "--maximize throughput")
+    if (batch or layout or max_compiles != 24 or maximize) and not recommend:
+        raise UsageError("--batch, --layout, --max-compiles and --maximize are about --recommend's search",
+                         "add --recommend")
+    if recommend and timed and maximize is None:
         raise UsageError("maxtext --recommend searches by memory; --time is for the policies it compiles",
-                         "drop --recommend, give --policy")
-    if recommend and (policy or on_gpu.peak.active):
-        raise UsageError("--recommend searches MaxText's remat policies itself", "drop --policy, --fit, --peak-budget")
+                         "drop --recommend and give --policy, or search by time: --maximize throughput")
+    if recommend and on_gpu.peak.active:
+        raise UsageError("--recommend searches what fits the GPU itself", "drop --fit, --peak-budget")
+    if recommend and policy and maximize is None:
+        raise UsageError("--recommend searches MaxText's remat policies itself",
+                         "drop --policy, or name what --maximize throughput searches")
     if recommend and format is MaxTextFormat.MARKDOWN:
         raise UsageError("--format markdown: --recommend writes table or json", "--format json")
     out = OutputOptions(OutputFormat(format.value), None if output is None else Path(output), 10, None, False)
@@ -150,8 +164,9 @@ def maxtext(
         assert on_gpu.request is not None
         with stdout_kept_for_the_report(), progress_on_stderr() as progress:
             found = recommend_maxtext(run, on_gpu.request, tuple(batch or ()), tuple(layout or ()),
-                                      max_compiles=max_compiles,
-                                      progress=progress, capture=process.xla_log_kept_off_stderr)
+                                      max_compiles=max_compiles, progress=progress,
+                                      capture=process.xla_log_kept_off_stderr, maximize=maximize,
+                                      remat_policies=tuple(policies) if policy else ())
         text = render_maxtext_recommend_json if out.format is OutputFormat.JSON else render_maxtext_recommend_text
         emit(text(found), out.output)
         return ExitCode.OK if found.chosen is not None else ExitCode.CHECK_FAILED

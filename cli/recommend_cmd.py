@@ -9,7 +9,6 @@ from typing import Annotated, assert_never
 import typer
 
 from te_ckpt_audit import (
-    DEFAULT_MAX_COMPILES,
     DEFAULT_MAX_EVALS,
     Recommendation,
     Scope,
@@ -66,16 +65,19 @@ Budget = Annotated[
     ),
 ]
 MaxCompiles = Annotated[
-    int,
-    typer.Option("--max-compiles", metavar="N", help="With --gpu: compile at most N policies (two XLA compiles each)."),
+    int | None,
+    typer.Option("--max-compiles", metavar="N", help="With --gpu: compile at most N points (policy, and batch with "
+                 "--maximize throughput). Default: 8; 24 with --maximize throughput.", show_default=False),
 ]
 Maximize = Annotated[
     str | None,
     typer.Option(
         "--maximize",
-        metavar="DEFINE",
-        help="With --gpu: also find the largest value of this inputs keyword (e.g. batch) whose step fits "
-        "under the recommended policy, by compiled peak.",
+        metavar="DEFINE|throughput[:KEYWORD]",
+        help="With --gpu: DEFINE: also find the largest value of this inputs keyword (e.g. batch) whose step "
+        "fits under the recommended policy, by compiled peak. throughput: the policy and batch (the inputs "
+        "keyword batch, or KEYWORD) whose compiled step fits with the most estimated throughput per GPU "
+        "(--time's estimate; each point compiled).",
         show_default=False,
     ),
 ]
@@ -115,7 +117,7 @@ def recommend(
     gpus_per_host: opt.GpusPerHost = DEFAULT_GPUS_PER_HOST,
     optimizer: opt.OptimizerOption = None,
     mem_fraction: opt.MemFraction = None,
-    max_compiles: MaxCompiles = DEFAULT_MAX_COMPILES,
+    max_compiles: MaxCompiles = None,
     maximize: Maximize = None,
     jobs: opt.Jobs = None,
     cluster: opt.Cluster = None,
@@ -132,7 +134,8 @@ def recommend(
     linearization. Prints the winner as a --policy spec, Python that builds it, MaxText's remat
     settings and the Pareto frontier. With --gpu, the winner is the least-recompute frontier point
     whose training step, compiled for that GPU, fits its usable memory (points compiled in order of
-    recompute, --jobs at a time, until one fits). Exit codes: 0 something
+    recompute, --jobs at a time, until one fits); with --maximize throughput, the policy and batch whose
+    compiled step fits with the most estimated throughput. Exit codes: 0 something
     fits, 1 nothing fits (the closest is shown), 2 usage or bad input, 3 the target failed to load or
     trace, 4 internal error.
     """
@@ -169,6 +172,11 @@ def recommend(
             capture=process.xla_log_kept_off_stderr,
         )
     emit(renderer(format)(rec), written)
+    if rec.throughput is not None:
+        if rec.throughput.best is None:
+            say(f"{PROG}: no point compiled fits the {rec.gpu.name if rec.gpu else 'GPU'}")
+            return ExitCode.CHECK_FAILED
+        return ExitCode.OK
     if rec.recommended is None:
         closest = rec.closest
         near = f"; closest: {closest.policy} at {format_bytes(closest.activation_bytes)}" if closest else ""

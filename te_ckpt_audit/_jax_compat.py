@@ -6,6 +6,8 @@ one file, and `tests/test_jax_compat.py` names exactly which symbol moved.
 
 from __future__ import annotations
 
+import contextlib
+import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeAlias
 
@@ -340,6 +342,16 @@ def cuda_topology(config_text: str, shape: str) -> Any:
     from jax.experimental import topologies
 
     return topologies.get_topology_desc(platform="cuda", target_config=config_text, topology=shape)
+
+
+def no_persistent_cache_entry() -> contextlib.AbstractContextManager[None]:
+    """A compile in this thread that writes no entry into JAX's persistent compilation cache (where
+    the process turned it on: a model file, MaxText's `jax_cache_dir`). An executable compiled for a
+    device-less topology is written, but reading it back needs a client the topology has not, so
+    every later compile of the same program would fail its read."""
+    from jax._src import config as _config
+
+    return _config.persistent_cache_min_compile_time_secs(math.inf)
 
 
 def _register_cuda_plugin() -> None:

@@ -34,6 +34,8 @@ from ._fit import DEFAULT_MAX_COMPILES, fit_on_gpu, largest_fitting
 from ._gpu._compiler import LogCapture
 from ._progress import Progress, quiet
 from ._session import Session
+from ._throughput import DEFAULT_MAX_COMPILES as THROUGHPUT_MAX_COMPILES
+from ._throughput import spread, target_search, throughput_keyword
 from ._trained import ParamsLike
 from .config import as_defines
 from .errors import TargetError, UsageError
@@ -481,7 +483,7 @@ def recommend_target(
     progress: Progress = quiet,
     mesh: MeshSpec | str | None = None,
     gpu: GpuRequest | None = None,
-    max_compiles: int = DEFAULT_MAX_COMPILES,
+    max_compiles: int | None = None,
     maximize: str | None = None,
     params: ParamsLike = None,
     executor: concurrent.futures.Executor | None = None,
@@ -493,10 +495,12 @@ def recommend_target(
     `mesh` (a MeshSpec or "data=8,model=4") the budget is per device. With `gpu`, the winner is the
     least-recompute point whose compiled step fits that GPU (the budget, by default its usable
     memory, bounds the residual estimates that choose what to compile); with `maximize`, also the
-    largest value of that inputs keyword that fits under it. `params` names the trained arguments
-    (the first by default); `executor` and `jobs`: compile that many points at once in its worker
-    processes; `capture` keeps XLA's log lines off stderr. Bad arguments fail before the target's
-    code runs."""
+    largest value of that inputs keyword that fits under it, or, with `maximize="throughput"`
+    (`"throughput:KEYWORD"`), the frontier's policy and `batch` (KEYWORD) whose step fits with the
+    most estimated throughput (`_throughput`; `max_compiles` 24 by default, else 8). `params`
+    names the trained arguments (the first by default); `executor` and `jobs`: compile that many
+    points at once in its worker processes; `capture` keeps XLA's log lines off stderr. Bad
+    arguments fail before the target's code runs."""
     check_target_arg(target)
     placement: MeshSpec | None = mesh_arg(mesh)
     gpu_arg(gpu)
@@ -513,6 +517,9 @@ def recommend_target(
     else:
         limit = positive_bytes(gpu.usable_bytes)  # type: ignore[union-attr]
     count_at_least_one(max_evals, "max_evals", 64)
+    keyword = throughput_keyword(maximize)
+    if max_compiles is None:
+        max_compiles = DEFAULT_MAX_COMPILES if keyword is None else THROUGHPUT_MAX_COMPILES
     count_at_least_one(max_compiles, "max_compiles", 8)
     given = as_defines(defines)
 
@@ -523,13 +530,22 @@ def recommend_target(
         )
 
     session = session_with({})
-    start = _start_of(session, maximize) if maximize is not None and gpu is not None else 0  # before any compile
+    start = 0 if maximize is None or gpu is None else _start_of(session, keyword or maximize, keyword is not None)
     rec = recommend(
         session, limit, allow_offload=allow_offload, max_evals=max_evals, presets=presets, progress=progress,
     )
     if gpu is None:
         return rec
-    rec = fit_on_gpu(session, rec, gpu, max_compiles, progress, executor, jobs, capture)
+    if keyword is not None:
+        gpu = dataclasses.replace(gpu, time=True)  # throughput is the step's estimated time
+    rec = fit_on_gpu(session, rec, gpu, DEFAULT_MAX_COMPILES if keyword else max_compiles, progress, executor, jobs,
+                     capture)
+    if keyword is not None:
+        policies = spread([c.policy for c in rec.frontier if c.error is None], max(2, max_compiles // 4))
+        fastest = target_search(lambda v: session_with({keyword: str(v)}), session, policies, keyword, start, gpu,
+                                max_compiles=max_compiles, progress=progress, executor=executor, jobs=jobs,
+                                capture=capture)
+        return dataclasses.replace(rec, throughput=fastest)
     if maximize is None or rec.recommended is None:
         return rec
     found = largest_fitting(lambda v: session_with({maximize: str(v)}), maximize, start, rec.recommended.policy, gpu,
@@ -537,11 +553,15 @@ def recommend_target(
     return dataclasses.replace(rec, maximized=found)
 
 
-def _start_of(session: Session, keyword: str) -> int:
-    """The value of the inputs keyword a search for the largest one starts from: its own."""
+def _start_of(session: Session, keyword: str, throughput: bool = False) -> int:
+    """The value of the inputs keyword a search starts from: its own (before any compile)."""
     if keyword not in session.keywords:
         close = difflib.get_close_matches(keyword, list(session.keywords), n=3)
         takes = ", ".join(session.keywords) or "none"
+        if throughput:
+            raise UsageError(f"$maximize$ throughput searches the inputs keyword {keyword!r}, which the inputs "
+                             "callable does not take", f"name the batch keyword: $maximize$ throughput:KEYWORD "
+                             f"(its keywords: {takes})")
         raise UsageError(f"$maximize$ {keyword}: the inputs callable takes no keyword {keyword!r}",
                          f"did you mean {' or '.join(close)}?" if close else f"its keywords: {takes}")
     start = session.keywords.get(keyword)

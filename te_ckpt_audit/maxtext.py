@@ -39,10 +39,11 @@ from ._loading import user_code
 from ._mesh import cpu_devices
 from ._progress import Progress, quiet
 from ._session import Session
+from ._throughput import THROUGHPUT, point_of, search
 from ._trace import trace
 from .errors import TargetError, UsageError, first_line
 from .gpus import GpuRequest
-from .records import AuditReport, MaxTextPoint, MaxTextRecommendation, PolicyResult
+from .records import AuditReport, MaxTextPoint, MaxTextRecommendation, PeakMemory, Point, PolicyResult
 from .specs import AsIs
 
 # MaxText's cuDNN flash attention through TE finds no fused backend without a GPU driver (TE falls
@@ -541,15 +542,28 @@ def recommend_maxtext(
     max_compiles: int = 24,
     progress: Progress = quiet,
     capture: LogCapture | None = None,
+    maximize: str | None = None,
+    remat_policies: Sequence[str] = (),
 ) -> MaxTextRecommendation:
     """The largest of `batch_sizes` (the config's own without them) at which one of MaxText's
     remat policies fits on `gpu`, and at it the fastest that fits, in MaxText's own order (the
     `_with_quantization` variants only for a config with TE's quantization), on the
     first of `layouts` (ici/dcn parallelism over the run's GPUs, as `a=N,b=M`; the config's own
     without them) where it does: batches largest first, policies fastest first, layouts in the
-    order given, each point compiled, until one fits (at most `max_compiles` compiles)."""
+    order given, each point compiled, until one fits (at most `max_compiles` compiles). With
+    `maximize="throughput"`: the remat policy (of `remat_policies`, else all of MaxText's that
+    apply) and per-device batch (the ladder from the config's own, or `batch_sizes`) whose step
+    fits with the most estimated tokens per second per GPU (`_throughput`), on the config's layout."""
     if max_compiles < 1:
         raise UsageError(f"$max_compiles$ {max_compiles} must be at least 1", "e.g. $max_compiles$ 24")
+    if maximize is not None and maximize != THROUGHPUT:
+        raise UsageError(f"$maximize$ {maximize}: MaxText's search maximizes throughput", "$maximize$ throughput")
+    if remat_policies and maximize is None:
+        raise UsageError("$remat_policies$ name what --maximize throughput searches", "add $maximize$ throughput")
+    if maximize is not None and layouts:
+        raise UsageError("$maximize$ throughput searches policy and batch on one layout",
+                         "give the layout as the run's settings (ici_fsdp_parallelism=8 ...)")
+    check_remat_policies([p for p in remat_policies if p != "as-is"])
     gpu = _its_own_step(gpu)
     for size in batch_sizes:
         try:
@@ -565,6 +579,9 @@ def recommend_maxtext(
     # without TE's quantization the `_with_quantization` variants are their bases again: not tried
     quantized = bool(str(_config(run, None).quantization or ""))
     policies = [p for p in BY_SPEED if quantized or "quantization" not in p]
+    if maximize is not None:
+        return _fastest(run, gpu, list(dict.fromkeys(remat_policies)) or policies, batch_sizes, max_compiles,
+                        progress, capture)
     tried: list[MaxTextPoint] = []
     first: Session | None = None
     for size in sizes:
@@ -584,3 +601,53 @@ def recommend_maxtext(
                 if tried[-1].fits:
                     return MaxTextRecommendation(run.target, tried[-1], tuple(tried), first.gpu_info(gpu))
     return MaxTextRecommendation(run.target, None, tuple(tried), None if first is None else first.gpu_info(gpu))
+
+
+def _fastest(run: MaxTextRun, gpu: GpuRequest, policies: list[str], batch_sizes: Sequence[str], max_compiles: int,
+             progress: Progress, capture: LogCapture | None) -> MaxTextRecommendation:
+    """`recommend_maxtext`'s search by throughput: each (remat_policy, per_device_batch_size)
+    point MaxText's own train step, compiled and timed; tokens per second per GPU."""
+    timed = dataclasses.replace(gpu, time=True)
+    given = run.value("per_device_batch_size")
+    assert given is not None
+    values = [_whole_batch(v) for v in batch_sizes]
+    start = values[0] if values else _whole_batch(given)
+    tried: dict[tuple[str, int], MaxTextPoint] = {}
+    first: list[Session] = []
+
+    def evaluate(batch: Sequence[tuple[str, int]]) -> list[Point]:
+        found = []
+        for policy, value in batch:
+            at = dataclasses.replace(run, settings=(*run.settings, f"per_device_batch_size={value}"))
+            progress(f"MaxText's train step: remat_policy={policy}, batch {value}")
+            try:
+                session = maxtext_session(at, None if policy == "as-is" else policy)
+                with _te_told_maxtexts_axes():
+                    step = session.compiled([AsIs()], timed, progress, capture=capture)[AsIs().text]
+            except TargetError as exc:  # MaxText cannot build the step at this batch
+                tried[(policy, value)] = MaxTextPoint(policy, str(value), PeakMemory.not_compiled(first_line(exc)))
+                found.append(Point(policy, value, None, False, None, None, first_line(exc)))
+                continue
+            first[:] = first or [session]
+            tried[(policy, value)] = MaxTextPoint(policy, str(value), step.peak)
+            found.append(point_of(policy, value, step.peak, step.time, _tokens(at)))
+        return found
+
+    searched = search(evaluate, policies, start, "per_device_batch_size", "tokens", max_compiles=max_compiles,
+                      values=values)
+    best = searched.best
+    chosen = None if best is None else tried[(best.policy, best.value)]
+    info = None if not first else first[0].gpu_info(timed)
+    return MaxTextRecommendation(run.target, chosen, tuple(tried.values()), info, searched)
+
+
+def _whole_batch(value: str) -> int:
+    """A per-device batch the throughput search can double and halve: a whole number, at least 1."""
+    try:
+        number = float(value)
+    except ValueError:
+        number = math.nan
+    if not (math.isfinite(number) and number >= 1 and number == int(number)):
+        raise UsageError(f"$maximize$ throughput searches whole per-device batches; {value} is not one",
+                         "give per_device_batch_size=N (or $batch$ N) with N a whole number from 1")
+    return int(number)

@@ -36,6 +36,7 @@ PRIVATE = [
     ("jax._src.tree_util", "FlatTree", None, (0, 11, 0)),
     ("jax._src.flattree", "flatten", (0, 11, 0), None),
     ("jax._src.interpreters.ad", "VJPNode", (0, 12, 0), None),
+    ("jax._src.config", "persistent_cache_min_compile_time_secs", None, None),
 ]
 PUBLIC = [
     ("jax.extend.core", name)

@@ -67,7 +67,7 @@ def _maxtexts_own_compile(run: MaxTextRun, request: GpuRequest) -> object:
 
     config = pyconfig.initialize([None, run.config, *run.settings, "compile_topology=a3",
                                   "compile_topology_num_slices=1", "skip_jax_distributed_system=True",
-                                  "enable_checkpointing=False", "dataset_type=synthetic"])
+                                  "enable_checkpointing=False", "dataset_type=synthetic", "jax_cache_dir="])
     memory = request.planning_memory(request.mem_fraction)
     topology = jc.cuda_topology(request.model.config_text(memory), request.topology(run.devices))
     mesh = Mesh(maxtext_utils.create_device_mesh(config, list(topology.devices)), config.mesh_axes,
@@ -189,7 +189,7 @@ def test_recommend_takes_the_largest_batch_that_fits_and_the_fastest_policy_at_i
     assert (rec.chosen.per_device_batch_size, rec.chosen.remat_policy) == ("4", plain[0])
     assert rec.config_lines() == f"remat_policy: '{plain[0]}'\nper_device_batch_size: 4"
     doc = rec.to_dict()
-    assert doc["schema"] == "te-ckpt-audit-maxtext-recommend/1" and doc["config_lines"] == rec.config_lines()
+    assert doc["schema"] == "te-ckpt-audit-maxtext-recommend/2" and doc["config_lines"] == rec.config_lines()
     small = tmp_path / "small.txtpb"
     small.write_text(gpu_model("h100").config_text(16 * 2**20))
     tight = GpuRequest(model_of_config(small),  # XLA's rematerialization off: it would search long, and fail
@@ -198,6 +198,27 @@ def test_recommend_takes_the_largest_batch_that_fits_and_the_fastest_policy_at_i
     assert none.chosen is None and none.config_lines() == ""
     assert [(t.per_device_batch_size, t.remat_policy, t.fits) for t in none.tried] == [
         ("4", plain[0], False), ("4", plain[1], False)]
+
+
+@compiles
+def test_recommend_by_throughput_compiles_and_times_every_point_it_reports() -> None:
+    """Issue 40: remat_policy and per_device_batch_size searched together, each point MaxText's own
+    step compiled and timed; tokens per second per GPU by hand; a bounded search stays broad."""
+    run = MaxTextRun(_base_yml(), TINY)
+    h100 = GpuRequest(gpu_model("h100"), environment=GpuEnvironment(xla_flags=CUBLAS))
+    rec = recommend_maxtext(run, h100, max_compiles=4, maximize="throughput", remat_policies=["full", "minimal"])
+    found = rec.throughput
+    assert found is not None and found.bounded and len(found.points) == 4 == len(rec.tried)
+    assert [(p.policy, p.value) for p in found.points] == [("full", 2), ("minimal", 2), ("full", 4), ("minimal", 4)]
+    for point, tried in zip(found.points, rec.tried, strict=True):
+        assert (tried.remat_policy, tried.per_device_batch_size) == (point.policy, str(point.value))
+        assert point.peak_bytes == tried.peak.bytes_per_device and point.seconds is not None and point.fits
+        # 8 GPUs x the per-device batch x 16 tokens, per second, per GPU
+        assert point.throughput == pytest.approx(8 * point.value * 16 / point.seconds / 8, rel=1e-12)
+    assert found.best is not None and rec.chosen is not None
+    assert (rec.chosen.remat_policy, rec.chosen.per_device_batch_size) == (found.best.policy, str(found.best.value))
+    assert rec.settings() == f"remat_policy={found.best.policy} per_device_batch_size={found.best.value}"
+    assert rec.to_dict()["throughput"]["best"] == rec.to_dict()["throughput"]["frontier"][-1]
 
 
 @compiles
@@ -229,12 +250,15 @@ def test_settings_and_policies_are_checked_before_anything_runs() -> None:
     (["c.yml", "per_device_batch_size", "--gpu", "h100"], "MaxText setting 'per_device_batch_size' is not KEY=VALUE"),
     (["c.yml", "-p", "minimal_please", "--gpu", "h100"], "'minimal_please' is not a remat_policy of MaxText's"),
     (["c.yml", "--recommend"], "maxtext --recommend compiles MaxText's train step for a GPU"),
-    (["c.yml", "--gpu", "h100", "--batch", "4"], "--batch, --layout and --max-compiles are about --recommend's"),
+    (["c.yml", "--gpu", "h100", "--batch", "4"], "--batch, --layout, --max-compiles and --maximize are about"),
+    (["c.yml", "--gpu", "h100", "--maximize", "throughput"], "--maximize are about --recommend's search"),
+    (["c.yml", "--gpu", "h100", "--recommend", "--maximize", "batch"], "MaxText's search maximizes throughput"),
+    (["c.yml", "--gpu", "h100", "--recommend", "--time"], "or search by time: --maximize throughput"),
     (["c.yml", "--gpu", "h100", "--recommend", "--layout", "fsdp=8"], "'fsdp=8' is not an ici_*/dcn_*_parallelism"),
     (["c.yml", "--gpu", "h100", "--recommend", "-p", "full"], "--recommend searches MaxText's remat policies itself"),
     (["c.yml", "--gpu", "h100", "--recommend", "--format", "markdown"], "--recommend writes table or json"),
-], ids=["no-config", "not-key-value", "unknown-policy", "no-gpu", "batch-alone", "not-a-layout", "recommend-policy",
-        "recommend-md"])
+], ids=["no-config", "not-key-value", "unknown-policy", "no-gpu", "batch-alone", "maximize-alone",
+        "maximize-batch", "recommend-time", "not-a-layout", "recommend-policy", "recommend-md"])
 def test_bad_input_is_exit_2_in_one_line(tmp_path: Path, args: list[str], said: str) -> None:
     (tmp_path / "c.yml").write_text("base_config: base.yml\n")
     run = cli("maxtext", *args, cwd=tmp_path)

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import jsonschema
 import pytest
-from _gpu_lane import LANE, MISSING_GPU_TARGET, cli, compiles
+from _gpu_lane import LANE, MISSING_GPU_TARGET, ROOT, cli, compiles
 
 from te_ckpt_audit import audit
 from te_ckpt_audit._gpu import _steptime as steptime
@@ -334,6 +334,32 @@ def test_time_on_the_command_line_is_json_under_the_schema(tmp_path: Any) -> Non
     assert time["model_flops"] == 3 * doc["results"][0]["forward_flops"]
 
 
+@compiles
+def test_a_model_file_that_turns_on_jaxs_persistent_cache_runs_twice(tmp_path: Any) -> None:
+    """Training scripts turn JAX's persistent compilation cache on at import. A device-less compile
+    written there cannot be read back (no client), so the second run's compiles failed their read:
+    none of the tool's GPU compiles writes an entry."""
+    jax_cache = tmp_path / "jax-cache"
+    model = tmp_path / "cached.py"
+    model.write_text(
+        "import sys\nimport jax\n"
+        f"sys.path.insert(0, {str(ROOT / 'sample_models')!r})\n"
+        f"jax.config.update('jax_compilation_cache_dir', {str(jax_cache)!r})\n"
+        "jax.config.update('jax_persistent_cache_min_compile_time_secs', 0)\n"
+        "jax.config.update('jax_persistent_cache_min_entry_size_bytes', 0)\n"
+        "from mlp import loss, loss_inputs  # noqa: E402,F401\n")
+    env = {"PYTHONWARNINGS": "error::UserWarning:jax._src.compiler"}
+    for run_number in (1, 2):
+        out = tmp_path / f"run{run_number}.json"
+        run = cli(f"{model}:loss", "--gpu", "h100", "--time", "-p", "nothing_saveable", "--format", "json",
+                  "-o", str(out), env={**env, "TE_CKPT_AUDIT_CACHE": str(tmp_path / f"tool-cache{run_number}")})
+        assert run.returncode == 0, run.stderr
+        result = json.loads(out.read_text())["results"][0]
+        assert result["peak"]["error"] is None and result["time"]["error"] is None, result
+        assert "persistent compilation cache" not in run.stderr
+    assert not [p for p in jax_cache.rglob("*") if p.is_file() and "jit_step" in p.name]
+
+
 def test_time_in_the_config_file_asks_for_the_estimate(tmp_path: Any) -> None:
     from te_ckpt_audit import UsageError
     from te_ckpt_audit.config import load_config
@@ -399,13 +425,124 @@ def test_recommend_times_what_it_compiles(tmp_path: Any) -> None:
     run = cli("recommend", "sample_models/mlp.py:loss", "--gpu", "h100", "--time", "--format", "json", "-o", str(out))
     assert run.returncode == 0, run.stderr
     doc = json.loads(out.read_text())
-    assert doc["schema"] == "te-ckpt-audit-recommend/6"
+    assert doc["schema"] == "te-ckpt-audit-recommend/7"
     chosen = doc["recommended"]
     assert chosen["peak"] is not None and chosen["time"]["seconds"] > 0 and chosen["time"]["error"] is None
     assert chosen["time"]["model_flops"] == 3 * chosen["forward_flops"]
     assert all(c["time"] is None for c in doc["frontier"] if c["peak"] is None)  # only what was compiled
     text = cli("recommend", "sample_models/mlp.py:loss", "--gpu", "h100", "--time")
     assert text.returncode == 0 and "per step (estimate, XLA's cost models" in text.stdout, text.stdout
+
+
+# --- issue 40: policy and batch searched together by estimated throughput ------------------------------
+
+LAYERS = """import jax
+import jax.numpy as jnp
+
+
+def _layer(x, w):
+    return x + jax.nn.gelu(x @ w[0]) @ w[1]
+
+
+def loss(w, x):
+    for i in range(w.shape[0]):
+        x = jax.checkpoint(_layer)(x, w[i])
+    return jnp.mean(x.astype(jnp.float32))
+
+
+def loss_inputs(batch: int = 1024, d: int = 256, layers: int = 8):
+    return (jax.ShapeDtypeStruct((layers, 2, d, d), jnp.bfloat16), jax.ShapeDtypeStruct((batch, d), jnp.bfloat16))
+"""
+SEARCHED = ["everything_saveable", "nothing_saveable"]
+
+
+def _searched_and_brute(tmp_path: Any, fraction: float, start: int, rungs: int) -> tuple[Any, dict[Any, Any]]:
+    """`recommend --maximize throughput` over the two presets on eight checkpointed layers, and every
+    (policy, rung) of the doubling ladder from `start` compiled on its own, as the search compiles it."""
+    from te_ckpt_audit import Session, recommend_target
+    from te_ckpt_audit.gpus import GpuEnvironment
+    from te_ckpt_audit.specs import resolve_policy
+
+    model = tmp_path / "layers.py"
+    model.write_text(LAYERS)
+    request = GpuRequest(H100, environment=GpuEnvironment(mem_fraction=fraction), cache=tmp_path / "cache", time=True)
+    rec = recommend_target(f"{model}:loss", defines={"batch": str(start)}, presets=SEARCHED, gpu=request,
+                           maximize="throughput", params=0)
+    brute = {}
+    for value in (start * 2**k for k in range(rungs)):
+        session = Session.of_target(f"{model}:loss", defines={"batch": str(value)}, params=0)
+        specs = [resolve_policy(p) for p in SEARCHED]
+        steps = session.compiled(specs, request)
+        brute.update({(s.text, value): steps[s.text] for s in specs})
+    return rec, brute
+
+
+def _brute_best(brute: dict[tuple[str, int], Any]) -> tuple[str, int, float]:
+    fitting = [(k, c.time.seconds) for k, c in brute.items() if c.peak.fits and c.time.seconds]
+    (policy, value), seconds = max(fitting, key=lambda kv: kv[0][1] / kv[1])
+    return policy, value, value / seconds
+
+
+def _each_point_as_compiled(rec: Any, brute: dict[tuple[str, int], Any]) -> None:
+    """Every point reported was compiled: timed, a peak, and the ladder's equal to their own compiles."""
+    found = rec.throughput
+    assert found is not None and found.points
+    for p in found.points:
+        assert p.peak_bytes is not None and p.seconds is not None and p.error is None, p
+        if (p.policy, p.value) in brute:
+            c = brute[(p.policy, p.value)]
+            assert (p.peak_bytes, p.seconds, p.fits) == (c.peak.bytes_per_device, c.time.seconds, c.peak.fits)
+
+
+def _search_checked(tmp_path: Any, fraction: float, start: int, rungs: int, winner: str) -> tuple[Any, Any]:
+    """The search's best pair: `winner`, as brute force over the ladder's rungs finds it, and at
+    least as fast; every point it reports compiled."""
+    rec, brute = _searched_and_brute(tmp_path, fraction, start, rungs)
+    _each_point_as_compiled(rec, brute)
+    best = rec.throughput.best
+    policy, value, rate = _brute_best(brute)
+    assert best is not None and best.policy == policy == winner
+    assert best.value >= value and best.throughput >= rate * (1 - 1e-9)
+    return rec, best
+
+
+@compiles
+def test_throughput_a_policy_that_fits_a_larger_batch_beats_the_least_recompute(tmp_path: Any) -> None:
+    # 40 MiB of an H100 (0.05%): saving everything fits 2048 examples, recomputing fits 8192; at these
+    # sizes a step is mostly fixed cost, so the larger batch runs faster per example despite recompute
+    rec, best = _search_checked(tmp_path, 0.001, 1024, 5, "nothing_saveable")
+    assert rec.recommended is not None and rec.recommended.policy == "everything_saveable"  # memory alone picks it
+    saving = max(p.throughput or 0 for p in rec.throughput.points if p.policy == "everything_saveable" and p.fits)
+    assert best.throughput > 1.5 * saving
+
+
+@compiles
+def test_throughput_the_least_recompute_wins_where_the_gpu_is_full(tmp_path: Any) -> None:
+    # 320 MiB: both policies fill the GPU's arithmetic before memory; recomputing then only costs time
+    rec, best = _search_checked(tmp_path, 0.004, 4096, 4, "everything_saveable")
+    largest = max(p.value for p in rec.throughput.points if p.policy == "nothing_saveable" and p.fits)
+    assert largest > best.value  # recomputing fits a larger batch, and is slower
+
+
+@compiles
+def test_throughput_max_compiles_bounds_the_search_and_says_so(tmp_path: Any) -> None:
+    model = tmp_path / "layers.py"
+    model.write_text(LAYERS)
+    out = tmp_path / "rec.json"
+    args = ("recommend", f"{model}:loss", "--gpu", "h100", "--mem-fraction", "0.001", "--params", "0",
+            "--maximize", "throughput", "--max-compiles", "3")
+    run = cli(*args, "--format", "json", "-o", str(out))
+    assert run.returncode == 0, run.stderr
+    found = json.loads(out.read_text())["throughput"]
+    assert len(found["points"]) == 3 and found["bounded"] is True and found["max_compiles"] == 3
+    assert all(p["peak_bytes"] is not None and p["seconds"] is not None for p in found["points"])
+    assert found["best"] in found["points"] and found["best"]["fits"]
+    text = cli(*args)
+    assert text.returncode == 0 and "stopped by --max-compiles" in text.stdout, text.stdout
+    assert f"--policy {found['best']['policy']} -D batch={found['best']['value']}" in text.stdout
+    page = tmp_path / "rec.html"
+    assert cli(*args, "--format", "html", "-o", str(page)).returncode == 0
+    assert "Fastest that fits" in page.read_text() and "batch/s/GPU" in page.read_text()
 
 
 PIPELINED = """HloModule step, is_scheduled=true

@@ -213,7 +213,7 @@ class Compiler:
         options = dict(flags)
         for _ in range(2 * len(flags) + 1):
             try:
-                with self.capture():
+                with self.capture(), jc.no_persistent_cache_entry():
                     probe.compile(compiler_options=options)
                 return tuple(options.items())
             except Exception as exc:  # noqa: BLE001 - XLA says which option, in its message
@@ -270,13 +270,13 @@ class Compiler:
         """The step's peak per device under `spec`, over the GEMM backends; a step that does not
         compile is reported, not raised."""
         if self.request.step and not isinstance(spec, AsIs):
-            return _not_compiled("a training step of the target's own is compiled as it is: only as-is")
+            return PeakMemory.not_compiled("a training step of the target's own is compiled as it is: only as-is")
         try:
             return self._peak(spec, scope, progress)
         except UsageError:
             raise
         except Exception as exc:  # noqa: BLE001 - reported per policy; the audit itself stands
-            return _not_compiled(f"{type(exc).__name__}: {first_line(exc)}")
+            return PeakMemory.not_compiled(f"{type(exc).__name__}: {first_line(exc)}")
 
     def time(self, spec: PolicySpec, scope: Scope, progress: Progress = quiet) -> StepTime:
         """The step's time on the GPUs under `spec` (`_steptime`), from a compile of its own: the
@@ -328,7 +328,7 @@ class Compiler:
 
     def _estimate_text(self, lowered: Lowered, memory: int, options: dict[str, Any]) -> str:
         mesh = jax.set_mesh(self._placed(memory, True)[0]) if self.mesh is not None else contextlib.nullcontext()
-        with self.capture(), mesh:
+        with self.capture(), mesh, jc.no_persistent_cache_entry():
             compiled = lowered.compile(compiler_options=options)
         return compiled.as_text() or ""
 
@@ -419,7 +419,7 @@ class Compiler:
         # the step's GPU mesh as JAX's context mesh, in this thread: custom partitioners (TE's) read
         # it while XLA partitions, and a compile thread has none of the caller's
         mesh = jax.set_mesh(self._placed(memory)[0]) if self.mesh is not None else contextlib.nullcontext()
-        with self.capture() if capture else contextlib.nullcontext(), mesh:
+        with self.capture() if capture else contextlib.nullcontext(), mesh, jc.no_persistent_cache_entry():
             compiled = lowered.compile(compiler_options=dict(backend.options))
         seconds = time.perf_counter() - start
         progress(CompileProgress(spec.text, backend.name, name, round(seconds, 1)))
@@ -457,7 +457,3 @@ class Compiler:
             h.update(part.encode())
             h.update(b"\0")
         return h.hexdigest()
-
-
-def _not_compiled(why: str) -> PeakMemory:
-    return PeakMemory(None, None, None, None, None, None, None, False, None, 0.0, why)

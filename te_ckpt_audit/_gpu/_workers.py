@@ -65,7 +65,7 @@ def _compiled(key: str, build: Callable[[], Any], spec_text: str, request: GpuRe
 
 
 def _failed(why: str) -> Compiled:
-    return Compiled(PeakMemory(None, None, None, None, None, None, None, False, None, 0.0, why), None)
+    return Compiled(PeakMemory.not_compiled(why), None)
 
 
 def peaks_in_workers(

@@ -60,7 +60,9 @@ from .recommendation import (
     MaxTextPoint,
     MaxTextRecommendation,
     NameToAdd,
+    Point,
     Recommendation,
+    Throughput,
     Trial,
 )
 
@@ -115,6 +117,8 @@ __all__ = [
     "StepTime",
     "TeKind",
     "NameToAdd",
+    "Point",
+    "Throughput",
     "Trial",
     "Totals",
     "Trained",

@@ -199,6 +199,13 @@ class PeakMemory:
     least_fraction: float | None = None
     backends: tuple[str, ...] = ()  # the GEMM backends compiled: triton, cublas (or the run's own)
 
+    @classmethod
+    def not_compiled(cls, why: str, compile_seconds: float = 0.0) -> PeakMemory:
+        """A step that could not be compiled, and why."""
+        return cls(bytes_per_device=None, bytes_per_device_min=None, argument_bytes=None, output_bytes=None,
+                   alias_bytes=None, temp_bytes=None, fits=None, xla_rematerialized=False, needed_bytes=None,
+                   compile_seconds=compile_seconds, error=why)
+
 
 class KernelKind(enum.StrEnum):
     """What a kernel of the compiled step does, as the step-time estimate costs it."""

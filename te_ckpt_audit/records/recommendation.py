@@ -1,5 +1,5 @@
 """What `recommend` found: every candidate policy it analysed, the Pareto frontier and the winner;
-`Recommendation.to_dict()` is the JSON document (schema ``te-ckpt-audit-recommend/6``)."""
+`Recommendation.to_dict()` is the JSON document (schema ``te-ckpt-audit-recommend/7``)."""
 
 from __future__ import annotations
 
@@ -106,6 +106,50 @@ class Maximized:
     bounded: bool = False  # the search stopped at the compile limit before it found the edge
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Point:
+    """One point of `--maximize throughput`: a policy at one value of the batch keyword, its
+    training step compiled for the GPU and its time estimated."""
+
+    policy: str  # a --policy spec (MaxText: a remat_policy value)
+    value: int  # the batch keyword's value
+    peak_bytes: int | None  # per device; None: it did not compile (`error`)
+    fits: bool
+    seconds: float | None  # the step-time estimate; None: not estimated (`error`)
+    throughput: float | None  # per second per GPU, in `Throughput.unit`
+    error: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Throughput:
+    """`--maximize throughput`: the policy and batch whose compiled step fits the GPU with the
+    highest estimated throughput, and every point compiled on the way (none interpolated)."""
+
+    keyword: str  # the batch keyword searched (`batch`, MaxText's `per_device_batch_size`)
+    unit: str  # what `throughput` counts: "tokens", or the keyword's own unit
+    best: Point | None  # None: no point compiled fits
+    points: tuple[Point, ...]  # in the order compiled
+    policies: tuple[str, ...]  # the policies searched
+    max_compiles: int
+    bounded: bool = False  # the compile limit stopped the search before it found every edge
+    saturated: tuple[str, ...] = ()  # policies whose climb stopped short of the memory edge: 2x batch, < 2% gain
+
+    @property
+    def frontier(self) -> tuple[Point, ...]:
+        """The fitting points that no other fitting point beats on both peak and throughput, least
+        peak first."""
+        fitting = sorted((p for p in self.points if p.fits and p.throughput is not None and p.peak_bytes is not None),
+                         key=lambda p: (p.peak_bytes, -(p.throughput or 0.0), p.policy, p.value))
+        out: list[Point] = []
+        for p in fitting:
+            if not out or (p.throughput or 0.0) > (out[-1].throughput or 0.0):
+                out.append(p)
+        return tuple(out)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**_plain(self), "frontier": [_plain(p) for p in self.frontier]}
+
+
 @dataclasses.dataclass(frozen=True, slots=True, repr=False)
 class Recommendation(Shown):
     """What `recommend` found. `recommended` is None when nothing fits; `closest` is then the
@@ -130,13 +174,14 @@ class Recommendation(Shown):
     maximized: Maximized | None = None
     presets: tuple[str, ...] = ()  # the named policies searched, in the order a frontier lists them
     to_name: tuple[NameToAdd, ...] = ()  # a model without checkpoint names: what to name for finer choices
+    throughput: Throughput | None = None  # --maximize throughput
 
     @property
     def fits(self) -> bool:
         return self.recommended is not None
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON document (schema ``te-ckpt-audit-recommend/6``): plain, ordered, deterministic."""
+        """The JSON document (schema ``te-ckpt-audit-recommend/7``): plain, ordered, deterministic."""
         return {
             "schema": RECOMMEND,
             "target": self.target,
@@ -158,6 +203,7 @@ class Recommendation(Shown):
             "maximized": _plain(self.maximized),
             "presets": list(self.presets),
             "to_name": [{**_plain(n), "code": n.code()} for n in self.to_name],
+            "throughput": None if self.throughput is None else self.throughput.to_dict(),
         }
 
 
@@ -185,6 +231,7 @@ class MaxTextRecommendation(Shown):
     chosen: MaxTextPoint | None
     tried: tuple[MaxTextPoint, ...]
     gpu: GpuInfo | None
+    throughput: Throughput | None = None  # --maximize throughput: `chosen` is its fastest point that fits
 
     def config_lines(self) -> str:
         """The chosen setting as the config's YAML lines ("" when none fits)."""
@@ -195,6 +242,14 @@ class MaxTextRecommendation(Shown):
         lines += [f"{key}: {value}" for key, _, value in (s.partition("=") for s in self.chosen.layout)]
         return "\n".join(lines)
 
+    def settings(self) -> str | None:
+        """The chosen setting as MaxText's command line takes it (None when none fits)."""
+        if self.chosen is None:
+            return None
+        return " ".join(line.replace(": ", "=", 1).replace("'", "") for line in self.config_lines().splitlines())
+
     def to_dict(self) -> dict[str, Any]:
-        """The JSON document (schema ``te-ckpt-audit-maxtext-recommend/1``)."""
-        return {"schema": MAXTEXT_RECOMMEND, **_plain(self), "config_lines": self.config_lines()}
+        """The JSON document (schema ``te-ckpt-audit-maxtext-recommend/2``)."""
+        return {"schema": MAXTEXT_RECOMMEND, **_plain(self),
+                "throughput": None if self.throughput is None else self.throughput.to_dict(),
+                "config_lines": self.config_lines()}

@@ -28,6 +28,7 @@ from ..records import (
     Recommendation,
     ResidualKind,
     StepTime,
+    Throughput,
 )
 from ._common import (
     COLUMNS,
@@ -53,7 +54,7 @@ from ._common import (
 )
 from ._text import printable
 from .plot import PlotPoint, recommendation_points, report_points
-from .recommend import maxtext_config, python_snippet
+from .recommend import maxtext_config, python_snippet, rate_unit
 
 MAX_EQUATIONS = 2000  # rows of the marks table; a note says how many more there are
 TOP_MODULES = 15
@@ -478,6 +479,96 @@ def _recommendation(rec: Recommendation) -> list[str]:
     body.append("<h2>Pareto frontier</h2><table><thead><tr><th></th><th>policy</th><th>activation</th><th>host</th>"
                 f"<th>recompute</th><th>% of forward</th><th>fits</th>{peak_head}</tr></thead><tbody>{rows}</tbody>"
                 "</table>")
+    if rec.throughput is not None:
+        t = rec.throughput
+        paste = None if t.best is None else f"--policy {t.best.policy} -D {t.keyword}={t.best.value}"
+        body += throughput_section(t, paste, None if rec.gpu is None else rec.gpu.usable_bytes, "policy")
+    return body
+
+
+def throughput_svg(t: Throughput, usable: int | None, width: int = 1000, height: int = 360) -> str:
+    """Peak per device (x) against throughput per GPU (y), every point compiled: the frontier
+    joined, the winner a star, points that do not fit hollow, the usable memory a dashed line."""
+    shown = [p for p in t.points if p.peak_bytes is not None and p.throughput is not None]
+    if not shown:
+        return "<p>No point compiled and timed.</p>"
+    left, right, top, bottom = 90, 40, 16, 44
+    pw, ph = width - left - right, height - top - bottom
+    x_max = max([p.peak_bytes or 0 for p in shown] + [usable or 0, 1])
+    y_max = max(max(p.throughput or 0.0 for p in shown), 1e-12)
+
+    def x(v: int) -> float:
+        return left + v / x_max * pw
+
+    def y(v: float) -> float:
+        return top + (1 - v / y_max) * ph
+
+    out = [f'<svg width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img" '
+           f'aria-label="peak per device against {_e(rate_unit(t))}">',
+           f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="#fbfcfc" stroke="#d5d8dc"/>']
+    for i in range(5):
+        gx, gy = left + pw * i / 4, top + ph * i / 4
+        anchor = "start" if i == 0 else "end" if i == 4 else "middle"
+        out.append(f'<text x="{gx:.1f}" y="{top + ph + 16}" text-anchor="{anchor}">'
+                   f'{_e(format_bytes(round(x_max * i / 4)))}</text>')
+        out.append(f'<text x="{left - 6}" y="{gy + 4:.1f}" text-anchor="end">{y_max * (4 - i) / 4:,.4g}</text>')
+    out.append(f'<text x="{left + pw / 2}" y="{height - 6}" text-anchor="middle">peak per device →</text>')
+    out.append(f'<text x="14" y="{top + ph / 2}" transform="rotate(-90 14 {top + ph / 2})" '
+               f'text-anchor="middle">{_e(rate_unit(t))} →</text>')
+    if usable is not None:
+        ux = x(usable)
+        out.append(f'<line x1="{ux:.1f}" y1="{top}" x2="{ux:.1f}" y2="{top + ph}" stroke="#e67e22" '
+                   'stroke-dasharray="5 4" stroke-width="1.5"/>')
+    front = t.frontier
+    if len(front) > 1:
+        path = "".join(f"{'M' if i == 0 else 'L'}{x(p.peak_bytes or 0):.1f},{y(p.throughput or 0):.1f}"
+                       for i, p in enumerate(front))
+        out.append(f'<path d="{path}" fill="none" stroke="#5d6d7e" stroke-width="1.2"/>')
+    for p in sorted(shown, key=lambda p: p == t.best):
+        px, py = x(p.peak_bytes or 0), y(p.throughput or 0.0)
+        tip = (f"{p.policy}, {t.keyword}={p.value}: {format_bytes(p.peak_bytes or 0)}, {p.throughput:,.4g} "
+               f"{rate_unit(t)}{'' if p.fits else ' (does not fit)'}")
+        if p == t.best:
+            out.append(f'<polygon points="{_star(px, py, 9)}" fill="#f1c40f" stroke="#7d6608">'
+                       f"<title>{_e(tip)}</title></polygon>")
+        else:
+            fill = ("#2c3e50" if p in front else "#85929e") if p.fits else "none"
+            out.append(f'<circle cx="{px:.1f}" cy="{py:.1f}" r="4" fill="{fill}" stroke="#2c3e50">'
+                       f"<title>{_e(tip)}</title></circle>")
+    out.append("</svg>")
+    return "\n".join(out) + ('\n<p class="legend"><span>● fits</span><span>○ does not fit</span>'
+                             '<span>─ frontier</span><span style="color:#b7950b">★ fastest that fits</span>'
+                             '<span style="color:#e67e22">┊ usable memory</span></p>')
+
+
+def throughput_section(t: Throughput, paste: str | None, usable: int | None, policy_word: str) -> list[str]:
+    """`--maximize throughput`: the winner and what to paste, the plot, and every point compiled."""
+    unit = rate_unit(t)
+    body = ["<h2>Fastest that fits</h2>",
+            f'<p class="meta">{len(t.points)} points compiled of at most {t.max_compiles} '
+            f"(searched: {_e(', '.join(t.policies))}); step times are estimates from XLA's "
+            "cost models, each point compiled, none interpolated</p>"]
+    if t.bounded:
+        body.append('<p class="meta">Stopped by --max-compiles: points the search wanted were not compiled.</p>')
+    if t.saturated:
+        body.append(f'<p class="meta">Stopped climbing before the memory edge (doubling the {_e(t.keyword)} '
+                    f"gained under 2%): {_e(', '.join(t.saturated))}</p>")
+    if t.best is None or paste is None:
+        body.append('<div class="miss"><b>No point compiled fits.</b></div>')
+    else:
+        b = t.best
+        body.append(f'<div class="win"><b>Fastest that fits:</b> <code>{_e(paste)}</code><br>'
+                    f"{b.throughput or 0:,.4g} {_e(unit)} · {_e(format_seconds(b.seconds or 0.0))} per step "
+                    f"(estimate) · peak {_e(format_bytes(b.peak_bytes or 0))} per device</div>")
+    body.append(throughput_svg(t, usable))
+    rows = [["★" if p == t.best else "", p.policy, str(p.value),
+             "n/a" if p.peak_bytes is None else format_bytes(p.peak_bytes), "yes" if p.fits else "no",
+             "n/a" if p.seconds is None else format_seconds(p.seconds),
+             "n/a" if p.throughput is None else f"{p.throughput:,.4g}", p.error or ""] for p in t.points]
+    headers = ["", policy_word, t.keyword, "peak per device", "fits", "s/step (estimate)", unit, "error"]
+    if not any(p.error for p in t.points):
+        headers, rows = headers[:-1], [r[:-1] for r in rows]
+    body.append(_html_table(headers, rows, [False, False, True, True, False, True, True, False][:len(headers)]))
     return body
 
 
@@ -512,6 +603,10 @@ def maxtext_recommend_html_table(rec: MaxTextRecommendation) -> str:
         for p in rec.tried
     )
     lines = f"<pre>{_lines(rec.config_lines())}</pre>" if rec.chosen is not None else "<p>Nothing tried fits.</p>"
+    fastest = ""
+    if rec.throughput is not None:
+        usable = None if rec.gpu is None else rec.gpu.usable_bytes
+        fastest = "".join(throughput_section(rec.throughput, rec.settings(), usable, "remat_policy"))
     return (f"<div><b>te-ckpt-audit maxtext --recommend: <code>{_e(rec.target)}</code></b>{lines}"
             "<table><thead><tr><th></th><th>remat_policy</th><th>per-device batch</th><th>layout</th>"
-            f"<th>peak per device</th><th>fits</th></tr></thead><tbody>{rows}</tbody></table></div>")
+            f"<th>peak per device</th><th>fits</th></tr></thead><tbody>{rows}</tbody></table>{fastest}</div>")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 
-from ..records import Candidate, CandidateKind, MaxTextRecommendation, Recommendation
+from ..records import Candidate, CandidateKind, MaxTextRecommendation, Point, Recommendation, Throughput
 from ._common import format_bytes, format_flops, format_seconds, fraction_words, peak_range
 from ._text import printable_records
 from .plot import render_frontier_plot
@@ -191,7 +191,60 @@ def render_recommend_text(rec: Recommendation, width: int = 80) -> str:
         best = "no value tried fits" if m.value is None else f"the largest that fits: {m.define}={m.value}"
         more = "; stopped by --max-compiles, larger values may fit" if m.bounded else ""
         out += ["", f"--maximize {m.define} under {m.policy}: {best} (tried {tried}){more}"]
+    if rec.throughput is not None:
+        t = rec.throughput
+        paste = None if t.best is None else f"--policy {t.best.policy} -D {t.keyword}={t.best.value}"
+        out += ["", *throughput_lines(t, paste, "policy")]
+        winner = None if t.best is None else next((c for c in rec.frontier if c.policy == t.best.policy), None)
+        if winner is not None:
+            out += ["python:", _indent(python_snippet(winner))]
     return "\n".join(out) + "\n"
+
+
+def rate_unit(t: Throughput) -> str:
+    """What a point's throughput counts, per second per GPU: "tokens/s/GPU", "batch/s/GPU"."""
+    return f"{t.unit}/s/GPU"
+
+
+def _rate(p: Point) -> str:
+    return "n/a" if p.throughput is None else f"{p.throughput:,.4g}" if p.throughput < 1000 else f"{p.throughput:,.0f}"
+
+
+def throughput_lines(t: Throughput, paste: str | None, policy_word: str) -> list[str]:
+    """`--maximize throughput` for a terminal: the winner and what to paste, the frontier of
+    throughput against peak, and every point compiled (each an estimate, none interpolated)."""
+    unit = rate_unit(t)
+    out = [f"Fastest that fits (--maximize throughput; step times are estimates from XLA's cost models, "
+           f"{len(t.points)} points compiled of at most {t.max_compiles}):"]
+    if t.best is None:
+        out.append("  no point compiled fits: a smaller batch, more GPUs or a larger memory fraction")
+    else:
+        b = t.best
+        out += [f"  {paste}",
+                f"  {_rate(b)} {unit}, {format_seconds(b.seconds or 0.0)} per step, peak "
+                f"{format_bytes(b.peak_bytes or 0)} per device"]
+    if t.bounded:
+        out.append("  stopped by --max-compiles: points the search wanted were not compiled (raise it)")
+    if t.saturated:
+        out.append(f"  stopped climbing before the memory edge (doubling the {t.keyword} gained under 2%): "
+                   f"{', '.join(t.saturated)}")
+    key = max(8, len(t.keyword))
+    head = f"  {'peak/device':>12}  {unit:>15}  {'s/step':>10}  {t.keyword:>{key}}  {policy_word}"
+    out += ["", f"Throughput frontier (fitting points no other beats on both peak and {unit}):", head]
+    for p in t.frontier:
+        mark = "*" if p == t.best else " "
+        out.append(f"{mark} {format_bytes(p.peak_bytes or 0):>12}  {_rate(p):>15}  "
+                   f"{format_seconds(p.seconds or 0.0):>10}  {p.value:>{key}}  {p.policy}")
+    out += ["", f"Every point compiled, in order (searched: {', '.join(t.policies)}):",
+            head.replace(f"  {policy_word}", f"  fits  {policy_word}")]
+    for p in t.points:
+        peak = "n/a" if p.peak_bytes is None else format_bytes(p.peak_bytes)
+        seconds = "n/a" if p.seconds is None else format_seconds(p.seconds)
+        fits = "yes" if p.fits else "no"
+        out.append(f"  {peak:>12}  {_rate(p):>15}  {seconds:>10}  {p.value:>{key}}  {fits:>4}  {p.policy}")
+        if p.error:
+            out.append(f"      {p.error}")
+    return out
 
 
 def _time(c: Candidate) -> str:
@@ -228,6 +281,8 @@ def render_maxtext_recommend_text(rec: MaxTextRecommendation) -> str:
         if p.peak.error:
             lines.append(f"  not compiled: {p.peak.error}")
     lines.append("")
+    if rec.throughput is not None:
+        lines += [*throughput_lines(rec.throughput, rec.settings(), "remat_policy"), ""]
     if rec.chosen is None:
         lines.append("No point tried fits: a smaller per-device batch (--batch), more GPUs "
                      "(compile_topology_num_slices) or a larger memory fraction.")

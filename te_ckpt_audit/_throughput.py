@@ -1,0 +1,210 @@
+"""`--maximize throughput`: the policy and batch whose compiled step fits the GPU with the most
+estimated throughput (tokens, or the batch keyword's unit, per second per GPU).
+
+A policy that saves more may fit only a smaller batch and still run faster, or the reverse: a
+larger batch raises every GEMM's arithmetic intensity, and memory-bound work costs time its FLOPs
+do not show. So the two are searched together, every point compiled and timed (`--time`'s
+estimate), none interpolated:
+
+1. each policy climbs a doubling ladder of the batch from the start value (down by halves where
+   the start does not fit) until a value does not fit: its edge, to a factor of two. Throughput is
+   never assumed to grow with the batch: every rung is compiled and timed, and the best point may
+   be any of them. The climb ends where a value does not fit (the one assumption: a batch that
+   does not fit is not followed by a larger one that does, as activations grow with the batch), or
+   where doubling the batch gained less than 2% (the GPU is full: said, per policy, as
+   `saturated`);
+2. then, best policy first, the gap between a policy's largest fitting value and its first that
+   does not is bisected to within an eighth (in steps of the start value's largest power-of-two
+   factor, so that a value a mesh splits evenly stays split evenly), while compiles are left.
+
+Points are compiled `jobs` at a time, at most `max_compiles` in all; a search the limit stopped
+says so (`bounded`).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+from collections.abc import Callable, Sequence
+
+from ._gpu._compiler import LogCapture
+from ._progress import Progress, quiet
+from ._session import Session
+from .errors import AuditError, UsageError, first_line
+from .gpus import GpuRequest
+from .records import PeakMemory, Point, StepTime, Throughput
+from .specs import resolve_policy
+
+THROUGHPUT = "throughput"  # `--maximize throughput`
+DEFAULT_MAX_COMPILES = 24  # points; each is the memory compiles and the time compile of one step
+SATURATED = 1.02  # a policy stops climbing once doubling its batch gains less than 2% throughput
+
+# (policy, value) pairs -> their points, compiled (several at once where the caller can)
+Evaluate = Callable[[Sequence[tuple[str, int]]], Sequence[Point]]
+
+
+@dataclasses.dataclass(slots=True)
+class _Edge:
+    """What the compiles so far say of one policy: its largest fitting value, its smallest value
+    that does not fit."""
+
+    fit: int | None = None
+    fail: int | None = None
+
+    def after(self, point: Point) -> None:
+        if point.fits:
+            self.fit = max(self.fit or 0, point.value)
+        else:
+            self.fail = point.value if self.fail is None else min(self.fail, point.value)
+
+
+def throughput_keyword(maximize: str | None) -> str | None:
+    """The batch keyword `--maximize throughput[:KEYWORD]` searches (`batch` unless named); None
+    for `--maximize DEFINE`, the largest value of DEFINE that fits.
+
+    >>> throughput_keyword("throughput"), throughput_keyword("throughput:global_batch"), throughput_keyword("batch")
+    ('batch', 'global_batch', None)
+    """
+    if maximize is None:
+        return None
+    head, _, keyword = maximize.partition(":")
+    return (keyword or "batch") if head == THROUGHPUT else None
+
+
+def grain_of(start: int) -> int:
+    """The step bisection keeps to: the start value's largest power-of-two factor.
+
+    >>> grain_of(12), grain_of(7), grain_of(64)
+    (4, 1, 64)
+    """
+    return start & -start
+
+
+def _climb(edge: _Edge, start: int, tried: set[int]) -> int | None:
+    """The policy's next value on the ladder, or None once its edge is bracketed (or 1 does not fit)."""
+    if edge.fit is None:
+        value = start if edge.fail is None else edge.fail // 2
+        return value if value >= 1 and value not in tried else None
+    if edge.fail is None:
+        return edge.fit * 2
+    return None
+
+
+def _bisect(edge: _Edge, grain: int) -> int | None:
+    """The value halfway between a bracketed edge's ends, on the grain; None once they are within
+    an eighth of the value that fits (or a grain) of each other."""
+    if edge.fit is None or edge.fail is None or edge.fail - edge.fit <= max(grain, edge.fit // 8):
+        return None
+    mid = (edge.fit + edge.fail) // 2 // grain * grain
+    return mid if edge.fit < mid < edge.fail else None
+
+
+def search(
+    evaluate: Evaluate, policies: Sequence[str], start: int, keyword: str, unit: str, *,
+    max_compiles: int = DEFAULT_MAX_COMPILES, jobs: int = 1, values: Sequence[int] = (),
+) -> Throughput:
+    """The fastest fitting (policy, value) of `policies` and the batch keyword, by `evaluate`'s
+    compiled points: the ladder and the bisection above from `start`, or, with `values`, exactly
+    those values under every policy. At most `max_compiles` points, `jobs` at a time."""
+    if not policies:
+        raise UsageError("$maximize$ throughput has no policy to search", "give one with $policy$")
+    if start < 1 or any(v < 1 for v in values):
+        raise UsageError(f"$maximize$ throughput: the {keyword} values must be positive", f"e.g. {keyword}=8")
+    points: dict[tuple[str, int], Point] = {}
+    edges = {p: _Edge() for p in policies}
+    grain = grain_of(start)
+
+    def best_of(policy: str) -> float:
+        return max((p.throughput or 0.0 for (q, _), p in points.items() if q == policy and p.fits), default=0.0)
+
+    def wanted() -> list[tuple[str, int]]:
+        if values:
+            return [(p, v) for v in dict.fromkeys(values) for p in policies if (p, v) not in points]
+        climbing = [(p, v) for p in policies if p not in saturated
+                    and (v := _climb(edges[p], start, {w for q, w in points if q == p})) is not None]
+        if climbing:  # the policies with the fewest points first: a bounded search stays broad
+            return sorted(climbing, key=lambda w: (sum(q == w[0] for q, _ in points), policies.index(w[0])))
+        ranked = sorted(policies, key=lambda p: (-best_of(p), policies.index(p)))
+        return [(p, v) for p in ranked if (v := _bisect(edges[p], grain)) is not None]
+
+    bounded = False
+    saturated: list[str] = []
+    while todo := [w for w in wanted() if w not in points]:
+        room = max_compiles - len(points)
+        if room <= 0:
+            bounded = True
+            break
+        batch = todo[:min(max(1, jobs), room)]
+        for (policy, value), point in zip(batch, evaluate(batch), strict=True):
+            points[(policy, value)] = point
+            edges[policy].after(point)
+            half = points.get((policy, value // 2))
+            if (point.fits and half is not None and half.fits and point.throughput is not None
+                    and half.throughput is not None and point.throughput < SATURATED * half.throughput):
+                saturated.append(policy)
+    fitting = [p for p in points.values() if p.fits and p.throughput is not None]
+    best = max(fitting, key=lambda p: (p.throughput or 0.0, -policies.index(p.policy), -p.value), default=None)
+    return Throughput(keyword, unit, best, tuple(points.values()), tuple(policies), max_compiles, bounded,
+                      tuple(dict.fromkeys(saturated)))
+
+
+def throughput_of(value: int, seconds: float | None, devices: int, tokens: int | None) -> float | None:
+    """Per second per GPU: the step's tokens where known, else the batch keyword's value."""
+    if not seconds:
+        return None
+    return (value if tokens is None else tokens) / seconds / max(devices, 1)
+
+
+def point_of(policy: str, value: int, peak: PeakMemory, time: StepTime | None, tokens: int | None = None) -> Point:
+    """The point a compiled step makes: its peak, fit and (from its estimate) throughput."""
+    seconds = None if time is None else time.seconds
+    devices = 1 if time is None else time.devices
+    error = peak.error or (None if time is None else time.error)
+    return Point(policy, value, peak.bytes_per_device, peak.fits is True and seconds is not None, seconds,
+                 throughput_of(value, seconds, devices, tokens), error)
+
+
+def spread(items: Sequence[str], most: int) -> list[str]:
+    """At most `most` of `items`, evenly spaced, both ends kept.
+
+    >>> spread(list("abcdefg"), 3)
+    ['a', 'd', 'g']
+    """
+    if len(items) <= most:
+        return list(items)
+    if most == 1:
+        return [items[0]]
+    return [items[round(i * (len(items) - 1) / (most - 1))] for i in range(most)]
+
+
+def target_search(
+    build: Callable[[int], Session], first: Session, policies: Sequence[str], keyword: str, start: int,
+    request: GpuRequest, *, max_compiles: int = DEFAULT_MAX_COMPILES, progress: Progress = quiet,
+    executor: concurrent.futures.Executor | None = None, jobs: int = 1, capture: LogCapture | None = None,
+) -> Throughput:
+    """`search` over a target's inputs keyword: `build(value)` traces it with that value (`first`
+    is the trace at `start`); each value's policies compiled together (in `executor`'s worker
+    processes, `jobs` at a time), timed."""
+    timed = dataclasses.replace(request, time=True)
+    sessions = {start: first}
+
+    def evaluate(batch: Sequence[tuple[str, int]]) -> list[Point]:
+        found: dict[tuple[str, int], Point] = {}
+        for value in dict.fromkeys(v for _, v in batch):
+            names = [p for p, v in batch if v == value]
+            progress(f"{keyword}={value}: tracing and compiling {', '.join(names)}")
+            try:
+                session = sessions.get(value) or build(value)
+                sessions[value] = session
+                specs = [resolve_policy(p) for p in names]
+                for spec in specs:
+                    session.row_of(spec)  # the policy applies (an error here is the value's)
+                steps = session.compiled(specs, timed, progress, executor if len(specs) > 1 else None, capture)
+            except AuditError as exc:  # a value the model cannot take (a shape it refuses)
+                found.update({(p, value): Point(p, value, None, False, None, None, first_line(exc)) for p in names})
+                continue
+            for name, spec in zip(names, specs, strict=True):
+                found[(name, value)] = point_of(name, value, steps[spec.text].peak, steps[spec.text].time)
+        return [found[w] for w in batch]
+
+    return search(evaluate, policies, start, keyword, keyword, max_compiles=max_compiles, jobs=jobs)
