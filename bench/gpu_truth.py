@@ -10,7 +10,9 @@ For each case and policy two fresh processes run:
 - measure: the same session's training step (`te_ckpt_audit._step.training_step`, the program the
   prediction compiled) jitted on the real GPU with random inputs, run twice; the peak of
   `jax.devices()[0].memory_stats()["peak_bytes_in_use"]` and the second step's time.
-Each process is fresh, so the device's peak is that step's alone. Both run at the same memory
+Each process is fresh, so the device's peak is that step's alone. The measuring process also
+profiles three more steps (JAX's profiler; `get_profiled_instructions_proto`, the PGLE profile) and
+the step time is estimated twice: `--time`, and `--time --calibrate` with that profile. Both run at the same memory
 fraction (XLA_PYTHON_CLIENT_MEM_FRACTION, default 0.75). Printed: the compiled range, the
 measured peak, their ratio, the step time, and whether the prediction's fit verdict held.
 The cases are sized to fill a good part of an 80 GB or 141 GB device.
@@ -26,6 +28,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+PROFILES = ROOT / "build" / "gpu-truth-profiles"  # each step's PGLE profile, as --calibrate takes it
 
 # (name, target, defines, policies): a Llama 2 architecture at 1.3B parameters (24 layers, 2048
 # wide), scanned, adamw; a deep unrolled GPT; the sample GPT with its own per-layer checkpoints
@@ -40,7 +43,7 @@ CASES = [
 ]
 
 MEASURE = r"""
-import json, sys, time
+import glob, json, os, sys, tempfile, time
 import jax, jax.numpy as jnp
 import optax
 from te_ckpt_audit import Session, resolve_policy
@@ -75,6 +78,21 @@ for _ in range(2):
     for i, p in zip(params, [new] if len(params) == 1 else new):
         args[i] = p
 stats = jax.devices()[0].memory_stats() or {}
+profile = os.environ.get("TRUTH_PROFILE")
+if profile:  # three more steps under JAX's profiler: the PGLE profile --calibrate takes
+    from jax.experimental.profiler import get_profiled_instructions_proto
+    traces = tempfile.mkdtemp()
+    jax.profiler.start_trace(traces)
+    for _ in range(3):
+        with jax.numpy_dtype_promotion("standard"):
+            loss, new, state = jitted(*args, state)
+        jax.block_until_ready(state)
+        for i, p in zip(params, [new] if len(params) == 1 else new):
+            args[i] = p
+    jax.profiler.stop_trace()
+    run = sorted(glob.glob(os.path.join(traces, "plugins", "profile", "*")))[-1]
+    with open(profile, "wb") as f:
+        f.write(get_profiled_instructions_proto(run))
 print(json.dumps({"peak": stats.get("peak_bytes_in_use"), "limit": stats.get("bytes_limit"),
                   "step_s": times[-1], "device": jax.devices()[0].device_kind}))
 """
@@ -102,17 +120,27 @@ def main() -> int:
     args = parser.parse_args()
     env = dict(os.environ)
     env.pop("JAX_PLATFORMS", None)
+    PROFILES.mkdir(parents=True, exist_ok=True)
     fraction = env.get("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.75")
     print(f"measured on the GPU here at XLA_PYTHON_CLIENT_MEM_FRACTION={fraction}; predicted by --gpu "
           "without it (no autotuning: a range over Triton and cuBLAS GEMMs)")
     rows = []
     for name, target, defines, policies in CASES[:1] if args.quick else CASES:
         for policy in policies:
-            measured = _run([sys.executable, "-c", MEASURE, target, policy, *defines], env)
+            profile = PROFILES / f"{len(rows)}-{policy}.pb"
+            measured = _run([sys.executable, "-c", MEASURE, target, policy, *defines],
+                            {**env, "TRUTH_PROFILE": str(profile)})
             gpu = _catalog_name(str(measured["device"]))
             predict = [sys.executable, "-m", "te_ckpt_audit_cli", target, "--gpu", gpu, "--optimizer", "adamw",
-                       "-p", policy, "--jobs", "1", "-f", "json", *[f"-D{d}" for d in defines]]
-            doc = _run(predict, {**env, "TE_CKPT_AUDIT_CACHE": str(ROOT / "build" / "gpu-truth-cache")})
+                       "-p", policy, "--jobs", "1", "-f", "json", "--time", *[f"-D{d}" for d in defines]]
+            cache = {**env, "TE_CKPT_AUDIT_CACHE": str(ROOT / "build" / "gpu-truth-cache")}
+            doc = _run(predict, cache)
+            calibrated = _run([*predict, "--calibrate", str(profile)], cache)["results"][0]["time"]  # type: ignore[index]
+            time = doc["results"][0]["time"]  # type: ignore[index]
+            print(f"{name:<48} {policy:<20} step measured {measured['step_s']:.4f} s, estimated "
+                  f"{time['seconds']:.4f} s, calibrated by its profile {calibrated['seconds']:.4f} s "
+                  f"({calibrated['calibration']['measured']} kernels measured, "
+                  f"{calibrated['calibration']['missing']} missing; profile {profile})", flush=True)
             peak = doc["results"][0]["peak"]  # type: ignore[index]
             high, low, peak_measured = peak["bytes_per_device"], peak["bytes_per_device_min"], measured["peak"]
             ratio = peak_measured / high if peak_measured and high else float("nan")

@@ -113,6 +113,7 @@ def audit(
     cluster: opt.Cluster = None,
     timed: opt.Time = False,
     network_gbps: opt.NetworkGbps = None,
+    calibrate: opt.Calibrate = None,
     params: opt.Params = None,
     debug: opt.Debug = False,
     version: opt.Version = False,
@@ -129,7 +130,7 @@ def audit(
     gate = GateOptions.parse(budget, max_recompute, baseline, tolerance, require_baseline, save_baseline_to)
     on_gpu = GpuOptions.parse(
         gpu, gpu_config, gpus_per_host, optimizer, mem_fraction, fit, peak_budget, compile_cache(), step, donate, jobs,
-        cluster, timed, network_gbps,
+        cluster, timed, network_gbps, calibrate,
     )
     out = OutputOptions(format, None if output is None else Path(output), top, by, equations)
     check_report_destination(out.output)

@@ -111,6 +111,7 @@ def maxtext(
     peak_budget: opt.PeakBudgets = None,
     timed: opt.Time = False,
     network_gbps: opt.NetworkGbps = None,
+    calibrate: opt.Calibrate = None,
     format: opt.MaxTextFormatOption = MaxTextFormat.TABLE,  # noqa: A002 (the option's name)
     output: opt.Output = None,
     debug: opt.Debug = False,
@@ -131,7 +132,7 @@ def maxtext(
     compiled = gpu is not None or gpu_config is not None  # MaxText's own step, its state donated
     on_gpu = GpuOptions.parse(gpu, gpu_config, DEFAULT_GPUS_PER_HOST, None, mem_fraction, fit, peak_budget,
                               compile_cache(), step=compiled, donate=[0] if compiled else None, time=timed,
-                              network_gbps=network_gbps)
+                              network_gbps=network_gbps, calibrate=calibrate)
     policies = list(policy or ["as-is"])
     if "all" in policies:
         policies = ["as-is", *REMAT_POLICIES]
@@ -156,8 +157,10 @@ def maxtext(
     out = OutputOptions(OutputFormat(format.value), None if output is None else Path(output), 10, None, False)
     check_report_destination(out.output)
     chain = config_files(run)
+    profile = on_gpu.request.profile if on_gpu.request is not None else None
     refuse_overwriting(out.output, [("the MaxText config" if i == 0 else "a base_config of the MaxText config", p)
-                                    for i, p in enumerate(chain)])
+                                    for i, p in enumerate(chain)]
+                       + ([] if profile is None else [("the profile --calibrate reads", Path(profile.source))]))
     run = process.in_a_child(resolved, run)  # MaxText's own values, before this process sets its devices
     process.prepare(None, run.devices, None if on_gpu.request is None else on_gpu.request.model)
     if recommend:

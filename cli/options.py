@@ -33,6 +33,7 @@ from te_ckpt_audit.gpus import (
     gpu_environment,
     gpu_model,
     model_of_config,
+    read_profile,
 )
 from te_ckpt_audit.records import Budget, HotspotKey
 from te_ckpt_audit.sizes import parse_budget
@@ -47,7 +48,7 @@ FLAGS = {
     "peak_budgets": "--peak-budget", "shardings": "--shardings", "mesh": "--mesh", "inputs": "--inputs",
     "save_baseline": "--save-baseline", "mem_fraction": "--mem-fraction", "donate": "--donate", "step": "--step",
     "optimizer": "--optimizer", "gpus_per_host": "--gpus-per-host", "jobs": "--jobs", "batch": "--batch",
-    "layouts": "--layout", "time": "--time", "network_gbps": "--network-gbps",
+    "layouts": "--layout", "time": "--time", "network_gbps": "--network-gbps", "calibrate": "--calibrate",
     "debug": "rerun with --debug for the traceback",
 }
 
@@ -176,7 +177,7 @@ class GpuOptions:
         cls, gpu: str | None, gpu_config: str | None, gpus_per_host: int, optimizer: Optimizer | None,
         mem_fraction: float | None, fit: bool, peak_budget: list[str] | None, cache: Path | None,
         step: bool = False, donate: list[int] | None = None, jobs: int | None = None, cluster: str | None = None,
-        time: bool = False, network_gbps: float | None = None,
+        time: bool = False, network_gbps: float | None = None, calibrate: str | None = None,
     ) -> GpuOptions:
         if gpu is not None and gpu_config is not None:
             raise UsageError("--gpu and --gpu-config both name a GPU", "give one of them")
@@ -188,7 +189,8 @@ class GpuOptions:
                                      ("--mem-fraction", mem_fraction is not None),
                                      ("--step", step), ("--donate", bool(donate)), ("--jobs", jobs is not None),
                                      ("--cluster", cluster is not None), ("--time", time),
-                                     ("--network-gbps", network_gbps is not None))
+                                     ("--network-gbps", network_gbps is not None),
+                                     ("--calibrate", calibrate is not None))
                      if on]
             if given:
                 hint = "add --gpu NAME (`te-ckpt-audit gpus` lists them)"
@@ -197,8 +199,9 @@ class GpuOptions:
         # the values are checked where they are made (GpuEnvironment, GpuRequest), named by their flags here
         model = gpu_model(gpu) if gpu is not None else model_of_config(str(gpu_config))
         environment = gpu_environment(os.environ, mem_fraction)
+        profile = None if calibrate is None else read_profile(calibrate)
         request = GpuRequest(model, optimizer, gpus_per_host, environment, cache, step, tuple(donate or ()), time,
-                             network_gbps)
+                             network_gbps, profile)
         if cluster is not None and jobs is not None:
             raise UsageError("--cluster and --jobs both say where policies compile", "give one of them")
         if cluster is not None and not cluster.strip():
@@ -514,6 +517,18 @@ Time = Annotated[
         "--time",
         help="With --gpu: also estimate each policy's seconds per step on the GPUs, from XLA's own cost models "
         "of the compiled step (one more compile per policy, beside the memory ones).",
+    ),
+]
+Calibrate = Annotated[
+    str | None,
+    typer.Option(
+        "--calibrate",
+        metavar="PROFILE",
+        help="With --time: a profile of the same step measured on real GPUs (a ProfiledInstructionsProto, binary "
+        "or text: jax.experimental.profiler.get_profiled_instructions_proto). Kernels it names take their "
+        "measured time, the others scale by their kind's measured-to-estimated ratio; XLA's scheduler gets it "
+        "as its fdo_profile. The kernels it lacks are counted.",
+        show_default=False,
     ),
 ]
 NetworkGbps = Annotated[

@@ -123,6 +123,7 @@ def recommend(
     cluster: opt.Cluster = None,
     timed: opt.Time = False,
     network_gbps: opt.NetworkGbps = None,
+    calibrate: opt.Calibrate = None,
     params: opt.Params = None,
     debug: opt.Debug = False,
     emulate_gpu: opt.EmulateGpu = None,
@@ -142,7 +143,7 @@ def recommend(
     size = None if budget is None else positive_bytes(parse_size(budget))  # fails before the user's code runs
     on_gpu = GpuOptions.parse(gpu, gpu_config, gpus_per_host, optimizer, mem_fraction, False, None, compile_cache(),
                               jobs=jobs, cluster=cluster, time=timed,
-                              network_gbps=network_gbps)
+                              network_gbps=network_gbps, calibrate=calibrate)
     count_at_least_one(max_evals, "max_evals", 64)
     what = TargetOptions.parse(target, inputs, define, scope, params)
     where = MeshOptions.parse(mesh, ShardingSource.COMPILED)

@@ -16,6 +16,15 @@ MAX_BYTES = 16 * 2**20  # far above any config or baseline; a larger file is not
 def read_text(path: str | Path, what: str, hint: str, limit: int = MAX_BYTES) -> str:
     """The file's text (UTF-8, a leading byte-order mark dropped), or a UsageError naming `what`
     and why. A missing file raises FileNotFoundError, for the caller to word."""
+    data = read_bytes(path, what, hint, limit)
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{what} {path} is not UTF-8 text ({exc.reason} at byte {exc.start})", hint) from None
+
+
+def read_bytes(path: str | Path, what: str, hint: str, limit: int = MAX_BYTES) -> bytes:
+    """The file's bytes, as `read_text` reads them."""
     try:
         # O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
@@ -37,7 +46,4 @@ def read_text(path: str | Path, what: str, hint: str, limit: int = MAX_BYTES) ->
             raise UsageError(f"cannot read {what} {path}: {exc.strerror or exc}", hint) from None
     if len(data) > limit:
         raise UsageError(f"{what} {path} is larger than {limit // 2**20} MiB", hint)
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise UsageError(f"{what} {path} is not UTF-8 text ({exc.reason} at byte {exc.start})", hint) from None
+    return data

@@ -109,6 +109,8 @@ def files_read(target: str, inputs: str | None = None, policies: Sequence[Policy
             spec(p, f"the module of policy {p!r}", f"a module policy {p!r} imports")
     if gpu is not None and gpu.model.path is not None:
         found.append(("the GPU config", gpu.model.path))
+    if gpu is not None and gpu.profile is not None:
+        found.append(("the profile --calibrate reads", Path(gpu.profile.source)))
     return tuple(found)
 
 

@@ -19,6 +19,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from . import _textproto as textproto
+from ._profile import Profile
+from ._profile import read_profile as read_profile  # the command line reads --calibrate with it
 from ._textfile import read_text
 from .errors import UsageError
 
@@ -471,6 +473,7 @@ class GpuRequest:
     donate: tuple[int, ...] = ()  # with `step`: the positional arguments it donates
     time: bool = False  # also estimate each step's time on the GPUs (a compile of its own)
     network_gbps: float | None = None  # with `time`: network bandwidth per GPU across hosts, Gb/s (the catalog's)
+    profile: Profile | None = None  # with `time`: the step measured on real GPUs (--calibrate), `_profile`
 
     def __post_init__(self) -> None:
         if self.donate and not self.step:
@@ -486,6 +489,8 @@ class GpuRequest:
                              "e.g. 400 (one 400 Gb/s NIC per GPU, as in a DGX H100)")
         if self.network_gbps is not None and not self.time:
             raise UsageError("$network_gbps$ is about the step time estimate", "add $time$")
+        if self.profile is not None and not self.time:
+            raise UsageError("$calibrate$ calibrates the step time estimate", "add $time$")
 
     @property
     def timed_model(self) -> GpuModel:

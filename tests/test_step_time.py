@@ -545,6 +545,34 @@ def test_throughput_max_compiles_bounds_the_search_and_says_so(tmp_path: Any) ->
     assert "Fastest that fits" in page.read_text() and "batch/s/GPU" in page.read_text()
 
 
+@compiles
+def test_calibrate_hands_the_profile_to_the_compile_and_moves_the_estimate(tmp_path: Any) -> None:
+    """Issue 40: a profile naming the costliest kernel of the step's estimate compile (as a real
+    GPU's PGLE profile names them) sets its time; the others are counted and scaled by their kind."""
+    base = ("sample_models/mlp.py:loss", "--gpu", "h100", "--time", "-p", "nothing_saveable", "--format", "json")
+    plain = tmp_path / "plain.json"
+    assert cli(*base, "-o", str(plain)).returncode == 0
+    time = json.loads(plain.read_text())["results"][0]["time"]
+    top = time["costliest"][0]
+    profile = tmp_path / "profile.txt"
+    profile.write_text(f'costs {{ name: "{top["name"]}" cost_us: 1000 }}\ncosts {{ name: "not.here" cost_us: 1 }}\n')
+    out = tmp_path / "calibrated.json"
+    run = cli(*base, "--calibrate", str(profile), "-o", str(out))
+    assert run.returncode == 0, run.stderr
+    doc = json.loads(out.read_text())
+    jsonschema.validate(doc, JSON_SCHEMA)
+    found = doc["results"][0]["time"]
+    c = found["calibration"]
+    assert (c["instructions"], c["measured"]) == (2, 1) and 1 <= c["missing"] < time["kernels"]
+    kernels = {k["name"]: k for k in found["costliest"]}
+    assert kernels[top["name"]]["seconds"] == pytest.approx(1e-3) and kernels[top["name"]]["basis"] == "profile"
+    assert c["estimated_seconds"] == pytest.approx(time["seconds"]) and found["seconds"] > time["seconds"]
+    shown = cli(*base[:-2], "--calibrate", str(profile))
+    assert shown.returncode == 0 and "calibrated by" in " ".join(shown.stdout.split()), shown.stdout
+    over = cli(*base, "--calibrate", str(profile), "-o", str(profile))
+    assert over.returncode == 2 and "profile" in over.stderr
+
+
 PIPELINED = """HloModule step, is_scheduled=true
 
 %body (p: (s32[], bf16[1024,1024], (bf16[1024,1024], bf16[8192,1024]))) -> (s32[], bf16[1024,1024], (bf16[1024,1024], bf16[8192,1024])) {

@@ -48,6 +48,7 @@ TRITON_GEMM = "xla_gpu_enable_triton_gemm"
 DISABLED_PASSES = "xla_disable_hlo_passes"
 PARALLELISM = "xla_gpu_force_compilation_parallelism"  # LLVM's threads per compile (it changes no plan)
 COST_STATS = "xla_gpu_collect_cost_model_stats"  # XLA's cost models' estimates, written into each kernel
+FDO_PROFILE = "fdo_profile"  # --calibrate: a ProfiledInstructionsProto, as JAX's profile-guided estimator uses
 GEMM_TILING = "xla_gpu_experimental_cost_model_gemm_tiling_default"  # Triton GEMMs tiled as tuned, not 16x8
 TIME_SCHEMA = "te-ckpt-audit/gpu-estimate/1"  # the cache's step-time entries
 _REMAT_NAME = re.compile(r"%?([\w.\-]+\.remat\d*)\b")
@@ -298,9 +299,11 @@ class Compiler:
         memory = self.request.planning_memory(self.request.mem_fraction)
         lowered = self.lowered(spec, scope, memory, estimate=True)
         options = self._estimate_options()
-        backend = Backend("estimate", tuple(sorted(options.items())))
+        backend = Backend("estimate", tuple(sorted((k, v) for k, v in options.items() if k != FDO_PROFILE)))
         rates = self.request.timed_model.rates  # the links the collectives are timed over
-        config = self._config(memory, estimate=True) + steptime.revision() + repr(rates)  # by this code
+        profile = self.request.profile
+        config = (self._config(memory, estimate=True) + steptime.revision() + repr(rates)  # by this code
+                  + ("" if profile is None else profile.digest + profile.source))
         key = self._key(self._program(lowered), backend, memory, config)
         hit = self.cache.read_plain(key, TIME_SCHEMA)
         found = None if hit is None else steptime.from_plain(hit)
@@ -313,13 +316,15 @@ class Compiler:
         seconds = time.perf_counter() - start
         progress(CompileProgress(spec.text, backend.name, name, round(seconds, 1)))
         kernels = step_kernels(text, self.devices, self.request.gpus_per_host)
-        found = steptime.estimate(kernels, self.request.timed_model, self.devices, seconds)
+        found = steptime.estimate(kernels, self.request.timed_model, self.devices, seconds, profile)
         self.cache.write_plain(key, TIME_SCHEMA, to_plain(found))
         return found
 
     def _estimate_options(self) -> dict[str, Any]:
         chosen = dict(self.options)
         options = {**chosen, COST_STATS: True, PARALLELISM: 1}
+        if self.request.profile is not None:  # XLA's scheduler orders and overlaps by the measured costs
+            options[FDO_PROFILE] = self.request.profile.serialized()
         if chosen.get(TRITON_GEMM, False) is not False:  # the run's flags chose Triton: its GEMMs tiled as tuned
             options[GEMM_TILING] = True
         else:

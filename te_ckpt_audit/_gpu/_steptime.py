@@ -32,8 +32,9 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
+from .._profile import Profile
 from ..gpus import BF16, F32, F64, FP8, GpuModel
-from ..records import KernelKind, KernelTime, StepTime
+from ..records import Calibration, KernelKind, KernelTime, StepTime
 from . import _hlo_kernels
 from ._hlo_kernels import Kernel
 
@@ -118,10 +119,54 @@ def timed(kernel: Kernel, gpu: GpuModel) -> Timed:
                  max(floor, max(costs.values())) * slower, picked_name if picked >= floor else ROOFLINE)
 
 
-def estimate(kernels: Iterable[Kernel], gpu: GpuModel, devices: int, compile_seconds: float) -> StepTime:
-    """The step's time from its kernels, in XLA's scheduled order (`elapsed`). Model FLOPs,
-    recompute and tokens are the caller's to set."""
+MEASURED = "profile"  # a kernel's basis where the profile measured it
+
+
+def calibrated(rows: list[Timed], profile: Profile) -> tuple[list[Timed], Calibration]:
+    """`rows` with the profile's measurements: a kernel it names takes its measured time per run;
+    the others are scaled by the ratio of measured to estimated time over the kernels of their
+    kind it names (left as they are where it names none of their kind)."""
+    costs = profile.cost_us
+    work = [t for t in rows if not t.kernel.waits_for]
+    sums: dict[KernelKind, list[float]] = {}
+    for t in work:
+        if t.kernel.name in costs:
+            pair = sums.setdefault(t.kernel.kind, [0.0, 0.0])
+            pair[0] += costs[t.kernel.name] * 1e-6 * t.kernel.runs
+            pair[1] += t.seconds * t.kernel.runs
+    ratios = {kind: measured / estimated for kind, (measured, estimated) in sums.items() if estimated > 0}
+    out = []
+    for t in rows:
+        if t.kernel.waits_for:
+            out.append(t)
+        elif t.kernel.name in costs:
+            seconds = costs[t.kernel.name] * 1e-6
+            out.append(Timed(t.kernel, seconds, seconds, seconds, MEASURED))
+        elif t.kernel.kind in ratios:
+            r = ratios[t.kernel.kind]
+            out.append(Timed(t.kernel, t.seconds * r, t.low * r, t.high * r, f"{t.basis} x profile"))
+        else:
+            out.append(t)
+    measured = sum(t.kernel.name in costs for t in work)
+    return out, Calibration(profile.source, len(profile.costs), measured, len(work) - measured,
+                            tuple(sorted(ratios.items())), 0.0)
+
+
+def estimate(kernels: Iterable[Kernel], gpu: GpuModel, devices: int, compile_seconds: float,
+             profile: Profile | None = None) -> StepTime:
+    """The step's time from its kernels, in XLA's scheduled order (`elapsed`); with `profile`,
+    calibrated by it (`calibrated`). Model FLOPs, recompute and tokens are the caller's to set."""
     rows = [timed(k, gpu) for k in kernels]
+    if profile is not None:
+        uncalibrated = _step(rows, gpu, devices, compile_seconds)
+        rows, calibration = calibrated(rows, profile)
+        found = _step(rows, gpu, devices, compile_seconds)
+        return dataclasses.replace(found, calibration=dataclasses.replace(
+            calibration, estimated_seconds=uncalibrated.seconds or 0.0))
+    return _step(rows, gpu, devices, compile_seconds)
+
+
+def _step(rows: list[Timed], gpu: GpuModel, devices: int, compile_seconds: float) -> StepTime:
     work = [t for t in rows if not t.kernel.waits_for]
     compute = [t for t in work if t.kernel.kind is not KernelKind.COLLECTIVE]
     talk = [t for t in work if t.kernel.kind is KernelKind.COLLECTIVE]
@@ -284,9 +329,28 @@ def from_plain(raw: Mapping[str, object]) -> StepTime | None:
             error=optional("error", _text),  # type: ignore[arg-type]
             gemm_seconds=number("gemm_seconds"),
             attention_seconds=number("attention_seconds"),
+            calibration=optional("calibration", _calibration),  # type: ignore[arg-type]
         )
     except _Invalid:
         return None
+
+
+def _calibration(raw: object) -> Calibration:
+    if not isinstance(raw, dict) or not isinstance(raw.get("ratios"), list):
+        raise _Invalid
+    ratios = []
+    for pair in raw["ratios"]:
+        if not (isinstance(pair, list) and len(pair) == 2 and pair[0] in {k.value for k in KernelKind}):
+            raise _Invalid
+        ratios.append((KernelKind(pair[0]), float(_need(_number(pair[1])))))  # type: ignore[arg-type]
+    return Calibration(
+        profile=str(_need(_text(raw.get("profile")))),
+        instructions=int(_need(_count(raw.get("instructions")))),  # type: ignore[call-overload]
+        measured=int(_need(_count(raw.get("measured")))),  # type: ignore[call-overload]
+        missing=int(_need(_count(raw.get("missing")))),  # type: ignore[call-overload]
+        ratios=tuple(ratios),
+        estimated_seconds=float(_need(_number(raw.get("estimated_seconds")))),  # type: ignore[arg-type]
+    )
 
 
 def _kernel(raw: object) -> KernelTime:

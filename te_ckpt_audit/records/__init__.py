@@ -9,6 +9,7 @@ from . import schemas
 from .audit import (
     SCHEMA,
     AuditReport,
+    Calibration,
     Category,
     CompiledMemory,
     CompileProgress,
@@ -98,6 +99,7 @@ __all__ = [
     "HotspotKey",
     "KernelKind",
     "KernelTime",
+    "Calibration",
     "Maximized",
     "MeshAxis",
     "MeshSpec",

@@ -1,5 +1,5 @@
 """The audit's records: what one target's trace holds and what each policy keeps, recomputes and
-offloads; `AuditReport.to_dict()` is the versioned JSON document (schema ``te-ckpt-audit/6``)."""
+offloads; `AuditReport.to_dict()` is the versioned JSON document (schema ``te-ckpt-audit/7``)."""
 
 from __future__ import annotations
 
@@ -236,6 +236,20 @@ class KernelTime:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Calibration:
+    """What a profile measured on real GPUs (`--calibrate`) did to a step-time estimate: kernels it
+    names take their measured time; the others are scaled by the measured-to-estimated ratio of
+    their kind's kernels it names (unscaled where it names none of their kind)."""
+
+    profile: str  # the file
+    instructions: int  # costs in the profile
+    measured: int  # kernels of the step the profile names
+    missing: int  # kernels of the step it does not name
+    ratios: tuple[tuple[KernelKind, float], ...]  # per kind: measured over estimated, where it names some
+    estimated_seconds: float  # the step's estimate without the profile
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class StepTime:
     """An estimate of one training step's time on the target GPUs, from the compiled program:
     each kernel timed by XLA's own cost models (corrected where they are known wrong) and never
@@ -260,6 +274,7 @@ class StepTime:
     error: str | None = None
     gemm_seconds: float = 0.0  # of compute_seconds: GEMMs'
     attention_seconds: float = 0.0  # fused attention's (the rest: memory-bound kernels and host copies)
+    calibration: Calibration | None = None  # --calibrate: what the measured profile did
 
     @property
     def mfu(self) -> float | None:
@@ -469,7 +484,7 @@ class AuditReport(Shown):
         return f"of {self.target!r}: {len(self.results)} policies ({policies}), {len(self.equations)} equations"
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON document (schema ``te-ckpt-audit/6``): plain, ordered, deterministic."""
+        """The JSON document (schema ``te-ckpt-audit/7``): plain, ordered, deterministic."""
         return {"schema": SCHEMA, **_plain(self)}
 
 

@@ -1,4 +1,4 @@
-"""The JSON Schema (draft 2020-12) of the audit's JSON document, ``te-ckpt-audit/6``: what
+"""The JSON Schema (draft 2020-12) of the audit's JSON document, ``te-ckpt-audit/7``: what
 `AuditReport.to_dict()` gives, plus the hotspots and each warning's words that the JSON renderer
 adds. The tests validate every sample model's document against it."""
 
@@ -201,6 +201,13 @@ JSON_SCHEMA: dict[str, Any] = {
                             model=_STR, compile_seconds=_SECONDS, error=_OPT_STR, gemm_seconds=_SECONDS,
                             attention_seconds=_SECONDS, mfu=_OPT_NUMBER, hfu=_OPT_NUMBER,
                             tokens_per_second_per_gpu=_OPT_NUMBER, tflops_per_gpu=_OPT_NUMBER,
+                            calibration={"oneOf": [{"type": "null"}, _object(
+                                profile=_STR, instructions=_INT, measured=_INT, missing=_INT,
+                                ratios=_array({"type": "array", "prefixItems": [_enum(KernelKind),
+                                                                                {"type": "number", "minimum": 0}],
+                                               "minItems": 2, "maxItems": 2}),
+                                estimated_seconds=_SECONDS,
+                            )]},
                         ),
                     ]
                 },

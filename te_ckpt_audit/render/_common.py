@@ -14,6 +14,7 @@ from typing import assert_never
 from ..records import (
     AuditReport,
     AuditWarning,
+    Calibration,
     Equation,
     GpuInfo,
     Hotspot,
@@ -469,7 +470,17 @@ def time_notes(report: AuditReport) -> list[str]:
                          f"{format_seconds(r.time.compute_seconds)} computing, "
                          f"{format_seconds(r.time.communication_seconds)} in collectives, "
                          f"{format_seconds(r.time.exposed_communication_seconds)} of it exposed")
+        if r.time is not None and r.time.calibration is not None:
+            notes.append(f"{r.policy}: {calibration_words(r.time.calibration)}")
     return notes
+
+
+def calibration_words(c: Calibration) -> str:
+    """What `--calibrate`'s profile did to an estimate, in one sentence."""
+    ratios = ", ".join(f"{kind.value} x{ratio:.3g}" for kind, ratio in c.ratios) or "none (it names no kernel here)"
+    return (f"calibrated by {c.profile} ({c.instructions} instructions): {c.measured} kernels measured, "
+            f"{c.missing} missing from the profile and scaled by their kind's measured/estimated ratio "
+            f"({ratios}); {format_seconds(c.estimated_seconds)} uncalibrated")
 
 
 def costliest_rows(t: StepTime) -> list[list[str]]:
