@@ -4,6 +4,7 @@ own configs and train step, set as published H100 runs set them, beside their pu
     python bench/step_time.py                 # every row (about 20 minutes on 2 cores)
     python bench/step_time.py --rows 1vm,jt   # some of them
     python bench/step_time.py --markdown      # the table of docs/guide/step-time.md
+    python bench/step_time.py --search        # the policy x batch search on two rows (issue 40)
 
 Run it with a Python that has the [gpu] extra, MaxText 0.2.5 and cuDNN (the TE lane's venv: MaxText's
 `cudnn_flash_jax` attention needs cuDNN to build). Each row is the recipe's own command as
@@ -139,15 +140,64 @@ def estimate(row: Row, cache: str) -> dict[str, object]:
     return {"time": result["time"], "fits": result["peak"]["fits"], "wall": time.perf_counter() - start}
 
 
+# `--search`: the remat policies `maxtext --recommend --maximize throughput` searches for a row:
+# the recipe's own and two around it (one saving more, one recomputing everything)
+SEARCHED = {"1vm": ("minimal_with_context", "save_dot_except_mlp", "full"),
+            "jt": ("minimal_with_context", "save_dot_except_mlp", "full")}
+SEARCH_COMPILES = 8
+
+
+def search(row: Row, cache: str) -> dict[str, object]:
+    """`maxtext --recommend --maximize throughput` at the row's own settings: the pair it picks."""
+    policies = [arg for p in SEARCHED[row.key] for arg in ("-p", p)]
+    argv = [sys.executable, "-m", "te_ckpt_audit_cli", "maxtext", str(configs_dir() / row.config), *row.settings,
+            "--gpu", "h100", "--recommend", "--maximize", "throughput", *policies, "--max-compiles",
+            str(SEARCH_COMPILES), *row.extra, "-f", "json"]
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    env.update(XLA_PYTHON_CLIENT_MEM_FRACTION=row.fraction, XLA_FLAGS=row.flags, TE_CKPT_AUDIT_CACHE=cache)
+    start = time.perf_counter()
+    done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=7200)
+    if done.returncode not in (0, 1) or not done.stdout.strip():
+        raise RuntimeError(f"failed ({done.returncode}): {' '.join(argv)}\n{done.stderr[-3000:]}")
+    return {"throughput": json.loads(done.stdout)["throughput"], "wall": time.perf_counter() - start}
+
+
+def search_table(rows: list[Row], cache: str) -> str:
+    """The pair each row's search picks, beside the published setting (its policy, its batch)."""
+    lines = ["| run | published setting | its estimate, tokens/s/GPU | published tokens/s/GPU | search's pick | "
+             "its estimate, tokens/s/GPU | points compiled |", "|---|---|---|---|---|---|---|"]
+    for row in rows:
+        found = search(row, cache)["throughput"]
+        assert isinstance(found, dict)
+        settings = dict(s.split("=", 1) for s in row.settings)
+        policy = settings.get("remat_policy", "minimal_with_context")  # llama2_7b.yml's own
+        batch = int(float(settings.get("per_device_batch_size", "4")))
+        seq = int(settings.get("max_target_length", "4096"))
+        own = next((p for p in found["points"] if p["policy"] == policy and p["value"] == batch), None)
+        best = found["best"]
+        published = batch * seq / row.published_s
+        pick = "none fits" if best is None else f"{best['policy']}, batch {best['value']}"
+        lines.append(f"| {row.name} | {policy}, batch {batch} | "
+                     f"{'n/a' if own is None else format(own['throughput'], ',.0f')} | {published:,.0f} | {pick} | "
+                     f"{'n/a' if best is None else format(best['throughput'], ',.0f')} | {len(found['points'])}"
+                     f"{' (bounded)' if found['bounded'] else ''} |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", default="", help="comma-separated row keys (default: all)")
     parser.add_argument("--cache", default=None, help="a compile cache folder to keep (default: a new one)")
     parser.add_argument("--json", default=None, help="also write the figures to this file")
     parser.add_argument("--markdown", action="store_true", help="print the docs' table")
+    parser.add_argument("--search", action="store_true", help="rerun the policy x batch search on the rows "
+                        f"{', '.join(SEARCHED)} (maxtext --recommend --maximize throughput) and print its table")
     args = parser.parse_args()
     chosen = [r for r in ROWS if not args.rows or r.key in args.rows.split(",")]
     cache = args.cache or tempfile.mkdtemp(prefix="te-ckpt-audit-step-time-")
+    if args.search:
+        print(search_table([r for r in chosen if r.key in SEARCHED], cache))
+        return 0
     out = []
     failed = []
     for row in chosen:

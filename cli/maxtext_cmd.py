@@ -131,7 +131,8 @@ def maxtext(
         raise UsageError("maxtext --recommend compiles MaxText's train step for a GPU", "add --gpu h100")
     compiled = gpu is not None or gpu_config is not None  # MaxText's own step, its state donated
     on_gpu = GpuOptions.parse(gpu, gpu_config, DEFAULT_GPUS_PER_HOST, None, mem_fraction, fit, peak_budget,
-                              compile_cache(), step=compiled, donate=[0] if compiled else None, time=timed,
+                              compile_cache(), step=compiled, donate=[0] if compiled else None,
+                              time=timed or maximize is not None,  # throughput is the estimate's
                               network_gbps=network_gbps, calibrate=calibrate)
     policies = list(policy or ["as-is"])
     if "all" in policies:

@@ -14,6 +14,7 @@ from te_ckpt_audit import (
     Scope,
     ShardingSource,
     recommend_target,
+    throughput_keyword,
 )
 from te_ckpt_audit.config import files_read
 from te_ckpt_audit.gpus import DEFAULT_GPUS_PER_HOST
@@ -142,7 +143,7 @@ def recommend(
     """
     size = None if budget is None else positive_bytes(parse_size(budget))  # fails before the user's code runs
     on_gpu = GpuOptions.parse(gpu, gpu_config, gpus_per_host, optimizer, mem_fraction, False, None, compile_cache(),
-                              jobs=jobs, cluster=cluster, time=timed,
+                              jobs=jobs, cluster=cluster, time=timed or throughput_keyword(maximize) is not None,
                               network_gbps=network_gbps, calibrate=calibrate)
     count_at_least_one(max_evals, "max_evals", 64)
     what = TargetOptions.parse(target, inputs, define, scope, params)

@@ -13,6 +13,7 @@ from ._fit import DEFAULT_MAX_COMPILES
 from ._mesh import MAX_DEVICES
 from ._recommend import DEFAULT_MAX_EVALS, recommend, recommend_target
 from ._session import Session
+from ._throughput import throughput_keyword
 from ._trained import parse_params
 from .config import TargetConfig, parse_mesh
 from .errors import AuditError, DevicesUnavailable, PolicyError, PolicySpecError, TargetError, UsageError
@@ -53,6 +54,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DEFAULT_MAX_COMPILES",
+    "throughput_keyword",
     "DEFAULT_MAX_EVALS",
     "DEFAULT_POLICIES",
     "MAX_DEVICES",

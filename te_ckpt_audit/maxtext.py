@@ -43,7 +43,7 @@ from ._throughput import THROUGHPUT, point_of, search
 from ._trace import trace
 from .errors import TargetError, UsageError, first_line
 from .gpus import GpuRequest
-from .records import AuditReport, MaxTextPoint, MaxTextRecommendation, PeakMemory, Point, PolicyResult
+from .records import AuditReport, CompileProgress, MaxTextPoint, MaxTextRecommendation, PeakMemory, Point, PolicyResult
 from .specs import AsIs
 
 # MaxText's cuDNN flash attention through TE finds no fused backend without a GPU driver (TE falls
@@ -464,9 +464,10 @@ def audit_maxtext(
     for policy in dict.fromkeys(remat_policies):
         progress(f"building MaxText's train step ({'the config' if policy == 'as-is' else policy}'s remat)")
         step, loss = maxtext_sessions(run, None if policy == "as-is" else policy)
+        told = _named(progress, policy)
         with _te_told_maxtexts_axes():
-            audited = loss.report([AsIs()], progress=progress)
-            compiled = step.report([AsIs()], gpu=gpu, progress=progress, capture=capture).results[0] if gpu else None
+            audited = loss.report([AsIs()], progress=told)
+            compiled = step.report([AsIs()], gpu=gpu, progress=told, capture=capture).results[0] if gpu else None
         if first is not None and audited.equations != first[1].equations:
             raise TargetError(f"remat_policy={policy} traces another forward pass than {remat_policies[0]}",
                               "audit the policies one at a time")
@@ -482,6 +483,19 @@ def audit_maxtext(
     audited = first[1]
     return dataclasses.replace(shell, equations=audited.equations, arguments=audited.arguments, te=audited.te,
                                trained=audited.trained, target=run.target)
+
+
+def _named(progress: Progress, remat_policy: str) -> Progress:
+    """`progress` with MaxText's step, compiled as it is, named by its remat_policy."""
+    if remat_policy == "as-is":
+        return progress
+
+    def told(event: str | CompileProgress) -> None:
+        if isinstance(event, CompileProgress) and event.policy == AsIs().text:
+            event = dataclasses.replace(event, policy=f"remat_policy={remat_policy}")
+        progress(event)
+
+    return told
 
 
 def _tokens(run: MaxTextRun) -> int | None:
@@ -596,7 +610,7 @@ def recommend_maxtext(
                 session = maxtext_session(at, policy)
                 first = first or session
                 with _te_told_maxtexts_axes():
-                    peak = session.compiled([AsIs()], gpu, progress, capture=capture)[AsIs().text].peak
+                    peak = session.compiled([AsIs()], gpu, _named(progress, policy), capture=capture)[AsIs().text].peak
                 tried.append(MaxTextPoint(policy, number(size), peak, layout))
                 if tried[-1].fits:
                     return MaxTextRecommendation(run.target, tried[-1], tuple(tried), first.gpu_info(gpu))
@@ -623,7 +637,7 @@ def _fastest(run: MaxTextRun, gpu: GpuRequest, policies: list[str], batch_sizes:
             try:
                 session = maxtext_session(at, None if policy == "as-is" else policy)
                 with _te_told_maxtexts_axes():
-                    step = session.compiled([AsIs()], timed, progress, capture=capture)[AsIs().text]
+                    step = session.compiled([AsIs()], timed, _named(progress, policy), capture=capture)[AsIs().text]
             except TargetError as exc:  # MaxText cannot build the step at this batch
                 tried[(policy, value)] = MaxTextPoint(policy, str(value), PeakMemory.not_compiled(first_line(exc)))
                 found.append(Point(policy, value, None, False, None, None, first_line(exc)))

@@ -348,3 +348,17 @@ def test_maxtext_writes_nothing_outside_the_tools_cache() -> None:
     from te_ckpt_audit.maxtext import _argv
 
     assert _argv(MaxTextRun("c.yml", ("jax_cache_dir=/tmp/x",)), "full")[-1] == "jax_cache_dir="
+
+
+def test_progress_names_the_remat_policy_being_compiled() -> None:
+    """Issue 41, item 14: MaxText's step compiles as it is, but the line names its remat_policy."""
+    from te_ckpt_audit.maxtext import _named
+    from te_ckpt_audit.records import CompileProgress
+
+    seen: list[object] = []
+    told = _named(seen.append, "minimal")
+    told(CompileProgress("as-is", "cublas", "h100-sxm", None))
+    told("building")
+    assert seen == [CompileProgress("remat_policy=minimal", "cublas", "h100-sxm", None), "building"]
+    _named(seen.append, "as-is")(CompileProgress("as-is", "cublas", "h100-sxm", 1.0))
+    assert seen[-1] == CompileProgress("as-is", "cublas", "h100-sxm", 1.0)  # the config's own, as it is

@@ -3,13 +3,14 @@ plot, the producer bars, the residuals by module path and the per-equation marks
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import html.parser
 import re
 
 import pytest
 
-from sample_models import eight_names, te_transformer
+from sample_models import eight_names, mlp, te_transformer
 from te_ckpt_audit import AuditReport, Recommendation, Session, audit, recommend
 from te_ckpt_audit._trace import trace
 from te_ckpt_audit.records import Category
@@ -166,3 +167,43 @@ def test_print_of_a_recommendation_is_its_text_and_a_maxtext_one_shows_its_confi
     shown = found._repr_html_()
     assert _parse(shown).errors == [] and "remat_policy: &#x27;minimal&#x27;" in shown
     assert "ici_fsdp_parallelism: 8" in shown and shown.count("<tr>") == 2
+
+
+# --- issue 41, item 1: every format shows every finding ---------------------------------------------
+
+def _one_of_each_finding(policy: str) -> list[object]:
+    from te_ckpt_audit.records import findings as f
+
+    made = [
+        f.TeGemmsRecomputed(policy, ("te_gemm_1",), 10), f.SameAsNothingSaveable(policy),
+        f.UnknownName(policy, "hiden", "hidden", ("hidden",)), f.SavesEverything(policy), f.OffloadMissing(policy),
+        f.InnerScopeWithoutCheckpoints(policy), f.Remat3(policy),
+        f.TeRequantized(policy, ("quantize_1",), 5, ("mlp",), ("quantization",), None, False, 1),
+        f.GemmBatchDimsMissed(policy, ("dot_general_1",), 7, ("mlp",), ("vmap",)),
+    ]
+    assert {type(w) for w in made} == set(f.WARNINGS)  # a new kind of finding is added here too
+    return made
+
+
+def test_every_format_shows_every_finding() -> None:
+    from te_ckpt_audit.render import render_json, render_markdown, render_table
+
+    report = audit(mlp.loss, *mlp.loss_inputs(), policies=["nothing_saveable"], params=0)
+    row = report.results[0]
+    made = tuple(_one_of_each_finding(row.policy))
+    shown = dataclasses.replace(report, results=(dataclasses.replace(row, warnings=made),))
+    for name, text in (("html", render_audit_html(shown)), ("markdown", render_markdown(shown)),
+                       ("terminal", " ".join(render_table(shown).split())), ("json", render_json(shown))):
+        for w in made:
+            assert w.code.value in text, (name, w.code.value)
+    assert "<h2>Warnings (9)</h2>" in render_audit_html(shown)
+    assert "<h2>Warnings</h2><p>None.</p>" in render_audit_html(report)
+
+
+def test_the_html_policy_table_has_an_error_column_only_where_a_policy_failed() -> None:
+    report = audit(mlp.loss, *mlp.loss_inputs(), policies=["nothing_saveable"], params=0)
+    assert "<th>error</th>" not in render_audit_html(report)
+    row = report.results[0]
+    failed = dataclasses.replace(report, results=(row, dataclasses.replace(row, policy="broken", error="it broke")))
+    page = render_audit_html(failed)
+    assert "<th>error</th>" in page and "it broke" in page

@@ -51,6 +51,7 @@ from ._common import (
     time_title,
     timed,
     trained_note,
+    warning_message,
 )
 from ._text import printable
 from .plot import PlotPoint, recommendation_points, report_points
@@ -361,22 +362,36 @@ def _meta(report: AuditReport) -> str:
 
 
 def _policies_table(report: AuditReport) -> list[str]:
+    failed = any(r.error for r in report.results)  # the error column only where a policy failed
     rows = "".join(
         f"<tr><td><code>{_e(r.policy)}</code></td><td class=\"num\">{_e(format_bytes(r.totals.activation_bytes))}</td>"
         f"<td class=\"num\">{_e(format_bytes(r.totals.host_bytes))}</td>"
         f"<td class=\"num\">{_e(format_flops(r.recompute_flops))}</td>"
-        f"<td class=\"num\">{_e(format_percent(r.recompute_percent))}</td><td>{_e(r.error or '')}</td></tr>"
+        f"<td class=\"num\">{_e(format_percent(r.recompute_percent))}</td>"
+        + (f"<td>{_e(r.error or '')}</td>" if failed else "") + "</tr>"
         for r in report.results
     )
     out = ["<h2>Policies</h2><table><thead><tr><th>policy</th><th>activation</th><th>host</th>"
-           f"<th>recompute</th><th>% of forward</th><th>error</th></tr></thead><tbody>{rows}</tbody></table>"]
+           f"<th>recompute</th><th>% of forward</th>{'<th>error</th>' if failed else ''}</tr></thead>"
+           f"<tbody>{rows}</tbody></table>"]
     return out + (_gpu_table(report) if report.gpu is not None else []) + (
         _time_table(report) if timed(report) else [])
 
 
+def warnings_section(report: AuditReport) -> list[str]:
+    """Every finding of the audit, as the terminal and Markdown show them."""
+    if not report.warnings:
+        return ["<h2>Warnings</h2><p>None.</p>"]
+    rows = "".join(f"<tr><td><code>{_e(w.policy or '')}</code></td><td>{_e(w.code.value)}</td>"
+                   f'<td class="path">{_e(warning_message(w))}</td></tr>' for w in report.warnings)
+    return [f"<h2>Warnings ({len(report.warnings)})</h2>", '<table class="fit"><thead><tr><th>policy</th>'
+            f"<th>warning</th><th>message</th></tr></thead><tbody>{rows}</tbody></table>"]
+
+
 def render_audit_html(report: AuditReport) -> str:
     """The audit as one self-contained HTML page."""
-    body = [f"<h1>te-ckpt-audit: {_e(report.target or 'function')}</h1>", _meta(report), *_policies_table(report)]
+    body = [f"<h1>te-ckpt-audit: {_e(report.target or 'function')}</h1>", _meta(report), *_policies_table(report),
+            *warnings_section(report)]
     body += _sections(report, report_points(report), None, None)
     return _page(f"te-ckpt-audit: {report.target}", body)
 
