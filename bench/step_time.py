@@ -127,17 +127,24 @@ def configs_dir() -> Path:
     return Path(found.stdout.strip().splitlines()[-1], "configs", "gpu", "models")
 
 
-def estimate(row: Row, cache: str) -> dict[str, object]:
+def _maxtext(row: Row, cache: str, *args: str) -> tuple[dict[str, object], float]:
+    """`te-ckpt-audit maxtext` on the row's config and settings, in its environment, with `args`:
+    its JSON and the seconds it took."""
     argv = [sys.executable, "-m", "te_ckpt_audit_cli", "maxtext", str(configs_dir() / row.config), *row.settings,
-            "--gpu", "h100", "--time", *row.extra, "-f", "json"]
+            "--gpu", "h100", *args, *row.extra, "-f", "json"]
     env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
     env.update(XLA_PYTHON_CLIENT_MEM_FRACTION=row.fraction, XLA_FLAGS=row.flags, TE_CKPT_AUDIT_CACHE=cache)
     start = time.perf_counter()
-    done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=3600)
+    done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=7200)
     if done.returncode not in (0, 1) or not done.stdout.strip():
         raise RuntimeError(f"failed ({done.returncode}): {' '.join(argv)}\n{done.stderr[-3000:]}")
-    result = json.loads(done.stdout)["results"][0]
-    return {"time": result["time"], "fits": result["peak"]["fits"], "wall": time.perf_counter() - start}
+    return json.loads(done.stdout), time.perf_counter() - start
+
+
+def estimate(row: Row, cache: str) -> dict[str, object]:
+    doc, wall = _maxtext(row, cache, "--time")
+    result = doc["results"][0]  # type: ignore[index]
+    return {"time": result["time"], "fits": result["peak"]["fits"], "wall": wall}
 
 
 # `--search`: the remat policies `maxtext --recommend --maximize throughput` searches for a row:
@@ -150,16 +157,9 @@ SEARCH_COMPILES = 8
 def search(row: Row, cache: str) -> dict[str, object]:
     """`maxtext --recommend --maximize throughput` at the row's own settings: the pair it picks."""
     policies = [arg for p in SEARCHED[row.key] for arg in ("-p", p)]
-    argv = [sys.executable, "-m", "te_ckpt_audit_cli", "maxtext", str(configs_dir() / row.config), *row.settings,
-            "--gpu", "h100", "--recommend", "--maximize", "throughput", *policies, "--max-compiles",
-            str(SEARCH_COMPILES), *row.extra, "-f", "json"]
-    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
-    env.update(XLA_PYTHON_CLIENT_MEM_FRACTION=row.fraction, XLA_FLAGS=row.flags, TE_CKPT_AUDIT_CACHE=cache)
-    start = time.perf_counter()
-    done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=7200)
-    if done.returncode not in (0, 1) or not done.stdout.strip():
-        raise RuntimeError(f"failed ({done.returncode}): {' '.join(argv)}\n{done.stderr[-3000:]}")
-    return {"throughput": json.loads(done.stdout)["throughput"], "wall": time.perf_counter() - start}
+    doc, wall = _maxtext(row, cache, "--recommend", "--maximize", "throughput", *policies, "--max-compiles",
+                         str(SEARCH_COMPILES))
+    return {"throughput": doc["throughput"], "wall": wall}
 
 
 def search_table(rows: list[Row], cache: str) -> str:
