@@ -246,3 +246,23 @@ def test_markdown_tables_have_every_column_and_policy(report: AuditReport) -> No
     body = [line for line in lines[start + 2 :] if line.startswith("| ")]
     policies = [row.split(" | ")[0][2:] for row in body[: len(report.results)]]
     assert policies == [r.policy for r in report.results]
+
+
+def test_the_check_table_takes_the_width_its_names_need() -> None:
+    """Issue 41, item 6: piped, with -o or at any COLUMNS, a long target or spec is never split."""
+    import dataclasses
+
+    from sample_models import mlp
+    from te_ckpt_audit import audit
+    from te_ckpt_audit.gating import check
+    from te_ckpt_audit.render import render_check_table
+
+    spec = "save_only_these_names:fc1,fc2+checkpoint_dots_with_no_batch_dims"
+    report = audit(mlp.loss, *mlp.loss_inputs(), policies=["nothing_saveable", spec], params=0)
+    target = "a/very/long/path/to/some/deeply/nested/project/models/transformer_with_a_long_name.py:loss_function"
+    report = dataclasses.replace(report, target=target)
+    lines = render_check_table([(report, check(report))]).splitlines()
+    assert any(line.startswith(target + " ") for line in lines) and any(spec in line for line in lines)
+    assert all(line == line.rstrip() for line in lines)
+    narrow = render_check_table([(report, check(report))], width=80)
+    assert max(len(line) for line in narrow.splitlines()) <= 80  # a width given is kept

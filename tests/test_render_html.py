@@ -207,3 +207,15 @@ def test_the_html_policy_table_has_an_error_column_only_where_a_policy_failed() 
     failed = dataclasses.replace(report, results=(row, dataclasses.replace(row, policy="broken", error="it broke")))
     page = render_audit_html(failed)
     assert "<th>error</th>" in page and "it broke" in page
+
+
+def test_the_recommend_frontier_keeps_each_spec_on_its_figures_line() -> None:
+    """Issue 41, item 6: at the default width every frontier line holds its figures and its spec."""
+    from te_ckpt_audit.render import render_recommend_text
+
+    rec = recommendation()
+    lines = render_recommend_text(rec).splitlines()
+    start = lines.index("Pareto frontier (activation bytes vs recompute FLOPs, every point analysed):")
+    for c in rec.frontier:
+        assert any(c.policy in line and format_bytes(c.activation_bytes) in line for line in lines[start:]), c.policy
+    assert max(len(line) for line in render_recommend_text(rec, width=60).splitlines()[start:start + 4]) <= 80

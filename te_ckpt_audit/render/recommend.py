@@ -133,9 +133,12 @@ def _indent(text: str) -> str:
     return "\n".join("    " + line for line in text.splitlines())
 
 
-def render_recommend_text(rec: Recommendation, width: int = 80) -> str:
-    """The terminal report, plain text within `width` columns (the plot is 80 wide at most)."""
+def render_recommend_text(rec: Recommendation, width: int | None = None) -> str:
+    """The terminal report, plain text within `width` columns, or (None) as wide as its lines need
+    (the plot is 80 wide at most)."""
     rec = printable_records(rec)
+    if width is None:
+        width = 100_000  # no line of the frontier is split
     out = [f"recommend {rec.target or 'function'}: budget {format_bytes(rec.budget_bytes)}"
            + (" per device" if rec.mesh is not None else ""),
            f"{len(rec.evaluated)} policies analysed (at most {rec.max_evals}), each by JAX's own linearization"]

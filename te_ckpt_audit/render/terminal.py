@@ -217,8 +217,9 @@ def _warnings(report: AuditReport) -> list[RenderableType]:
     ]]
 
 
-def render_check_table(runs: Sequence[Run], width: int = 80) -> str:
-    """The gate's summary: one row per target and policy (the target named once), then the verdict."""
+def render_check_table(runs: Sequence[Run], width: int | None = None) -> str:
+    """The gate's summary: one row per target and policy (the target named once), then the verdict;
+    at `width`, or (None) at the width its names need, as the audit's tables take it."""
     runs = printable_records(tuple(runs))
     table = _table()
     rows = summary_rows(runs)
@@ -228,7 +229,8 @@ def render_check_table(runs: Sequence[Run], width: int = 80) -> str:
     for i, (header, numeric) in enumerate(zip(SUMMARY_HEADERS, SUMMARY_NUMERIC, strict=True)):
         if i >= 2:
             used += _fixed(table, header, [row[i] for row in rows], "right" if numeric else "left")
-    text_width = max(MIN_TEXT_WIDTH, (width - used) // 2)
+    names = [len(row[i]) for row in rows for i in (0, 1)]
+    text_width = max(MIN_TEXT_WIDTH, (width - used) // 2) if width is not None else max([MIN_TEXT_WIDTH, *names])
     previous = None
     for target, policy, *figures in rows:
         shown = "" if target == previous else _break(target, text_width)
@@ -237,10 +239,10 @@ def render_check_table(runs: Sequence[Run], width: int = 80) -> str:
     failed = sum(len(result.violations) for _, result in runs)
     verdict = f"{'FAILED' if failed else 'passed'}: {len(runs)} target(s), {failed} violation(s)"
     buffer = io.StringIO()
-    console = Console(file=buffer, width=width, color_system=None, force_terminal=False)
+    console = Console(file=buffer, width=width or NATURAL, color_system=None, force_terminal=False)
     console.print(_titled("te-ckpt-audit check", table))
     console.print(verdict)
-    return buffer.getvalue()
+    return "".join(line.rstrip() + "\n" for line in buffer.getvalue().splitlines())
 
 
 def _sections(report: AuditReport, view: TableView) -> list[list[RenderableType]]:
