@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import html
 import html.parser
 import re
 
@@ -219,3 +220,13 @@ def test_the_recommend_frontier_keeps_each_spec_on_its_figures_line() -> None:
     for c in rec.frontier:
         assert any(c.policy in line and format_bytes(c.activation_bytes) in line for line in lines[start:]), c.policy
     assert max(len(line) for line in render_recommend_text(rec, width=60).splitlines()[start:start + 4]) <= 80
+
+
+def test_the_html_header_counts_the_arguments_names_the_largest_and_folds_the_rest() -> None:
+    """Issue 41, item 2: not every argument path before anything a reader came for."""
+    report = audit_report()
+    page = render_audit_html(report)
+    head = page[page.index("<h1>"):page.index("<h2>")]
+    assert f"{len(report.arguments)} arguments" in head and "<details><summary>all" in head
+    shown = head[head.index("the largest:"):head.index("</p>")]
+    assert sum(a in html.unescape(shown) for a in report.arguments) == 3

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import html
 import math
+import re
 from collections.abc import Sequence
 
 from ..records import (
@@ -353,11 +354,39 @@ def _sections(
     return out
 
 
+_ARGUMENT = re.compile(r":\s*([A-Za-z]\w*)\[([\d, ]*)\]\s*$")
+LARGEST_ARGUMENTS = 3
+
+
+def argument_bytes(text: str) -> int:
+    """The bytes of an argument as the report names it (`args[0]['w']: float32[32, 64]`); 0 where
+    its shape is not written so.
+
+    >>> argument_bytes("args[0]['w']: bfloat16[32, 64]"), argument_bytes("x: bool[8]")
+    (4096, 8)
+    """
+    found = _ARGUMENT.search(text)
+    if found is None:
+        return 0
+    bits = re.search(r"(\d+)", found.group(1))
+    size = max(1, int(bits.group(1)) // 8) if bits else 1
+    return math.prod(int(d) for d in found.group(2).replace(" ", "").split(",") if d) * size
+
+
 def _meta(report: AuditReport) -> str:
-    args = ", ".join(report.arguments)
+    """What the audit ran on: versions, the forward FLOPs, and its arguments counted, the largest
+    few named and the rest folded."""
+    args = sorted(report.arguments, key=lambda a: -argument_bytes(a))
+    total = sum(argument_bytes(a) for a in args)
+    shown = ", ".join(args[:LARGEST_ARGUMENTS])
+    more = len(args) - LARGEST_ARGUMENTS
+    folded = (f"<details><summary>all {len(args)} arguments</summary><code>{_e(', '.join(report.arguments))}</code>"
+              "</details>") if more > 0 else ""
     trained = trained_note(report)
     return (f'<p class="meta">jax {_e(report.jax_version)} · TE: {_e(report.te)} · forward '
-            f"{_e(format_flops(report.forward_flops))} · arguments: <code>{_e(args)}</code></p>"
+            f"{_e(format_flops(report.forward_flops))} · {len(args)} arguments, {_e(format_bytes(total))}"
+            + (f"; the largest: <code>{_e(shown)}</code>" if args else "")
+            + (f" and {more} more" if more > 0 else "") + f"</p>{folded}"
             + (f'<p class="meta">{_e(trained)}</p>' if trained else ""))
 
 
