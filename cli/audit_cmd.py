@@ -64,7 +64,7 @@ def renderer(fmt: OutputFormat, view: TableView) -> Callable[[AuditReport, Check
         case OutputFormat.GITHUB:
             return lambda report, gate: render_check_github([(report, gate or CheckResult(report.target, (), ()))])
         case OutputFormat.HTML:
-            return lambda report, _: render_audit_html(report)
+            return lambda report, _: render_audit_html(report, view.top, view.by)
         case _:
             assert_never(fmt)
 

@@ -92,7 +92,7 @@ def test_audit_page_sections_follow_the_report() -> None:
     report = audit_report()
     page = render_audit_html(report)
     for heading in ("Frontier: activation bytes against recompute", "Activation bytes by producer",
-                    "Largest residuals by module path", "Per-equation marks"):
+                    "Largest residuals by source line (top 15)", "Per-equation marks"):  # the sample has no modules
         assert f"<h2>{heading}</h2>" in page
     marks = page[page.index("<h2>Per-equation marks</h2>"):]
     assert marks.count("<tr>") == len(report.equations) + 1  # a row per equation, and the header
@@ -134,7 +134,7 @@ def test_points_at_one_place_share_one_label_and_the_legend_shows_what_is_drawn(
 def test_the_modules_table_numbers_its_policy_columns_and_can_wrap_its_paths() -> None:
     report = audit_report()
     page = render_audit_html(report)
-    table = page[page.index("<h2>Largest residuals by module path</h2>"):page.index("<h2>Per-equation marks")]
+    table = page[page.index("<h2>Largest residuals by"):page.index("<h2>Per-equation marks")]
     for i, r in enumerate(report.results):
         assert f'<th class="num" title="{r.policy}">{i + 1}</th>' in table
         assert f"<b>{i + 1}</b> <code>{r.policy}</code>" in table
@@ -230,3 +230,17 @@ def test_the_html_header_counts_the_arguments_names_the_largest_and_folds_the_re
     assert f"{len(report.arguments)} arguments" in head and "<details><summary>all" in head
     shown = head[head.index("the largest:"):head.index("</p>")]
     assert sum(a in html.unescape(shown) for a in report.arguments) == 3
+
+
+def test_the_html_hotspots_follow_top_and_by_and_say_what_their_rows_are() -> None:
+    """Issue 41, item 4: one heading that says what the rows are, and --top/--by as elsewhere."""
+    from te_ckpt_audit.records import HotspotKey
+
+    report = audit_report()
+    page = render_audit_html(report, top=4, by=HotspotKey.LINE)
+    assert "<h2>Largest residuals by source line (top 4)</h2>" in page
+    table = page[page.index("(top 4)</h2>"):]
+    table = table[:table.index("</table>")]
+    assert table.count('<td class="path">') == 4
+    assert "Largest residuals by module path (else line) (top 15)" in render_audit_html(report, by=HotspotKey.MODULE)
+    assert "Largest residuals" not in render_audit_html(report, top=0)

@@ -46,6 +46,7 @@ from ._common import (
     fraction_words,
     gpu_notes,
     gpu_title,
+    hotspot_key,
     hotspots,
     peak_range,
     time_notes,
@@ -269,10 +270,11 @@ def producer_bars_svg(results: Sequence[PolicyResult], width: int = 900) -> str:
 # --- tables ------------------------------------------------------------------------------------
 
 
-def modules_table(report: AuditReport, top: int = TOP_MODULES) -> str:
-    """Activation and host residual bytes by module path (else source line), per policy: the
-    largest first; the same hotspots as every other output."""
-    spots = hotspots(report, top, HotspotKey.MODULE)
+def modules_table(report: AuditReport, top: int = TOP_MODULES, by: HotspotKey | None = None) -> str:
+    """Activation and host residual bytes by module path (else source line) or by source line,
+    per policy: the largest first; the same hotspots, `top` and `by` as every other output."""
+    key = hotspot_key(report, by)
+    spots = hotspots(report, top, key)
     if not spots:
         return "<p>No policy keeps an activation.</p>"
     # policies by number (the key above names them): a column per policy stays narrow at any name
@@ -281,7 +283,7 @@ def modules_table(report: AuditReport, top: int = TOP_MODULES) -> str:
     for spot in spots:
         cells = "".join(f'<td class="num">{_e(format_bytes(b)) if b else ""}</td>' for b in spot.bytes_by_policy)
         rows.append(f'<tr><td class="path"><code>{_breakable(spot.where)}</code></td>{cells}</tr>')
-    title = HOTSPOT_TITLES[HotspotKey.MODULE]
+    title = HOTSPOT_TITLES[key]
     return (_policy_key(report.results) + f'<table class="fit"><thead><tr><th>{_e(title)}</th>{head}</tr></thead>'
             "<tbody>" + "".join(rows) + "</tbody></table>")
 
@@ -343,11 +345,14 @@ def marks_table(report: AuditReport, limit: int = MAX_EQUATIONS) -> str:
 
 
 def _sections(
-    report: AuditReport, points: Sequence[PlotPoint], budget: int | None, focus: PolicyResult | None
+    report: AuditReport, points: Sequence[PlotPoint], budget: int | None, focus: PolicyResult | None,
+    top: int = TOP_MODULES, by: HotspotKey | None = None,
 ) -> list[str]:
+    key = hotspot_key(report, by)
     out = ["<h2>Frontier: activation bytes against recompute</h2>", frontier_svg(points, budget),
-           "<h2>Activation bytes by producer</h2>", producer_bars_svg(report.results),
-           "<h2>Largest residuals by module path</h2>", modules_table(report)]
+           "<h2>Activation bytes by producer</h2>", producer_bars_svg(report.results)]
+    if top > 0:  # --top 0: no hotspots, as in the other formats
+        out += [f"<h2>Largest residuals by {_e(HOTSPOT_TITLES[key])} (top {top})</h2>", modules_table(report, top, key)]
     if focus is not None:
         out += [f"<h2>Largest residuals of <code>{_e(focus.policy)}</code></h2>", top_residuals_table(focus)]
     out += ["<h2>Per-equation marks</h2>", marks_table(report)]
@@ -417,11 +422,11 @@ def warnings_section(report: AuditReport) -> list[str]:
             f"<th>warning</th><th>message</th></tr></thead><tbody>{rows}</tbody></table>"]
 
 
-def render_audit_html(report: AuditReport) -> str:
-    """The audit as one self-contained HTML page."""
+def render_audit_html(report: AuditReport, top: int = TOP_MODULES, by: HotspotKey | None = None) -> str:
+    """The audit as one self-contained HTML page; `top` and `by` as the other formats take them."""
     body = [f"<h1>te-ckpt-audit: {_e(report.target or 'function')}</h1>", _meta(report), *_policies_table(report),
             *warnings_section(report)]
-    body += _sections(report, report_points(report), None, None)
+    body += _sections(report, report_points(report), None, None, top, by)
     return _page(f"te-ckpt-audit: {report.target}", body)
 
 
