@@ -38,3 +38,12 @@ def test_every_page_in_the_navigation_exists_and_every_generated_part_has_a_make
     assert asked == set(hooks.MAKERS)
     policies = hooks.on_page_markdown("<!-- gen: policies -->")
     assert "| `checkpoint_dots_and_te_gemms` |" in policies
+
+
+def test_the_docs_extra_has_the_formatter_the_api_pages_need() -> None:
+    """Issue 41, item 9: without Black or Ruff, mkdocstrings says 'Formatting signatures requires
+    either Black or Ruff' on every build."""
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert any(d.split(">")[0].split("=")[0].strip() in ("ruff", "black") for d in extras["docs"])
