@@ -180,7 +180,7 @@ def test_json_shape_strict_and_deterministic() -> None:
     win = doc["recommended"]
     assert (win["policy"], win["activation_bytes"], win["recompute_flops"]) == (
         "save_only_these_names:layer1,layer2", 2944, 32032)
-    assert win["python"].startswith("import jax\n") and win["maxtext"].startswith("remat_policy: 'custom'")
+    assert win["python"].startswith("import jax\n") and win["maxtext"] is None  # not a MaxText model
     assert [(f["policy"], f["activation_bytes"], f["recompute_flops"]) for f in doc["frontier"]] == [
         (c.policy, c.activation_bytes, c.recompute_flops) for c in rec.frontier
     ]
@@ -211,7 +211,7 @@ def test_cli_prints_spec_snippet_maxtext_frontier_and_plot() -> None:
     out = result.stdout
     assert "recommended: --policy save_only_these_names:layer1,layer2\n" in out
     assert '    policy = jax.checkpoint_policies.save_only_these_names("layer1", "layer2")\n' in out
-    assert "    remat_policy: 'custom'\n" in out and "#   layer1: 'device'\n" in out
+    assert "MaxText" not in out  # eight_names is no MaxText model: no MaxText block (issue 41, item 5)
     plot = out.rstrip("\n").rsplit("\n\n", 1)[1]  # the plot is the last paragraph
     assert plot.splitlines()[0].endswith("│A") or "│" in plot.splitlines()[0]
     assert max(len(line) for line in plot.splitlines()) <= 80
@@ -388,3 +388,24 @@ def test_maximize_checks_its_keyword_before_any_compile(keyword: str, said: str,
     with pytest.raises(UsageError) as caught:
         recommend_target("sample_models/mlp.py:loss", gpu=GpuRequest(gpu_model("h100")), maximize=keyword)
     assert said in caught.value.message
+
+
+def test_the_maxtext_block_expresses_the_pick_and_only_for_maxtexts_names() -> None:
+    """Issue 41, item 5: a plain model gets no MaxText block; a MaxText model's pick is its own
+    setting; a preset MaxText has no setting for is said so, never a custom policy of 'remat's."""
+    from te_ckpt_audit.records import Candidate, CandidateKind
+    from te_ckpt_audit.render.recommend import maxtext_block
+
+    def cand(policy: str, kind: CandidateKind, saved: tuple[str, ...] = (), maxtext: str | None = None) -> Candidate:
+        return Candidate(policy, kind, None, saved, (), 0, 0, 0, 1, True, maxtext_policy=maxtext)
+
+    everything = cand("everything_saveable", CandidateKind.PRESET)
+    assert maxtext_block(everything, ("ffn1", "moe_ffn1")) is None  # gpt.py's names are not MaxText's keys
+    said = maxtext_block(everything, ("mlpwi", "out_proj"))
+    assert said is not None and "MaxText has no remat_policy for everything_saveable" in said
+    assert "'remat'" not in said and not said.startswith("remat_policy: 'custom'")
+    full = cand("nothing_saveable", CandidateKind.PRESET, maxtext="full")
+    assert maxtext_block(full, ("ffn1",)) == "remat_policy: 'full'"
+    names = cand("save_only_these_names:mlpwi", CandidateKind.NAMES, ("mlpwi",))
+    block = maxtext_block(names, ("mlpwi", "out_proj"))
+    assert block is not None and "mlpwi: 'device'" in block and "out_proj: 'remat'" in block

@@ -57,7 +57,7 @@ from ._common import (
 )
 from ._text import printable
 from .plot import PlotPoint, recommendation_points, report_points
-from .recommend import maxtext_config, python_snippet, rate_unit
+from .recommend import maxtext_block, python_snippet, rate_unit
 
 MAX_EQUATIONS = 2000  # rows of the marks table; a note says how many more there are
 TOP_MODULES = 15
@@ -502,8 +502,10 @@ def _recommendation(rec: Recommendation) -> list[str]:
             f"{_e(format_flops(shown.recompute_flops))} ({_e(format_percent(shown.recompute_percent))} of the "
             "forward pass)</div>"
         )
-        body += ["<h2>Python</h2>", f"<pre>{_lines(python_snippet(shown))}</pre>",
-                 "<h2>MaxText remat settings</h2>", f"<pre>{_lines(maxtext_config(shown, rec.names))}</pre>"]
+        body += ["<h2>Python</h2>", f"<pre>{_lines(python_snippet(shown))}</pre>"]
+        block = maxtext_block(shown, rec.names)
+        if block is not None:
+            body += ["<h2>MaxText remat settings</h2>", f"<pre>{_lines(block)}</pre>"]
     timed_any = any(c.time is not None for c in rec.frontier)
     rows = "".join(
         f"<tr><td>{'★' if c == rec.recommended else ''}</td><td><code>{_e(c.policy)}</code></td>"

@@ -118,6 +118,20 @@ def maxtext_config(c: Candidate, names: tuple[str, ...]) -> str:
     return "\n".join(lines)
 
 
+def maxtext_block(c: Candidate, names: tuple[str, ...]) -> str | None:
+    """The candidate as MaxText's remat settings where the model is MaxText's (its names are
+    MaxText's keys, or the candidate is one of MaxText's policies), else None: a plain Flax or JAX
+    model gets no MaxText block. A preset MaxText has no setting for is said plainly, never written
+    as a custom policy that recomputes every key."""
+    if c.maxtext_policy is None and not set(names) & set(MAXTEXT_KEYS) and _minimal_with_quantization(c) is None:
+        return None
+    if c.kind is CandidateKind.PRESET and c.maxtext_policy is None:
+        return (f"# MaxText has no remat_policy for {c.policy}: its custom policy saves, offloads or recomputes\n"
+                "# the tensors MaxText names, and nothing else (remat_policy: 'custom' with those keys 'device'\n"
+                "# is the nearest; it recomputes what no key names)")
+    return maxtext_config(c, names)
+
+
 def render_recommend_json(rec: Recommendation) -> str:
     """Strict JSON (no NaN), keys in a fixed order: the same record always gives the same text."""
     doc = rec.to_dict()
@@ -125,7 +139,7 @@ def render_recommend_json(rec: Recommendation) -> str:
     key = "recommended" if rec.recommended is not None else "closest"
     if shown is not None:
         doc[key] = {**shown.to_dict(), "python": python_snippet(shown),
-                    "maxtext": maxtext_config(shown, rec.names)}
+                    "maxtext": maxtext_block(shown, rec.names)}
     return json.dumps(doc, indent=2, allow_nan=False) + "\n"
 
 
@@ -163,10 +177,10 @@ def render_recommend_text(rec: Recommendation, width: int | None = None) -> str:
             "",
             "python:",
             _indent(python_snippet(shown)),
-            "",
-            "MaxText (base.yml remat settings):",
-            _indent(maxtext_config(shown, rec.names)),
         ]
+        block = maxtext_block(shown, rec.names)
+        if block is not None:
+            out += ["", "MaxText (base.yml remat settings):", _indent(block)]
     if rec.to_name:
         out += ["", "The model names no tensors (checkpoint_name), so only the presets were compared. Name its",
                 "largest activations where they are made, and recommend can save, recompute or offload each:"]
