@@ -79,12 +79,45 @@ def _top(version: TopVersion = False) -> None:
     options."""
 
 
-app.command(DEFAULT_COMMAND, short_help="Compare checkpoint policies on TARGET (the default command).")(audit)
-app.command("check", short_help="Gate CI: audit every target of [tool.te-ckpt-audit].")(check)
-app.command("policies", short_help="List every policy spec --policy understands.")(policies)
-app.command("gpus", short_help="List the GPU models --gpu compiles a training step for.")(gpus)
-app.command("recommend", short_help="Find the policy that fits --budget with the least recompute.")(recommend)
-app.command("maxtext", short_help="Audit MaxText's own train step per remat_policy, for GPUs too.")(maxtext)
+def _examples(*lines: str) -> str:
+    """An Examples epilogue, as `git` and `pip` end their help: Click keeps a `\\b` paragraph as written."""
+    return "\b\nExamples:\n" + "\n".join(f"  {line}" for line in lines)
+
+
+EXAMPLES = {
+    DEFAULT_COMMAND: _examples(
+        "te-ckpt-audit sample_models/te_transformer.py:loss",
+        "te-ckpt-audit sample_models/gpt.py:loss -p checkpoint_dots -p nothing_saveable -D seq=256",
+        "te-ckpt-audit sample_models/gpt.py:loss -f html -o report.html",
+        "te-ckpt-audit sample_models/gpt.py:loss --budget 1MiB          # exit 1 over it",
+        "te-ckpt-audit sample_models/gpt.py:loss --gpu h100 --mesh data=8 -D batch=16 --time  # [gpu] extra",
+    ),
+    "check": _examples("te-ckpt-audit check", "te-ckpt-audit check --format github",
+                       "te-ckpt-audit check --save-baseline"),
+    "policies": _examples("te-ckpt-audit policies"),
+    "gpus": _examples("te-ckpt-audit gpus"),
+    "recommend": _examples(
+        "te-ckpt-audit recommend sample_models/gpt.py:loss --budget 1MiB",
+        "te-ckpt-audit recommend sample_models/gpt.py:loss --gpu h100              # [gpu] extra",
+        "te-ckpt-audit recommend sample_models/gpt.py:loss --gpu h100 --maximize throughput",
+    ),
+    "maxtext": _examples(
+        "te-ckpt-audit maxtext llama2_7b.yml ici_fsdp_parallelism=8 --gpu h100 -p minimal -p full",
+        "te-ckpt-audit maxtext llama2_7b.yml ici_fsdp_parallelism=8 --gpu h100 --time",
+        "te-ckpt-audit maxtext llama2_7b.yml ici_fsdp_parallelism=8 --gpu h100 --recommend --maximize throughput",
+    ),
+}
+
+app.command(DEFAULT_COMMAND, short_help="Compare checkpoint policies on TARGET (the default command).",
+            epilog=EXAMPLES[DEFAULT_COMMAND])(audit)
+app.command("check", short_help="Gate CI: audit every target of [tool.te-ckpt-audit].", epilog=EXAMPLES["check"])(check)
+app.command("policies", short_help="List every policy spec --policy understands.",
+            epilog=EXAMPLES["policies"])(policies)
+app.command("gpus", short_help="List the GPU models --gpu compiles a training step for.", epilog=EXAMPLES["gpus"])(gpus)
+app.command("recommend", short_help="Find the policy that fits --budget with the least recompute.",
+            epilog=EXAMPLES["recommend"])(recommend)
+app.command("maxtext", short_help="Audit MaxText's own train step per remat_policy, for GPUs too.",
+            epilog=EXAMPLES["maxtext"])(maxtext)
 
 
 def run(args: Sequence[str]) -> int:

@@ -42,6 +42,7 @@ class _Producer:
     argument: int | None  # index of a top-level input, when the value is an input
     tags: frozenset[str] = frozenset()  # the tags on its path: they name the call sites it was made at
     output: int | None = None  # which of the equation's outputs the value is
+    body_input: tuple[int, int] | None = None  # made by no equation of a body: (id of the body, which input)
 
     def inside(self, call: jc.JaxprEqn) -> _Producer:
         """This producer, found inside the body `call` calls."""
@@ -320,8 +321,9 @@ class _Resolver:
             return _Producer(None, name, mult, None)
         found = self._producer_map(jaxpr).get(var)
         if found is None:
-            argument = self._input_map(jaxpr).get(var) if top else None
-            return _Producer(None, name, mult, argument)
+            at = self._input_map(jaxpr).get(var)
+            inside = None if top or at is None else (id(jaxpr), at)
+            return _Producer(None, name, mult, at if top else None, body_input=inside)
         eqn, i = found
         prim = eqn.primitive
         if prim is jc.name_p:
@@ -336,7 +338,10 @@ class _Resolver:
             if len(body.outvars) == len(eqn.outvars):
                 out = body.outvars[i]
                 inner = self._resolve(body, out, name, mult, depth + 1)
+                # where the body made nothing (it passes an input on, or names it): the caller's operand
                 at = None if isinstance(out, jc.Literal) else self._input_map(body).get(out)
+                if at is None and inner.eqn is None and inner.body_input and inner.body_input[0] == id(body):
+                    at = inner.body_input[1]
                 if inner.eqn is None and at is not None and len(body.invars) == len(eqn.invars):
                     return self._resolve(jaxpr, eqn.invars[at], inner.name, mult, depth + 1, top)
                 return inner.inside(eqn)

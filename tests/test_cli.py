@@ -368,3 +368,17 @@ def test_a_policy_that_cannot_be_differentiated_reports_the_rest_and_exits_3(mod
     assert doc["results"][1]["totals"]["argument_bytes"] == 16
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(PREFIX) and "[everything_saveable]" in lines[0]
+
+
+@pytest.mark.parametrize("command", ["audit", "check", "policies", "gpus", "recommend", "maxtext"])
+def test_each_commands_help_ends_with_examples_that_name_bundled_files(command: str) -> None:
+    """Issue 41, item 11: a short Examples epilogue, as git and pip end theirs."""
+    from te_ckpt_audit_cli.app import EXAMPLES
+
+    result = cli(command, "--help")
+    assert result.exit_code == 0
+    tail = result.stdout[result.stdout.rindex("Examples:"):]
+    assert tail.count("te-ckpt-audit ") >= 1 and "model.py" not in EXAMPLES[command]
+    for line in tail.splitlines()[1:]:
+        target = next((w for w in line.split() if ".py:" in w), None)
+        assert target is None or (ROOT / target.split(":")[0]).is_file(), line

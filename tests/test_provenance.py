@@ -93,3 +93,18 @@ def test_jit_and_custom_vjp_bodies() -> None:
     for r in result.residuals:
         if r.kind is ResidualKind.ACTIVATION:
             assert r.source is not None and r.source.file.endswith("test_provenance.py")
+
+
+def test_a_residuals_producer_and_line_do_not_depend_on_the_policy() -> None:
+    """Issue 41, item 7: under `none` the TE GEMM outputs named ffn1 and moe_ffn1 (made inside a
+    jit whose body names them) had no equation, primitive or line; under everything_saveable the
+    same tensors were the GEMMs at lines 73 and 82."""
+    report = audit_target("sample_models/te_transformer.py:loss", ["none", "everything_saveable"])
+    none, everything = report.results
+
+    def named(result: object) -> list[tuple[str, str | None, str | None, int | None]]:
+        return sorted((r.name, r.equation, r.primitive, r.source.line if r.source else None)
+                      for r in result.residuals if r.name in ("ffn1", "moe_ffn1"))  # type: ignore[attr-defined]
+
+    assert len(named(none)) == 4 and named(none) == named(everything)
+    assert all(eq is not None and prim is not None and line in (73, 82) for _, eq, prim, line in named(none))
