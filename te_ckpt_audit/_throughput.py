@@ -112,6 +112,7 @@ def search(
         raise UsageError(f"$maximize$ throughput: the {keyword} values must be positive", f"e.g. {keyword}=8")
     points: dict[tuple[str, int], Point] = {}
     edges = {p: _Edge() for p in policies}
+    saturated: list[str] = []  # policies whose climb stopped short of the memory edge
     grain = grain_of(start)
 
     def best_of(policy: str) -> float:
@@ -128,7 +129,6 @@ def search(
         return [(p, v) for p in ranked if (v := _bisect(edges[p], grain)) is not None]
 
     bounded = False
-    saturated: list[str] = []
     while todo := [w for w in wanted() if w not in points]:
         room = max_compiles - len(points)
         if room <= 0:
@@ -160,7 +160,7 @@ def point_of(policy: str, value: int, peak: PeakMemory, time: StepTime | None, t
     seconds = None if time is None else time.seconds
     devices = 1 if time is None else time.devices
     error = peak.error or (None if time is None else time.error)
-    return Point(policy, value, peak.bytes_per_device, peak.fits is True and seconds is not None, seconds,
+    return Point(policy, value, peak.bytes_per_device, peak.fits is True, seconds,
                  throughput_of(value, seconds, devices, tokens), error)
 
 
