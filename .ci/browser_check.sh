@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # The docs site and the HTML reports in a real browser. The site is built first, `mkdocs build
 # --strict` (a broken link or a bad reference fails it), and its front page must load clean. Then
-# headless Chromium (Debian's package, installed when missing; CI runs as root) loads the
-# `recommend` and `audit` pages with no network, must log no console message, must render their SVG, must at 1400 px cut no table and overlap no plot label (a copy of
-# each page with .ci/layout_check.js measures it), and saves a screenshot of each at 1400 px.
+# headless Chromium (Debian's package, installed when missing; CI runs as root) loads every page of the
+# site at 1400 px, where no numbered list may restart and no code block, table or name in a table may
+# be cut (a copy of each page with .ci/docs_check.js measures it), and the `recommend` and `audit`
+# reports with no network, which must log no console message, must render their SVG, must at 1400 px
+# cut no table and overlap no plot label (a copy of each page with .ci/layout_check.js measures it),
+# and saves a screenshot of each at 1400 px.
 #
 #   bash .ci/browser_check.sh          # pages, logs and screenshots in build/browser-check/
 #
@@ -38,6 +41,24 @@ if grep ":CONSOLE" "$out/docs.log" >&2 || [ ! -s "$out/docs.png" ]; then
   status=1
 fi
 echo "browser_check: screenshot $out/docs.png"
+# Every page of the site at 1400 px: lists, code blocks and tables whole (.ci/docs_check.js).
+pages=0
+while IFS= read -r page; do
+  check="${page%.html}.check.html"
+  sed "s#</body>#<script src=\"file://$PWD/.ci/docs_check.js\"></script></body>#" "$page" >"$check"
+  profile="$(mktemp -d)"
+  timeout 120 chromium "${docs_flags[@]}" --user-data-dir="$profile" --window-size=1400,1800 \
+    --dump-dom "file://$check" >"$check.dom" 2>>"$out/docs.log"
+  rm -rf "$profile"
+  verdict="$(sed -n '/id="docs-check"/,/<\/pre>/p' "$check.dom")"
+  rm -f "$check" "$check.dom"
+  pages=$((pages + 1))
+  if ! grep -q "docs ok" <<<"$verdict"; then
+    echo "browser_check: ${page#"$out"/docs/} at 1400 px: ${verdict:-no verdict (the check did not run)}" >&2
+    status=1
+  fi
+done < <(find "$out/docs" -name index.html -not -path "*/search/*" | sort)
+echo "browser_check: $pages pages of the site checked at 1400 px"
 for page in recommend audit; do
   profile="$(mktemp -d)"  # a new, empty profile every run: nothing cached, nothing remembered
   flags=(--headless --no-sandbox --disable-gpu --disable-quic --no-first-run --disable-background-networking
