@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -16,7 +16,7 @@ from ._progress import Progress, quiet
 from ._session import Session
 from ._trained import ALL, ParamsLike
 from .baselines import audit_key
-from .config import TargetConfig, as_defines
+from .config import DefinesLike, TargetConfig
 from .errors import UsageError
 from .gating import check, check_budget_policies
 from .gpus import GpuRequest
@@ -81,7 +81,7 @@ def audit_target(
     policies: Policies | None = None,
     *,
     inputs: str | None = None,
-    defines: Mapping[str, Any] | Sequence[str] | None = None,
+    defines: DefinesLike = None,
     scope: Scope | str = Scope.AUTO,
     progress: Progress = quiet,
     compile: bool = False,
@@ -111,7 +111,7 @@ def audit_target(
     specs = None if policies is None else _some(parse_policies(policies, target))  # bad specs fail before it runs
     own = gpu is not None and gpu.step
     session = Session.of_target(
-        target, inputs=inputs, defines=as_defines(defines), scope=Scope(scope), mesh=placement,
+        target, inputs=inputs, defines=defines, scope=Scope(scope), mesh=placement,
         shardings=ShardingSource(shardings), params=params, own_step=own, progress=progress,
     )
     chosen = (AS_IS,) if own and specs is None else (default_policies(session) if specs is None else specs)

@@ -37,7 +37,7 @@ from ._session import Session
 from ._throughput import DEFAULT_MAX_COMPILES as THROUGHPUT_MAX_COMPILES
 from ._throughput import spread, target_search, throughput_keyword
 from ._trained import ParamsLike
-from .config import as_defines
+from .config import DefinesLike, as_defines
 from .errors import TargetError, UsageError
 from .gpus import GpuRequest
 from .records import (
@@ -475,7 +475,7 @@ def recommend_target(
     *,
     budget_bytes: int | float | None = None,
     inputs: str | None = None,
-    defines: Mapping[str, object] | Sequence[str] | None = None,
+    defines: DefinesLike = None,
     allow_offload: bool = False,
     max_evals: int = DEFAULT_MAX_EVALS,
     scope: Scope = Scope.AUTO,

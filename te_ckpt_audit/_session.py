@@ -30,13 +30,14 @@ from ._compile import compiled_memory
 from ._emulated import emulated_device
 from ._gpu import Compiled, Compiler, gpu_info, peaks_in_workers, step_info, step_mesh
 from ._gpu._compiler import LogCapture
-from ._loading import Defines, anchored, load_inputs, load_target, user_code
+from ._loading import anchored, load_inputs, load_target, user_code
 from ._mesh import build_abstract_mesh, build_mesh, mesh_context, per_device, place_args, source_of, spec_of
 from ._progress import Progress, quiet
 from ._step import trained_paths
 from ._trace import Traced, trace
 from ._trained import ALL, ParamsLike
 from ._warnings import NOTHING, warnings_for
+from .config import DefinesLike, as_defines
 from .errors import TargetError, UsageError
 from .gpus import GpuRequest
 from .records import (
@@ -129,7 +130,7 @@ class Session:
         target: str,
         *,
         inputs: str | None = None,
-        defines: Defines | None = None,
+        defines: DefinesLike = None,
         scope: Scope = Scope.AUTO,
         mesh: MeshSpec | None = None,
         shardings: ShardingSource = ShardingSource.COMPILED,
@@ -142,7 +143,9 @@ class Session:
         the target's failure. With `mesh`, the inputs are placed on virtual CPU devices (compiled
         shardings) or on an abstract mesh of explicit axes. `params` names the trained arguments
         (by default the first, as `jax.grad(loss)(params, batch)` trains it); `own_step`: the
-        target is a training step of the user's own."""
+        target is a training step of the user's own. `defines`: the inputs callable's keywords,
+        `{"seq": 64}` or `["seq=64"]`, typed by its defaults as `-D seq=64` is."""
+        defines = as_defines(defines)
         build = build_mesh if ShardingSource(shardings) is ShardingSource.COMPILED else build_abstract_mesh
         placement = None if mesh is None else build(mesh)
         with user_code(target):
@@ -151,13 +154,13 @@ class Session:
             progress(f"loading {target}")
             loaded = load_target(target)
             with mesh_context(placement):
-                made = load_inputs(loaded, inputs, defines or {}, mesh=placement)
+                made = load_inputs(loaded, inputs, defines, mesh=placement)
                 progress(f"tracing {target}")
                 args = made.args
                 placed = args if placement is None else place_args(args, placement)
                 traced = trace(loaded.fn, placed, target, ALL if own_step else params, differentiable=not own_step)
         _jax_is_jax(target)
-        rebuild = functools.partial(Session.of_target, here or target, inputs=inputs, defines=dict(defines or {}),
+        rebuild = functools.partial(Session.of_target, here or target, inputs=inputs, defines=dict(defines),
                                     scope=Scope(scope), mesh=mesh, shardings=ShardingSource(shardings),
                                     params=params, own_step=own_step)
         return cls(traced, scope, placement, keywords=made.keywords, rebuild=rebuild, own_step=own_step)

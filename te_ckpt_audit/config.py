@@ -147,7 +147,10 @@ def parse_defines(pairs: Sequence[str]) -> dict[str, str]:
     return out
 
 
-def as_defines(defines: Mapping[str, object] | Sequence[str] | None) -> Defines:
+DefinesLike = Mapping[str, object] | Sequence[str] | None  # what the library's entry points take as -D
+
+
+def as_defines(defines: DefinesLike) -> Defines:
     """`{key: value}` as given, or `["key=value", ...]`, as -D defines (the library's entry points
     take either).
 

@@ -13,6 +13,7 @@ from te_ckpt_audit import (
     Session,
     ShardingSource,
     TargetError,
+    UsageError,
     audit_target,
     parse_mesh,
     recommend,
@@ -103,3 +104,17 @@ def test_as_is_of_a_model_without_checkpoints_is_plain_autodiffs_linearization()
         shared = session.report(["none", "as-is"]).results[1]
         alone = analyse_policy(Session.of_target(f"sample_models/{model}.py:loss")._traced, AsIs()).result
         assert shared.policy == "as-is" and dataclasses.replace(shared, warnings=()) == alone
+
+
+def test_a_session_takes_defines_as_values_or_as_the_command_line_types_them() -> None:
+    """`Session.of_target(defines={"layers": 4})` raised TypeError ('int' object is not subscriptable)
+    where audit_target took the same mapping: every entry point takes {key: value} or ["key=value"]."""
+    shapes = []
+    for defines in ({"layers": 4}, {"layers": "4"}, ["layers=4"]):
+        session = Session.of_target("sample_models/eight_names.py:loss", defines=defines)
+        shapes.append(session.report(["checkpoint_dots"]).results[0].totals.activation_bytes)
+    assert shapes[0] == shapes[1] == shapes[2]
+    eight = Session.of_target("sample_models/eight_names.py:loss").report(["checkpoint_dots"]).results[0]
+    assert 0 < shapes[0] < eight.totals.activation_bytes
+    with pytest.raises(UsageError, match="not an int"):
+        Session.of_target("sample_models/eight_names.py:loss", defines={"layers": 2.5})
