@@ -216,16 +216,20 @@ _capturing = threading.Lock()
 _DONE = "te-ckpt-audit: the capture ended"
 LAST_WORDS = 20  # lines of XLA's log shown where it ended the process
 # The relay holds what XLA writes to stderr while it compiles. Where the capture ends, it passes on
-# what is not XLA's log; where the process died first (XLA aborts on a fatal error), all of its last
-# lines: a process of its own, so that they outlive this one.
+# what is not XLA's log; where the process died first (XLA aborts on a fatal error), its last lines
+# and, where a stack trace follows them, the fatal and error lines before: a process of its own, so
+# that they outlive this one.
 _RELAY = f"""
 import re, sys
 absl = re.compile({_ABSL_LINE.pattern!r})
 lines = sys.stdin.buffer.read().decode(errors="replace").splitlines()
 if lines and lines[-1] == {_DONE!r}:
     kept = [line for line in lines[:-1 if lines[-2:-1] != [""] else -2] if not absl.match(line)]
-else:
-    kept = ["te-ckpt-audit: error: XLA ended the process while it compiled; its last lines:"] + lines[-{LAST_WORDS}:]
+else:  # its reason (a fatal or error line) first, where a stack trace pushed it out of the last lines
+    tail = lines[-{LAST_WORDS}:]
+    reasons = [line for line in lines[:-{LAST_WORDS}] if re.match(r"[EF]\\d{{4}} ", line)][-3:]
+    kept = (["te-ckpt-audit: error: XLA ended the process while it compiled; its reason and last lines:"]
+            + reasons + (["..."] if reasons else []) + tail)
 sys.stdout.write("".join(line + "\\n" for line in kept))
 """
 

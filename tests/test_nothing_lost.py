@@ -149,6 +149,11 @@ with xla_log_kept_off_stderr():
     if sys.argv[1] == "abort":
         os.write(2, b"F1205 08:46:54.954686    7300 x.cc:93] XLA's last words\\n")
         os.abort()
+    if sys.argv[1] == "stack":
+        os.write(2, b"F1205 08:46:54.954686    7300 x.cc:93] Check failed: the reason\\n")
+        frames = b"".join(b"    @ 0x%x xla::Frame\\n" % i for i in range(40))
+        os.write(2, b"*** Check failure stack trace: ***\\n" + frames)
+        os.abort()
 print("after", file=sys.stderr)
 """
 
@@ -159,6 +164,11 @@ def test_xla_log_is_kept_off_stderr_and_its_last_words_outlive_the_process() -> 
     died = subprocess.run([sys.executable, "-c", _CAPTURED, "abort"], capture_output=True, text=True, timeout=120)
     assert died.returncode != 0 and "XLA ended the process while it compiled" in died.stderr
     assert died.stderr.rstrip().endswith("XLA's last words")  # was lost with the process
+    # a stack trace after the fatal line: its reason still shown (was only the trace's last frames)
+    stack = subprocess.run([sys.executable, "-c", _CAPTURED, "stack"], capture_output=True, text=True, timeout=120)
+    said = stack.stderr.splitlines()
+    assert said[1].endswith("Check failed: the reason") and said[2] == "..." and said[-1].endswith("xla::Frame")
+    assert len(said) == 1 + 1 + 1 + 20
 
 
 # --- the Python API: sizes as the command line takes them, wrong types named (items 14, 15) -----------
