@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import typer
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 from typer.exceptions import TyperException
 
 from .audit_cmd import audit
@@ -79,6 +79,55 @@ def _top(version: TopVersion = False) -> None:
     options."""
 
 
+# Each command's options in groups, the common ones first, by the parameter's name (every option is
+# placed: tests/test_cli.py); a command may place a shared option elsewhere (OWN_PANELS).
+FIRST = "Options"
+PANELS = {
+    FIRST: ("target", "config", "settings", "policy", "inputs", "define", "scope", "params", "allow_offload",
+            "max_evals", "no_presets", "recommend", "batch", "layout"),
+    "Report": ("equations", "top", "by", "format", "output"),
+    "Gates (exit 1 when one fails)": ("budget", "max_recompute", "baseline", "tolerance", "require_baseline",
+                                      "save_baseline_to", "save_baseline_flag", "fit", "peak_budget"),
+    "Compiling the step (--gpu needs the [gpu] extra)": (
+        "compile", "mesh", "shardings", "gpu", "gpu_config", "gpus_per_host", "optimizer", "mem_fraction", "step",
+        "donate", "max_compiles", "maximize", "jobs", "cluster", "timed", "network_gbps", "calibrate"),
+    "Other": ("debug", "version", "emulate_gpu", "help"),
+}
+OWN_PANELS = {
+    "recommend": {"budget": FIRST, "mesh": FIRST},  # the budget it searches for, not a gate
+    "maxtext": {"max_compiles": FIRST, "maximize": FIRST},  # with --recommend, which compiles anyway
+}
+
+
+def panel_of(command: str, name: str) -> str | None:
+    """The help group of `command`'s option `name`."""
+    own = OWN_PANELS.get(command, {})
+    return own.get(name) or next((panel for panel, names in PANELS.items() if name in names), None)
+
+
+class _GroupedCommand(TyperCommand):
+    """Plain Click help (it wraps cleanly at 80 columns) with the options in PANELS' groups."""
+
+    def format_options(self, ctx: Any, formatter: Any) -> None:  # Typer's own Click's Context and HelpFormatter
+        groups: dict[str, list[tuple[str, str]]] = {}
+        arguments = []
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is None:
+                continue
+            if param.param_type_name == "argument":
+                arguments.append(record)
+            else:
+                groups.setdefault(panel_of(self.name or "", param.name or "") or FIRST, []).append(record)
+        if arguments:
+            with formatter.section("Arguments"):
+                formatter.write_dl(arguments)
+        for panel in PANELS:
+            if groups.get(panel):
+                with formatter.section(panel):
+                    formatter.write_dl(groups[panel])
+
+
 def _examples(*lines: str) -> str:
     """An Examples epilogue, as `git` and `pip` end their help: Click keeps a `\\b` paragraph as written."""
     return "\b\nExamples:\n" + "\n".join(f"  {line}" for line in lines)
@@ -108,15 +157,18 @@ EXAMPLES = {
     ),
 }
 
-app.command(DEFAULT_COMMAND, short_help="Compare checkpoint policies on TARGET (the default command).",
+app.command(DEFAULT_COMMAND, cls=_GroupedCommand,
+            short_help="Compare checkpoint policies on TARGET (the default command).",
             epilog=EXAMPLES[DEFAULT_COMMAND])(audit)
-app.command("check", short_help="Gate CI: audit every target of [tool.te-ckpt-audit].", epilog=EXAMPLES["check"])(check)
-app.command("policies", short_help="List every policy spec --policy understands.",
+app.command("check", cls=_GroupedCommand, short_help="Gate CI: audit every target of [tool.te-ckpt-audit].",
+            epilog=EXAMPLES["check"])(check)
+app.command("policies", cls=_GroupedCommand, short_help="List every policy spec --policy understands.",
             epilog=EXAMPLES["policies"])(policies)
-app.command("gpus", short_help="List the GPU models --gpu compiles a training step for.", epilog=EXAMPLES["gpus"])(gpus)
-app.command("recommend", short_help="Find the policy that fits --budget with the least recompute.",
+app.command("gpus", cls=_GroupedCommand, short_help="List the GPU models --gpu compiles a training step for.",
+            epilog=EXAMPLES["gpus"])(gpus)
+app.command("recommend", cls=_GroupedCommand, short_help="Find the policy that fits --budget with the least recompute.",
             epilog=EXAMPLES["recommend"])(recommend)
-app.command("maxtext", short_help="Audit MaxText's own train step per remat_policy, for GPUs too.",
+app.command("maxtext", cls=_GroupedCommand, short_help="Audit MaxText's own train step per remat_policy, for GPUs too.",
             epilog=EXAMPLES["maxtext"])(maxtext)
 
 

@@ -382,3 +382,29 @@ def test_each_commands_help_ends_with_examples_that_name_bundled_files(command: 
     for line in tail.splitlines()[1:]:
         target = next((w for w in line.split() if ".py:" in w), None)
         assert target is None or (ROOT / target.split(":")[0]).is_file(), line
+
+
+@pytest.mark.parametrize("command", ["audit", "check", "recommend", "maxtext"])
+def test_each_commands_options_come_in_groups_the_common_ones_first(command: str) -> None:
+    """Issue 41, item 11, second half: `audit --help` was one list of 37 options. Every option is
+    placed in a group (a new one must be), the groups come in one order, the common options first,
+    and each option is listed once."""
+    from te_ckpt_audit_cli.app import PANELS, app, panel_of
+    from typer.main import get_command
+
+    params = [p for p in get_command(app).commands[command].params if p.param_type_name == "option"]  # type: ignore[attr-defined]
+    assert all(panel_of(command, p.name) for p in params), [p.name for p in params if not panel_of(command, p.name)]
+    text = cli(command, "--help").stdout
+    panel, placed = None, {}  # each option line's flags -> the heading above it
+    for line in text[text.index("\nOptions:\n"):text.index("  Examples:")].splitlines():
+        if line.endswith(":") and line[:1].isalpha():
+            panel = line[:-1]
+        elif line.startswith("  -"):
+            for flag in line.split()[:2]:
+                if flag.startswith("-"):
+                    placed[flag.rstrip(",")] = panel
+    shown = list(dict.fromkeys(placed.values()))
+    assert shown == [p for p in PANELS if p in shown] and shown[0] == "Options" and shown[-1] == "Other"
+    for p in params:
+        assert placed[max(p.opts, key=len)] == panel_of(command, p.name), p.name
+    assert (placed.get("--policy") == "Options") == (command in ("audit", "maxtext")) and placed["--debug"] == "Other"
