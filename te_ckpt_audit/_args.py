@@ -4,9 +4,13 @@ are typed already; these are for callers in Python and notebooks)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .errors import UsageError
+
+if TYPE_CHECKING:  # imported where used: this module comes before them
+    from .gpus import GpuRequest
+    from .records import MeshSpec
 
 
 def _kind(value: object) -> str:
@@ -21,7 +25,7 @@ def check_target_arg(target: object, what: str = "target") -> str:
     return target
 
 
-def mesh_arg(mesh: object) -> Any:
+def mesh_arg(mesh: object) -> MeshSpec | None:
     """A mesh as a MeshSpec, its text ("data=8,model=4"), or None."""
     from .config import parse_mesh
     from .records import MeshSpec
@@ -34,7 +38,7 @@ def mesh_arg(mesh: object) -> Any:
                      "e.g. $mesh$='data=8'")
 
 
-def gpu_arg(gpu: object) -> Any:
+def gpu_arg(gpu: object) -> GpuRequest | None:
     """A GPU as a GpuRequest, or None."""
     from .gpus import GpuRequest
 

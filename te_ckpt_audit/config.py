@@ -180,12 +180,13 @@ def parse_mesh(text: str) -> MeshSpec:
     return mesh_spec(axes, "$mesh$")
 
 
-def mesh_spec(axes: Sequence[tuple[str, Any]] | Mapping[str, Any], what: str = "mesh") -> MeshSpec:
+def mesh_spec(axes: Sequence[tuple[str, object]] | Mapping[str, object], what: str = "mesh") -> MeshSpec:
     """A validated MeshSpec from (name, size) pairs or a table (`mesh = {data = 8, model = 4}`)."""
     pairs = list(axes.items()) if isinstance(axes, Mapping) else list(axes)
     if not pairs:
         raise UsageError(f"{what} names no axes", "e.g. data=8,model=4")
     seen: set[str] = set()
+    out = []
     for name, size in pairs:
         if not isinstance(name, str) or not _AXIS_NAME.fullmatch(name):
             raise UsageError(f"{what}: axis name {name!r} is not an identifier", "e.g. data, model, fsdp")
@@ -194,7 +195,8 @@ def mesh_spec(axes: Sequence[tuple[str, Any]] | Mapping[str, Any], what: str = "
         seen.add(name)
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise UsageError(f"{what}: axis {name!r} has size {size!r}; a size is an int >= 1", f"e.g. {name}=8")
-    return MeshSpec(tuple(MeshAxis(n, s) for n, s in pairs))
+        out.append(MeshAxis(name, size))
+    return MeshSpec(tuple(out))
 
 
 # --- [tool.te-ckpt-audit] --------------------------------------------------------------------------
@@ -207,7 +209,7 @@ def _unknown(keys: set[str], allowed: set[str], where: str, path: Path) -> None:
         raise UsageError(f"{path}: unknown key {key!r} in {where}", hint)
 
 
-def _number(value: Any, key: str, where: str, path: Path) -> float:
+def _number(value: object, key: str, where: str, path: Path) -> float:
     """A finite number >= 0: TOML's nan and inf would switch a gate off."""
     try:
         return percent_limit(value, key)

@@ -288,7 +288,7 @@ def _sharding_or_none(x: object) -> bool:
     return x is None or isinstance(x, jax.sharding.Sharding)
 
 
-def _placed(sharding: jax.sharding.Sharding | None, values: Any) -> Any:
+def _placed(sharding: jax.sharding.Sharding | None, values: object) -> object:
     """`values`' shapes, each with the sharding MaxText's jit takes it with (a prefix of them)."""
     return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding), values)
 
@@ -357,7 +357,7 @@ class _Loss:
         return out[0] if self.has_aux else out
 
 
-def _has_floats(tree: Any) -> bool:
+def _has_floats(tree: object) -> bool:
     return any(isinstance(x, jax.ShapeDtypeStruct) and jax.numpy.issubdtype(x.dtype, jax.numpy.inexact)
                for x in jax.tree.leaves(tree))
 
