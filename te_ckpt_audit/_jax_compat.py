@@ -344,6 +344,19 @@ def cuda_topology(config_text: str, shape: str) -> Any:
     return topologies.get_topology_desc(platform="cuda", target_config=config_text, topology=shape)
 
 
+def cudnn_version() -> int | None:
+    """The version of the cuDNN that JAX's CUDA plugin loads (its fused attention needs cuDNN to
+    compile, with or without a GPU), or None where there is none to load."""
+    from jax._src.lib import cuda_versions
+
+    if cuda_versions is None:
+        return None
+    try:
+        return int(cuda_versions.cudnn_get_version())
+    except RuntimeError:  # "cuDNN not found"
+        return None
+
+
 def no_persistent_cache_entry() -> contextlib.AbstractContextManager[None]:
     """A compile in this thread that writes no entry into JAX's persistent compilation cache (where
     the process turned it on: a model file, MaxText's `jax_cache_dir`). An executable compiled for a

@@ -34,6 +34,7 @@ from typing import Any
 
 import jax
 
+from . import _jax_compat as jc
 from ._gpu._compiler import LogCapture
 from ._loading import user_code
 from ._mesh import cpu_devices
@@ -50,6 +51,7 @@ from .specs import AsIs
 # back to unfused attention, which keeps every S x S score); JAX's own cuDNN flash attention
 # compiles for the GPU target from here, with the same kernel's memory (its softmax statistics)
 TE_FLASH, JAX_FLASH = "cudnn_flash_te", "cudnn_flash_jax"
+CUDNN = "nvidia-cudnn-cu12>=9.10.2.21,<10"  # what jax-cuda12-plugin[with-cuda] 0.12.0.1 asks for
 GPUS_PER_SLICE = 8  # MaxText's accelerator map: "a3" (H100) is one host of 8 GPUs per slice
 INSTALL = "pip install --no-deps maxtext==0.2.5, then what its decoder imports (zoo/maxtext-requirements.txt)"
 
@@ -369,6 +371,20 @@ def maxtext_session(run: MaxTextRun, remat_policy: str | None = None) -> Session
     return _maxtext_sessions(run, remat_policy, residuals=False)[0]
 
 
+def _stand_in(config: Any) -> tuple[str, str]:
+    """The attention that compiles here for MaxText's `cudnn_flash_te`, and what it changes: JAX's
+    own cuDNN flash attention (the same kernel's memory), which needs cuDNN; where the model uses
+    attention sinks (gpt-oss), which only TE's kernel has, unfused attention: its peak then holds
+    every S x S score, an upper bound of the real one."""
+    if getattr(config, "attention_sink", False):
+        return "dot_product", ": JAX's cuDNN flash has no attention sinks, so unfused, a peak above the real one"
+    if jc.cudnn_version() is None:
+        raise UsageError(f"MaxText's attention={TE_FLASH} compiles here as JAX's cuDNN flash attention, "
+                         "which needs cuDNN, and none is installed",
+                         f"pip install '{CUDNN}' (the [gpu] extra has it), or set attention=dot_product")
+    return JAX_FLASH, ""
+
+
 def maxtext_sessions(run: MaxTextRun, remat_policy: str | None = None) -> tuple[Session, Session]:
     """MaxText's train step for `run` (as `maxtext_session`) and, for its residual audit, the
     loss it differentiates, traced as a target with its parameters trained."""
@@ -382,10 +398,11 @@ def _maxtext_sessions(run: MaxTextRun, remat_policy: str | None,
     run = _sized(run)  # MaxText's own count of hosts, never its unset -1
     config = _config(run, remat_policy)
     target = run.target
-    if str(config.attention) == TE_FLASH:  # TE's fused attention needs a GPU driver: JAX's cuDNN flash stands in
-        run = dataclasses.replace(run, settings=(*run.settings, f"attention={JAX_FLASH}"))
+    if str(config.attention) == TE_FLASH:  # TE's fused attention needs a GPU driver: a stand-in compiles
+        stand_in, why = _stand_in(config)
+        run = dataclasses.replace(run, settings=(*run.settings, f"attention={stand_in}"))
         config = _config(run, remat_policy)
-        target = f"{target} [attention={JAX_FLASH}, standing in for {TE_FLASH}]"
+        target = f"{target} [attention={stand_in}, standing in for {TE_FLASH}{why}]"
     with user_code(target):
         from flax.core.spmd import logical_axis_rules
         from jax.sharding import AxisType, Mesh
@@ -481,8 +498,9 @@ def audit_maxtext(
     assert first is not None
     shell = first[0].report_of(rows, gpu)  # the GPU and the step are the step's; the rest the loss's
     audited = first[1]
+    # the target as the step was traced: the run, and the attention standing in for TE's, if any
     return dataclasses.replace(shell, equations=audited.equations, arguments=audited.arguments, te=audited.te,
-                               trained=audited.trained, target=run.target)
+                               trained=audited.trained)
 
 
 def _named(progress: Progress, remat_policy: str) -> Progress:

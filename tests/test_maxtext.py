@@ -362,3 +362,58 @@ def test_progress_names_the_remat_policy_being_compiled() -> None:
     assert seen == [CompileProgress("remat_policy=minimal", "cublas", "h100-sxm", None), "building"]
     _named(seen.append, "as-is")(CompileProgress("as-is", "cublas", "h100-sxm", 1.0))
     assert seen[-1] == CompileProgress("as-is", "cublas", "h100-sxm", 1.0)  # the config's own, as it is
+
+
+# --- MaxText's MoE GPU configs (issue 41, items 12 and 13) -----------------------------------------
+SMALL_MOE = ("override_model_config=True", "base_num_decoder_layers=2", "base_emb_dim=256", "base_num_query_heads=4",
+             "base_num_kv_heads=4", "base_mlp_dim=256", "base_moe_mlp_dim=256", "head_dim=64", "vocab_size=512",
+             "max_target_length=128", "per_device_batch_size=1", "ici_fsdp_parallelism=8")
+
+
+def _gpu_config(name: str) -> str:
+    import maxtext.configs
+
+    return os.path.join(os.path.dirname(maxtext.configs.__file__), "gpu", "models", name)
+
+
+@compiles
+@pytest.mark.parametrize(("config", "attention"), [("mixtral_8x1b.yml", "cudnn_flash_jax"),
+                                                   ("gpt-oss-20b.yml", "dot_product")])
+def test_maxtexts_moe_gpu_configs_compile_with_their_own_attention(config: str, attention: str) -> None:
+    """Item 12: MaxText's Mixtral GPU config exited 3 ('cuDNN not found': the [gpu] extra had no
+    cuDNN for the cudnn_flash_jax stand-in). Its MoE configs, shrunk, compile for 8 H100s with
+    their own attention stood in for, and say which: gpt-oss's attention sinks only TE's kernel
+    has, so it compiles unfused, declared as a peak above the real one."""
+    run = MaxTextRun(_gpu_config(config), SMALL_MOE)
+    request = GpuRequest(gpu_model("h100"), environment=GpuEnvironment(xla_flags=CUBLAS))
+    report = audit_maxtext(run, ["minimal"], request)
+    assert f"[attention={attention}, standing in for cudnn_flash_te" in report.target
+    assert ("a peak above the real one" in report.target) == (attention == "dot_product")
+    row = report.results[0]
+    assert row.error is None and row.peak is not None and row.peak.error is None and row.peak.bytes_per_device > 0
+    modules = {r.module for r in row.residuals if r.module}
+    assert any("MoeBlock" in m or "GptOssMlp" in m for m in modules), sorted(modules)  # the experts' layers
+
+
+@needs_maxtext
+def test_cudnn_flash_te_without_cudnn_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Item 12: where cuDNN is missing, one line that names it and the install, before any trace
+    (was exit 3, 'tracing ... raised RuntimeError ...: cuDNN not found', as if the model were wrong)."""
+    import te_ckpt_audit._jax_compat as jc
+    from te_ckpt_audit.maxtext import maxtext_session
+
+    monkeypatch.setattr(jc, "cudnn_version", lambda: None)
+    with pytest.raises(UsageError) as caught:
+        maxtext_session(MaxTextRun(_gpu_config("mixtral_8x1b.yml"), SMALL_MOE))
+    assert "needs cuDNN" in caught.value.message and "nvidia-cudnn-cu12" in caught.value.hint
+
+
+@needs_maxtext
+def test_maxtexts_own_validation_reason_is_the_one_line() -> None:
+    """Item 13: a config MaxText's validators refuse says their reason (was 'ValidationError: 1
+    validation error for MaxTextConfig', the reason only in MaxText's log above it)."""
+    from te_ckpt_audit.maxtext import resolved
+
+    with pytest.raises(UsageError) as caught:
+        resolved(MaxTextRun(_base_yml(), (*TINY, "num_experts=4", "base_moe_mlp_dim=64")))
+    assert "For a fully MoE model, base_mlp_dim must equal base_moe_mlp_dim" in caught.value.message
