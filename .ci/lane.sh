@@ -28,7 +28,7 @@ case "$name" in
     "$PY" -m pytest -n auto "$@"
     ;;
   gpu-target)
-    # --gpu: steps compiled for GPU models through JAX's CUDA plugin (the [gpu] extra, ~0.6 GB more);
+    # --gpu: steps compiled for GPU models through JAX's CUDA plugin (the [gpu] extra, ~2.7 GB with cuDNN);
     # here every compile test must run: a missing piece fails the lane instead of skipping
     PY="$(bash .ci/venv.sh "$NEWEST_PYTHON" "$JAX_NEWEST" test,gpu,cluster | tail -n 1)"
     # `te-ckpt-audit maxtext`: MaxText itself (no deps: it declares TensorFlow, torch, ...) and what
