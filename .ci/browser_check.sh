@@ -76,6 +76,15 @@ for page in recommend audit; do
     echo "browser_check: $page.html did not render its plots and tables ($svgs svg)" >&2
     status=1
   fi
+  # the audit page as rendered (issue 41, items 1-4): its warning, the arguments folded, no empty
+  # error column, the hotspots under a heading that says what the rows are and how many
+  if [ "$page" = audit ] && ! { grep -q "<h2>Warnings (1)</h2>" "$out/$page.dom" &&
+      grep -q "te-gemms-recomputed" "$out/$page.dom" && grep -q "<details" "$out/$page.dom" &&
+      ! grep -q "<th>error</th>" "$out/$page.dom" &&
+      grep -q "<h2>Largest residuals by source line (top 10)</h2>" "$out/$page.dom"; }; then
+    echo "browser_check: audit.html lacks its warning, its folded arguments or its hotspots' heading, or has an empty error column" >&2
+    status=1
+  fi
   { cat "$out/$page.html"; echo "<script>"; cat .ci/layout_check.js; echo "</script>"; } >"$out/$page.layout.html"
   timeout 120 chromium "${flags[@]}" --window-size=1400,2000 --dump-dom "file://$out/$page.layout.html" \
     >"$out/$page.layout.dom" 2>>"$out/$page.log"
