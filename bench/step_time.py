@@ -169,6 +169,10 @@ def search_table(rows: list[Row], cache: str) -> str:
     for row in rows:
         found = search(row, cache)["throughput"]
         assert isinstance(found, dict)
+        for p in found["points"]:  # every point the search compiled, on stderr
+            rate = "n/a" if p.get("throughput") is None else f"{p['throughput']:,.0f} tokens/s/GPU"
+            print(f"{row.key}: {p['policy']}, batch {p['value']}: {'fits' if p['fits'] else 'does not fit'}, {rate}",
+                  file=sys.stderr)
         settings = dict(s.split("=", 1) for s in row.settings)
         policy = settings.get("remat_policy", "minimal_with_context")  # llama2_7b.yml's own
         batch = int(float(settings.get("per_device_batch_size", "4")))

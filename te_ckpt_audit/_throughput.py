@@ -15,7 +15,8 @@ estimate), none interpolated:
    `saturated`);
 2. then, best policy first, the gap between a policy's largest fitting value and its first that
    does not is bisected to within an eighth (in steps of the start value's largest power-of-two
-   factor, so that a value a mesh splits evenly stays split evenly), while compiles are left.
+   factor, so that a global batch a mesh splits evenly stays split evenly; in steps of 1 for a
+   per-device batch, MaxText's), while compiles are left.
 
 Points are compiled `jobs` at a time, at most `max_compiles` in all; a search the limit stopped
 says so (`bounded`).
@@ -101,11 +102,13 @@ def _bisect(edge: _Edge, grain: int) -> int | None:
 
 def search(
     evaluate: Evaluate, policies: Sequence[str], start: int, keyword: str, unit: str, *,
-    max_compiles: int = DEFAULT_MAX_COMPILES, jobs: int = 1, values: Sequence[int] = (),
+    max_compiles: int = DEFAULT_MAX_COMPILES, jobs: int = 1, values: Sequence[int] = (), grain: int | None = None,
 ) -> Throughput:
     """The fastest fitting (policy, value) of `policies` and the batch keyword, by `evaluate`'s
     compiled points: the ladder and the bisection above from `start`, or, with `values`, exactly
-    those values under every policy. At most `max_compiles` points, `jobs` at a time."""
+    those values under every policy. At most `max_compiles` points, `jobs` at a time. `grain`: the
+    step the bisection keeps to (default: the start's largest power-of-two factor; 1 where any
+    value splits evenly, as a per-device batch does)."""
     if not policies:
         raise UsageError("$maximize$ throughput has no policy to search", "give one with $policy$")
     if start < 1 or any(v < 1 for v in values):
@@ -113,7 +116,7 @@ def search(
     points: dict[tuple[str, int], Point] = {}
     edges = {p: _Edge() for p in policies}
     saturated: list[str] = []  # policies whose climb stopped short of the memory edge
-    grain = grain_of(start)
+    grain = grain or grain_of(start)
 
     def best_of(policy: str) -> float:
         return max((p.throughput or 0.0 for (q, _), p in points.items() if q == policy and p.fits), default=0.0)

@@ -665,8 +665,9 @@ def _fastest(run: MaxTextRun, gpu: GpuRequest, policies: list[str], batch_sizes:
             found.append(point_of(policy, value, step.peak, step.time, _tokens(at)))
         return found
 
+    # a per-device batch: every count splits evenly over the mesh, so the edge is bisected in steps of 1
     searched = search(evaluate, policies, start, "per_device_batch_size", "tokens", max_compiles=max_compiles,
-                      values=values)
+                      values=values, grain=1)
     best = searched.best
     chosen = None if best is None else tried[(best.policy, best.value)]
     info = None if not first else first[0].gpu_info(timed)

@@ -114,6 +114,19 @@ def test_a_start_that_does_not_fit_halves_until_one_does() -> None:
     assert found.best is not None and (found.best.policy, found.best.value) == ev.brute_best(64) == ("saves", 16)
 
 
+def test_a_per_device_batch_bisects_its_edge_in_steps_of_one() -> None:
+    """A per-device batch (MaxText's) splits evenly over any mesh at any count: from a start of 4
+    the edge between 4 (fits) and 8 (does not) is bisected to 6, then 7; on the start's grain (4)
+    it was left at 4, a factor of two short (the first published-run search stopped there)."""
+    steps = {"saves": dataclasses.replace(SAVES, overhead=10.0, per_example=110)}  # 7 fit, 8 do not
+    on_grain, _ = _run(steps, start=4)
+    assert [p.value for p in on_grain.points] == [4, 8] and on_grain.best is not None and on_grain.best.value == 4
+    found, ev = _run(steps, start=4, grain=1)
+    _checked(found, ev)
+    assert [p.value for p in found.points] == [4, 8, 6, 7]
+    assert found.best is not None and found.best.value == 7
+
+
 def test_max_compiles_bounds_the_search_and_says_so() -> None:
     steps = {"saves": SAVES, "recomputes": RECOMPUTES}
     found, ev = _run(steps, max_compiles=3)
