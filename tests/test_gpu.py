@@ -378,6 +378,15 @@ def _children(pid: int) -> set[int]:
             if e.name.isdigit() and (st := _state(int(e.name))) is not None and st[0] == pid and st[1] != "Z"}
 
 
+def _interruptible() -> None:
+    """The run as a terminal starts it: SIGINT at its default. A shell without job control (CI's, a
+    `cmd &` in a script) starts background commands with SIGINT ignored, which Python then keeps: at
+    the fresh CI run that run ignored the test's Ctrl-C and finished, exit 0."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @compiles
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
 @pytest.mark.parametrize(("signum", "code"), [(15, 143), (2, 130)], ids=["SIGTERM", "SIGINT"])
@@ -394,7 +403,7 @@ def test_a_signal_ends_the_worker_processes_at_once(tmp_path: Path, signum: int,
     with open(tmp_path / "stderr", "w") as err:
         run = subprocess.Popen([sys.executable, "-m", "te_ckpt_audit_cli", "sample_models/llama.py:loss", "--gpu",
                                 "h100", "--jobs", "2", *policies], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                               stderr=err)
+                               stderr=err, preexec_fn=_interruptible)
         deadline = time.monotonic() + 120
         while len(_children(run.pid)) < 2 and time.monotonic() < deadline:  # two workers (and a tracker, often)
             time.sleep(0.5)
