@@ -385,6 +385,20 @@ def _stand_in(config: Any) -> tuple[str, str]:
     return JAX_FLASH, ""
 
 
+def _standing_in(config: Any) -> str:
+    """What a run's target adds where its attention is stood in for: `[attention=..., standing in
+    for cudnn_flash_te...]`, else nothing."""
+    if str(config.attention) != TE_FLASH:
+        return ""
+    stand_in, why = _stand_in(config)
+    return f" [attention={stand_in}, standing in for {TE_FLASH}{why}]"
+
+
+def labelled(run: MaxTextRun) -> str:
+    """The run's target as its reports name it: the stand-in for TE's attention said."""
+    return run.target + _standing_in(_config(_sized(run), None))
+
+
 def maxtext_sessions(run: MaxTextRun, remat_policy: str | None = None) -> tuple[Session, Session]:
     """MaxText's train step for `run` (as `maxtext_session`) and, for its residual audit, the
     loss it differentiates, traced as a target with its parameters trained."""
@@ -397,12 +411,10 @@ def _maxtext_sessions(run: MaxTextRun, remat_policy: str | None,
                       residuals: bool) -> tuple[Session, Session | None, _Loss | None]:
     run = _sized(run)  # MaxText's own count of hosts, never its unset -1
     config = _config(run, remat_policy)
-    target = run.target
+    target = run.target + _standing_in(config)
     if str(config.attention) == TE_FLASH:  # TE's fused attention needs a GPU driver: a stand-in compiles
-        stand_in, why = _stand_in(config)
-        run = dataclasses.replace(run, settings=(*run.settings, f"attention={stand_in}"))
+        run = dataclasses.replace(run, settings=(*run.settings, f"attention={_stand_in(config)[0]}"))
         config = _config(run, remat_policy)
-        target = f"{target} [attention={stand_in}, standing in for {TE_FLASH}{why}]"
     with user_code(target):
         from flax.core.spmd import logical_axis_rules
         from jax.sharding import AxisType, Mesh
@@ -631,8 +643,8 @@ def recommend_maxtext(
                     peak = session.compiled([AsIs()], gpu, _named(progress, policy), capture=capture)[AsIs().text].peak
                 tried.append(MaxTextPoint(policy, number(size), peak, layout))
                 if tried[-1].fits:
-                    return MaxTextRecommendation(run.target, tried[-1], tuple(tried), first.gpu_info(gpu))
-    return MaxTextRecommendation(run.target, None, tuple(tried), None if first is None else first.gpu_info(gpu))
+                    return MaxTextRecommendation(labelled(run), tried[-1], tuple(tried), first.gpu_info(gpu))
+    return MaxTextRecommendation(labelled(run), None, tuple(tried), None if first is None else first.gpu_info(gpu))
 
 
 def _fastest(run: MaxTextRun, gpu: GpuRequest, policies: list[str], batch_sizes: Sequence[str], max_compiles: int,
@@ -671,7 +683,7 @@ def _fastest(run: MaxTextRun, gpu: GpuRequest, policies: list[str], batch_sizes:
     best = searched.best
     chosen = None if best is None else tried[(best.policy, best.value)]
     info = None if not first else first[0].gpu_info(timed)
-    return MaxTextRecommendation(run.target, chosen, tuple(tried.values()), info, searched)
+    return MaxTextRecommendation(labelled(run), chosen, tuple(tried.values()), info, searched)
 
 
 def _whole_batch(value: str) -> int:

@@ -400,12 +400,17 @@ def test_cudnn_flash_te_without_cudnn_says_what_to_install(monkeypatch: pytest.M
     """Item 12: where cuDNN is missing, one line that names it and the install, before any trace
     (was exit 3, 'tracing ... raised RuntimeError ...: cuDNN not found', as if the model were wrong)."""
     import te_ckpt_audit._jax_compat as jc
-    from te_ckpt_audit.maxtext import maxtext_session
+    from te_ckpt_audit.maxtext import labelled, maxtext_session
 
+    run = MaxTextRun(_gpu_config("mixtral_8x1b.yml"), SMALL_MOE)
     monkeypatch.setattr(jc, "cudnn_version", lambda: None)
     with pytest.raises(UsageError) as caught:
-        maxtext_session(MaxTextRun(_gpu_config("mixtral_8x1b.yml"), SMALL_MOE))
+        maxtext_session(run)
     assert "needs cuDNN" in caught.value.message and "nvidia-cudnn-cu12" in caught.value.hint
+    # with cuDNN, what every report of the run (recommend's too) calls it: the stand-in said
+    monkeypatch.setattr(jc, "cudnn_version", lambda: 92800)
+    assert labelled(run) == f"{run.target} [attention=cudnn_flash_jax, standing in for cudnn_flash_te]"
+    assert labelled(MaxTextRun(_base_yml(), TINY)) == MaxTextRun(_base_yml(), TINY).target  # dot_product: as is
 
 
 @needs_maxtext
