@@ -12,11 +12,13 @@ own rematerialization is reported where the device is too small; reruns are byte
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
 import os
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -378,13 +380,20 @@ def _children(pid: int) -> set[int]:
             if e.name.isdigit() and (st := _state(int(e.name))) is not None and st[0] == pid and st[1] != "Z"}
 
 
-def _interruptible() -> None:
-    """The run as a terminal starts it: SIGINT at its default. A shell without job control (CI's, a
-    `cmd &` in a script) starts background commands with SIGINT ignored, which Python then keeps: at
-    the fresh CI run that run ignored the test's Ctrl-C and finished, exit 0."""
+@contextlib.contextmanager
+def _interruptible() -> Iterator[None]:
+    """Children started meanwhile start as a terminal starts them: SIGINT at its default. A shell
+    without job control (CI's, a `cmd &` in a script) starts background commands with SIGINT
+    ignored, which Python and its children keep: at the fresh CI run the run ignored the test's
+    Ctrl-C and finished, exit 0. Set here, in the parent (a handler is reset to the default by exec;
+    `preexec_fn` would fork a process JAX runs threads in)."""
     import signal
 
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 @compiles
@@ -400,10 +409,10 @@ def test_a_signal_ends_the_worker_processes_at_once(tmp_path: Path, signum: int,
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
     env["TE_CKPT_AUDIT_CACHE"] = str(tmp_path)
     policies = [a for p in ("none", "checkpoint_dots", "everything_saveable", "nothing_saveable") for a in ("-p", p)]
-    with open(tmp_path / "stderr", "w") as err:
+    with open(tmp_path / "stderr", "w") as err, _interruptible():
         run = subprocess.Popen([sys.executable, "-m", "te_ckpt_audit_cli", "sample_models/llama.py:loss", "--gpu",
                                 "h100", "--jobs", "2", *policies], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                               stderr=err, preexec_fn=_interruptible)
+                               stderr=err)
         deadline = time.monotonic() + 120
         while len(_children(run.pid)) < 2 and time.monotonic() < deadline:  # two workers (and a tracker, often)
             time.sleep(0.5)
