@@ -371,32 +371,26 @@ def maxtext_session(run: MaxTextRun, remat_policy: str | None = None) -> Session
     return _maxtext_sessions(run, remat_policy, residuals=False)[0]
 
 
-def _stand_in(config: Any) -> tuple[str, str]:
-    """The attention that compiles here for MaxText's `cudnn_flash_te`, and what it changes: JAX's
-    own cuDNN flash attention (the same kernel's memory), which needs cuDNN; where the model uses
-    attention sinks (gpt-oss), which only TE's kernel has, unfused attention: its peak then holds
-    every S x S score, an upper bound of the real one."""
+def _stand_in(config: Any) -> tuple[str | None, str]:
+    """The attention that compiles here for MaxText's `cudnn_flash_te` (None for any other), and
+    what the run's target adds to say so. JAX's own cuDNN flash attention (the same kernel's
+    memory), which needs cuDNN; where the model uses attention sinks (gpt-oss), which only TE's
+    kernel has, unfused attention: its peak then holds every S x S score, above the real one."""
+    if str(config.attention) != TE_FLASH:
+        return None, ""
     if getattr(config, "attention_sink", False):
-        return "dot_product", ": JAX's cuDNN flash has no attention sinks, so unfused, a peak above the real one"
+        why = ": JAX's cuDNN flash has no attention sinks, so unfused, a peak above the real one"
+        return "dot_product", f" [attention=dot_product, standing in for {TE_FLASH}{why}]"
     if jc.cudnn_version() is None:
         raise UsageError(f"MaxText's attention={TE_FLASH} compiles here as JAX's cuDNN flash attention, "
                          "which needs cuDNN, and none is installed",
                          f"pip install '{CUDNN}' (the [gpu] extra has it), or set attention=dot_product")
-    return JAX_FLASH, ""
-
-
-def _standing_in(config: Any) -> str:
-    """What a run's target adds where its attention is stood in for: `[attention=..., standing in
-    for cudnn_flash_te...]`, else nothing."""
-    if str(config.attention) != TE_FLASH:
-        return ""
-    stand_in, why = _stand_in(config)
-    return f" [attention={stand_in}, standing in for {TE_FLASH}{why}]"
+    return JAX_FLASH, f" [attention={JAX_FLASH}, standing in for {TE_FLASH}]"
 
 
 def labelled(run: MaxTextRun) -> str:
     """The run's target as its reports name it: the stand-in for TE's attention said."""
-    return run.target + _standing_in(_config(_sized(run), None))
+    return run.target + _stand_in(_config(_sized(run), None))[1]
 
 
 def maxtext_sessions(run: MaxTextRun, remat_policy: str | None = None) -> tuple[Session, Session]:
@@ -411,9 +405,10 @@ def _maxtext_sessions(run: MaxTextRun, remat_policy: str | None,
                       residuals: bool) -> tuple[Session, Session | None, _Loss | None]:
     run = _sized(run)  # MaxText's own count of hosts, never its unset -1
     config = _config(run, remat_policy)
-    target = run.target + _standing_in(config)
-    if str(config.attention) == TE_FLASH:  # TE's fused attention needs a GPU driver: a stand-in compiles
-        run = dataclasses.replace(run, settings=(*run.settings, f"attention={_stand_in(config)[0]}"))
+    stand_in, said = _stand_in(config)  # TE's fused attention needs a GPU driver: a stand-in compiles
+    target = run.target + said
+    if stand_in is not None:
+        run = dataclasses.replace(run, settings=(*run.settings, f"attention={stand_in}"))
         config = _config(run, remat_policy)
     with user_code(target):
         from flax.core.spmd import logical_axis_rules
