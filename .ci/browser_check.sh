@@ -45,7 +45,7 @@ echo "browser_check: screenshot $out/docs.png"
 pages=0
 while IFS= read -r page; do
   check="${page%.html}.check.html"
-  sed "s#</body>#<script src=\"file://$PWD/.ci/docs_check.js\"></script></body>#" "$page" >"$check"
+  { cat "$page"; echo "<script>"; cat .ci/docs_check.js; echo "</script>"; } >"$check"  # as the reports' check below
   profile="$(mktemp -d)"
   timeout 120 chromium "${docs_flags[@]}" --user-data-dir="$profile" --window-size=1400,1800 \
     --dump-dom "file://$check" >"$check.dom" 2>>"$out/docs.log"
