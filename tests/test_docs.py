@@ -69,25 +69,30 @@ def test_the_docs_extra_has_the_formatter_the_api_pages_need() -> None:
 def test_the_front_pages_first_audit_is_what_the_command_prints(monkeypatch: pytest.MonkeyPatch) -> None:
     """The docs' front page and the README show `te-ckpt-audit sample_models/te_transformer.py:loss`;
     every line they show is the command's own, in its order (issue 41, item 8: the front page still
-    showed a `(no source)` row after item 7 had given those residuals their producer). The header's
-    jax version is the one line allowed to differ."""
+    showed a `(no source)` row after item 7 had given those residuals their producer). Its
+    numbers are those of the jax release its header names (jax's linearization keeps other residuals
+    in other releases): on another jax the check is skipped."""
+    import jax
     from te_ckpt_audit_cli.app import app
     from typer.testing import CliRunner
+
+    named = {m for page in ("docs/index.md", "README.md")
+             for m in re.findall(r"^24 array inputs;.*; jax (\S+)$", (ROOT / page).read_text(), re.MULTILINE)}
+    assert len(named) == 1
+    if jax.__version__ not in named:
+        pytest.skip(f"the front page shows jax {named.pop()}'s output; this is jax {jax.__version__}")
 
     monkeypatch.chdir(ROOT)
     result = CliRunner().invoke(app, ["sample_models/te_transformer.py:loss"], env={"COLUMNS": None})
     assert result.exit_code == 0, result.output
-    printed = [_unversioned(line) for line in result.stdout.splitlines()]
+    printed = [line.rstrip() for line in result.stdout.splitlines()]
     for page in ("docs/index.md", "README.md"):
         text = (ROOT / page).read_text()
         shown = text.split("te-ckpt-audit sample_models/te_transformer.py:loss\n24 array inputs", 1)[1]
         block = ("24 array inputs" + shown.split("\n```", 1)[0]).splitlines()
         at = 0
-        for line in (_unversioned(line) for line in block if line.strip() != "..."):
+        for line in (line.rstrip() for line in block if line.strip() != "..."):
             assert line in printed[at:], f"{page}: {line!r} is not the command's output (in order)"
             at = printed.index(line, at) + 1
         assert at > 10
 
-
-def _unversioned(line: str) -> str:
-    return re.sub(r"; jax \S+$", "; jax X", line.rstrip())
