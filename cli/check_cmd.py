@@ -101,7 +101,8 @@ def check(
         for t in targets:
             runs.append(
                 check_target(t, baseline=reference, tolerance=cfg.tolerance, require_baseline=require_baseline,
-                             progress=progress, executor=pool, capture=process.xla_log_kept_off_stderr)
+                             progress=progress, executor=pool, capture=process.xla_log_kept_off_stderr,
+                             known_names=True)
             )
     terminal.emit(render(runs), written)
     if save_baseline_flag:

@@ -181,7 +181,7 @@ class GpuOptions:
     ) -> GpuOptions:
         if gpu is not None and gpu_config is not None:
             raise UsageError("--gpu and --gpu-config both name a GPU", "give one of them")
-        peak = PeakGate(fit, tuple(parse_budget(b) for b in peak_budget or []))
+        peak = PeakGate(fit, tuple(parse_budget(b, "peak_budget") for b in peak_budget or []))
         if gpu is None and gpu_config is None:
             given = [o for o, on in (("--optimizer", optimizer is not None), ("--fit", fit),
                                      ("--peak-budget", bool(peak_budget)),

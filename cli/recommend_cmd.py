@@ -19,7 +19,7 @@ from te_ckpt_audit import (
 from te_ckpt_audit.config import files_read
 from te_ckpt_audit.gpus import DEFAULT_GPUS_PER_HOST
 from te_ckpt_audit.render import format_bytes, render_recommend_html, render_recommend_json, render_recommend_text
-from te_ckpt_audit.sizes import count_at_least_one, parse_size, positive_bytes
+from te_ckpt_audit.sizes import budget_size, count_at_least_one, positive_bytes
 
 from . import options as opt
 from . import process
@@ -141,7 +141,7 @@ def recommend(
     fits, 1 nothing fits (the closest is shown), 2 usage or bad input, 3 the target failed to load or
     trace, 4 internal error.
     """
-    size = None if budget is None else positive_bytes(parse_size(budget))  # fails before the user's code runs
+    size = None if budget is None else positive_bytes(budget_size(budget))  # fails before the user's code runs
     on_gpu = GpuOptions.parse(gpu, gpu_config, gpus_per_host, optimizer, mem_fraction, False, None, compile_cache(),
                               jobs=jobs, cluster=cluster, time=timed or throughput_keyword(maximize) is not None,
                               network_gbps=network_gbps, calibrate=calibrate)

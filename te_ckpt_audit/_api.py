@@ -20,7 +20,7 @@ from .config import DefinesLike, TargetConfig
 from .errors import UsageError
 from .gating import check, check_budget_policies
 from .gpus import GpuRequest
-from .records import AuditReport, Baseline, CheckResult, MeshSpec, Scope, ShardingSource
+from .records import AuditReport, Baseline, CheckResult, MeshSpec, Scope, ShardingSource, UnknownName
 from .registry import AS_IS, DEFAULT_POLICIES
 from .sizes import percent_limit
 from .specs import PolicyLike, PolicySpec, parse_policies
@@ -137,6 +137,17 @@ def check_config(config: TargetConfig, tolerance: float = 0.0) -> None:
     check_budget_policies(config.peak.budgets, policies)
 
 
+def _no_unknown_names(report: AuditReport) -> None:
+    """A gated policy that names a checkpoint name the model does not have saves nothing by that
+    name: the gate would pass a policy nobody meant. The audit warns; the gate refuses."""
+    for w in report.warnings:
+        if isinstance(w, UnknownName):
+            close = f"did you mean {w.closest!r}? " if w.closest else ""
+            names = ", ".join(w.model_names[:8]) or "none"
+            raise UsageError(f"{report.target}: policy {w.policy!r} names {w.name!r}, a checkpoint name the model "
+                             f"does not have", f"{close}the model's names: {names}")
+
+
 def check_target(
     config: TargetConfig,
     *,
@@ -146,9 +157,12 @@ def check_target(
     progress: Progress = quiet,
     executor: concurrent.futures.Executor | None = None,
     capture: LogCapture | None = None,
+    known_names: bool = False,
 ) -> tuple[AuditReport, CheckResult]:
     """Audit a target and check it against its budgets and a baseline (the CI gate). Bad limits
-    fail before the user's code runs; the result carries the baseline key of this audit.
+    fail before the user's code runs; the result carries the baseline key of this audit. With
+    `known_names` (`te-ckpt-audit check`), a policy naming a checkpoint name the model does not
+    have is a UsageError rather than a warning: a gate must not pass a policy nobody meant.
 
     >>> from te_ckpt_audit import TargetConfig, check_target, parse_budget
     >>> report, result = check_target(TargetConfig("model.py:loss", budgets=(parse_budget("6GiB"),)))  # doctest: +SKIP
@@ -161,6 +175,8 @@ def check_target(
         progress=progress, compile=config.compile, mesh=config.mesh, shardings=config.shardings, gpu=config.gpu,
         params=config.params, executor=executor, capture=capture,
     )
+    if known_names:
+        _no_unknown_names(report)
     figures = None if baseline is None else baseline.figures(key)
     result = check(report, config.budgets, config.max_recompute, figures, tolerance, require_baseline, config.peak)
     return report, dataclasses.replace(result, key=key)

@@ -48,7 +48,7 @@ from .errors import UsageError
 from .gating import PeakGate
 from .gpus import GpuRequest
 from .records import Budget, MeshAxis, MeshSpec, Scope, ShardingSource
-from .sizes import parse_size, percent_limit
+from .sizes import budget_size, percent_limit
 from .specs import PolicyLike
 
 MAX_DEFINE = 4096  # characters in one -D value: no size or flag is longer
@@ -57,6 +57,7 @@ _GPU_KEYS = {"gpu", "gpu_config", "optimizer", "gpus_per_host", "mem_fraction", 
 _TOP_KEYS = {"targets", "baseline", "tolerance", *_GPU_KEYS}
 _TARGET_KEYS = {"target", "inputs", "defines", "policies", "scope", "budget", "budgets", "max_recompute", "mesh",
                 "shardings", "peak_budget", "peak_budgets", "step", "donate", "params", *_GPU_KEYS}
+_SECTION = "te-ckpt-audit"  # [tool.te-ckpt-audit]
 _AXIS_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -219,6 +220,19 @@ def _number(value: object, key: str, where: str, path: Path) -> float:
         ) from None
 
 
+def _near_miss_tables(tool: Mapping[str, object], path: Path) -> None:
+    """A `[tool.*]` table whose name is ours misspelled (`te_ckpt_audit`, `te-ckpt-audit-`,
+    `te-ckpt_audit`) is an error: its keys would be ignored, and a baseline or budget in it with
+    them, while `check` passes the rest."""
+    for name in tool:
+        if name == _SECTION:
+            continue
+        folded = re.sub(r"[^a-z0-9]", "", name.lower())
+        if folded == "teckptaudit" or difflib.get_close_matches(name.lower(), [_SECTION], n=1, cutoff=0.85):
+            raise UsageError(f"{path}: [tool.{name}] is not [tool.{_SECTION}]; te-ckpt-audit would ignore it",
+                             f"rename it [tool.{_SECTION}] (hyphens), and its targets [[tool.{_SECTION}.targets]]")
+
+
 def load_config(path: str | Path = "pyproject.toml") -> Config:
     """Read and validate `[tool.te-ckpt-audit]`; every problem is a UsageError naming the key."""
     p = Path(path)
@@ -231,6 +245,7 @@ def load_config(path: str | Path = "pyproject.toml") -> Config:
     except (tomllib.TOMLDecodeError, RecursionError) as exc:
         raise UsageError(f"{p} is not valid TOML: {str(exc)[:200]}", "fix the file") from None
     tool = doc.get("tool")
+    _near_miss_tables(tool if isinstance(tool, dict) else {}, p)
     section = tool.get("te-ckpt-audit") if isinstance(tool, dict) else None
     if not isinstance(section, dict):
         raise UsageError(f"{p} has no [tool.te-ckpt-audit] section",
@@ -284,11 +299,11 @@ def _target(raw: Any, i: int, p: Path) -> TargetConfig:
         raise UsageError(f"{p}: {where}.scope must be auto, outer or inner", "e.g. scope = \"auto\"") from None
     budgets = []
     if "budget" in raw:
-        budgets.append(Budget(parse_size(raw["budget"])))
+        budgets.append(Budget(_size(raw["budget"], "budget", where, p)))
     per_policy = raw.get("budgets", {})
     if not isinstance(per_policy, dict):
         raise UsageError(f"{p}: {where}.budgets must be a table", 'e.g. budgets = { checkpoint_dots = "4MiB" }')
-    budgets += [Budget(parse_size(v), k) for k, v in per_policy.items()]
+    budgets += [Budget(_size(v, f"budgets.{k}", where, p), k) for k, v in per_policy.items()]
     max_recompute = raw.get("max_recompute")
     mesh = raw.get("mesh")
     if mesh is not None and not isinstance(mesh, dict):
@@ -312,6 +327,16 @@ def _target(raw: Any, i: int, p: Path) -> TargetConfig:
         peak=_peak_gate(raw, where, p),
         params=_params(raw, where, p),
     )
+
+
+def _size(value: object, key: str, where: str, p: Path) -> int:
+    """A budget in the config: "6GiB" (or bytes >= 1 MiB); the error names the file and the key."""
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise UsageError(f"{p}: {where}.{key} is not a size such as \"6GiB\": {value!r}", f'e.g. {key} = "6GiB"')
+    try:
+        return budget_size(value, key)
+    except UsageError as err:
+        raise UsageError(f"{p}: {where}.{err.message}", err.hint) from None
 
 
 def _params(raw: Mapping[str, Any], where: str, p: Path) -> tuple[int | str, ...] | Literal["all"] | None:
@@ -373,9 +398,10 @@ def _peak_gate(raw: Mapping[str, Any], where: str, p: Path) -> PeakGate:
     fit = raw.get("fit", False)
     if not isinstance(fit, bool):
         raise UsageError(f"{p}: {where}.fit must be true or false", "e.g. fit = true")
-    budgets = [Budget(parse_size(raw["peak_budget"]))] if "peak_budget" in raw else []
+    budgets = [Budget(_size(raw["peak_budget"], "peak_budget", where, p))] if "peak_budget" in raw else []
     per_policy = raw.get("peak_budgets", {})
     if not isinstance(per_policy, dict):
         hint = 'e.g. peak_budgets = { checkpoint_dots = "60GiB" }'
         raise UsageError(f"{p}: {where}.peak_budgets must be a table", hint)
-    return PeakGate(fit, tuple(budgets + [Budget(parse_size(v), k) for k, v in per_policy.items()]))
+    budgets += [Budget(_size(v, f"peak_budgets.{k}", where, p), k) for k, v in per_policy.items()]
+    return PeakGate(fit, tuple(budgets))

@@ -27,6 +27,18 @@ def check_budget_policies(budgets: Sequence[Budget], policies: Sequence[str]) ->
             )
 
 
+def applying(budgets: Sequence[Budget], policy: str) -> list[Budget]:
+    """The budgets that bind `policy`: its own where it has any, which replace the every-policy
+    ones (`budget = "64MiB"` with `budgets = { checkpoint_dots = "80MiB" }` lets checkpoint_dots
+    keep 80 MiB), else the every-policy ones.
+
+    >>> applying([Budget(64), Budget(80, "checkpoint_dots")], "checkpoint_dots")
+    [Budget(limit_bytes=80, policy='checkpoint_dots')]
+    """
+    own = [b for b in budgets if b.policy == policy]
+    return own or [b for b in budgets if b.policy is None]
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class PeakGate:
     """Limits on XLA:GPU's compiled peak per device (`--gpu`): `fit` within the GPU's usable
@@ -67,8 +79,8 @@ def check(
         if peak.active and result.error is None:
             violations += _peak_violations(report, result, peak)
         act = gated_bytes(result)
-        for b in budgets:
-            if (b.policy in (None, result.policy)) and act > b.limit_bytes:
+        for b in applying(budgets, result.policy):
+            if act > b.limit_bytes:
                 per_device = result.totals.activation_bytes_per_device is not None
                 violations.append(
                     Violation(target, result.policy, Figure.ACTIVATION_BYTES, act, b.limit_bytes, per_device)
@@ -95,8 +107,8 @@ def _peak_violations(report: AuditReport, result: PolicyResult, gate: PeakGate) 
     out = []
     if gate.fit and peak > report.gpu.usable_bytes:
         out.append(Violation(report.target, result.policy, Figure.DOES_NOT_FIT, peak, report.gpu.usable_bytes, True))
-    for b in gate.budgets:
-        if b.policy in (None, result.policy) and peak > b.limit_bytes:
+    for b in applying(gate.budgets, result.policy):
+        if peak > b.limit_bytes:
             out.append(Violation(report.target, result.policy, Figure.PEAK_BYTES, peak, b.limit_bytes, True))
     return out
 

@@ -40,12 +40,33 @@ def parse_size(text: str | int) -> int:
     return int(math.floor(value))
 
 
-def parse_budget(text: str) -> Budget:
-    """`6GiB` (every policy) or `checkpoint_dots=6GiB` (one policy)."""
+UNITLESS_FLOOR = 2**20  # a budget written without a unit below this is surely a unit left out
+
+
+def budget_size(text: str | int, what: str = "budget") -> int:
+    """A budget's bytes, as `parse_size` reads them; a number with no unit below 1 MiB (`128`,
+    `budget = 512`) is a UsageError: no activation or peak budget is that small, so the unit was
+    left out (128 B would fail every policy, or pass none the user meant). `128B` says bytes.
+
+    >>> budget_size("128MiB"), budget_size("128B"), budget_size(4 * 2**20)
+    (134217728, 128, 4194304)
+    """
+    size = parse_size(text)
+    unitless = not isinstance(text, str) or not re.search(r"[a-zA-Z]", text)
+    if unitless and size < UNITLESS_FLOOR:
+        shown = str(text).strip()
+        raise UsageError(f"${what}$ {shown} has no unit: {size} bytes is surely not the budget meant",
+                         f'write "{shown}MiB" (or "{shown}B" if bytes are meant)')
+    return size
+
+
+def parse_budget(text: str, what: str = "budget") -> Budget:
+    """`6GiB` (every policy) or `checkpoint_dots=6GiB` (one policy). A policy's own budget
+    replaces the every-policy one for that policy (`gating.check`)."""
     policy, eq, size = text.rpartition("=")
     if eq and not policy.strip():
         raise UsageError(f"budget {text!r} names no policy", "use SIZE or POLICY=SIZE, e.g. checkpoint_dots=6GiB")
-    return Budget(parse_size(size), policy.strip() or None)
+    return Budget(budget_size(size, what), policy.strip() or None)
 
 
 def percent_limit(value: object, what: str) -> float:

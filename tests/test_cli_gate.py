@@ -39,7 +39,7 @@ def test_within_budget_exits_0(model: Path, figures: dict[str, int]) -> None:
 
 def test_over_budget_exits_1_with_a_line_per_violation(model: Path, figures: dict[str, int]) -> None:
     limit = figures["checkpoint_dots"]
-    result = cli(*audit_args("--budget", str(limit)))
+    result = cli(*audit_args("--budget", f"{limit}B"))
     assert result.exit_code == ExitCode.CHECK_FAILED
     lines = [line for line in result.stderr.splitlines() if "check failed" in line]
     assert len(lines) == 1
@@ -48,9 +48,9 @@ def test_over_budget_exits_1_with_a_line_per_violation(model: Path, figures: dic
 
 
 def test_per_policy_budget(model: Path, figures: dict[str, int]) -> None:
-    ok = cli(*audit_args("--budget", f"checkpoint_dots={figures['checkpoint_dots']}"))
+    ok = cli(*audit_args("--budget", f"checkpoint_dots={figures['checkpoint_dots']}B"))
     assert ok.exit_code == ExitCode.OK
-    tight = cli(*audit_args("--budget", f"checkpoint_dots={figures['checkpoint_dots'] - 1}"))
+    tight = cli(*audit_args("--budget", f"checkpoint_dots={figures['checkpoint_dots'] - 1}B"))
     assert tight.exit_code == ExitCode.CHECK_FAILED
     assert "[checkpoint_dots]" in tight.stderr
     unknown = cli(*audit_args("--budget", "dots_saveable=1GiB"))
@@ -207,3 +207,49 @@ def test_check_with_a_malformed_config(model: Path) -> None:
     Path("cfg.toml").write_text("[tool.te-ckpt-audit\n")
     result = cli("check", "--config", "cfg.toml")
     assert result.exit_code == ExitCode.USAGE and "not valid TOML" in result.stderr
+
+
+UNBASED = CONFIG.replace('baseline = "base.json"\n', "")  # the gates alone, no baseline to save first
+
+
+def test_check_fails_a_policy_naming_a_checkpoint_name_the_model_lacks(model: Path) -> None:
+    # the model's name is "hidden": "hiden" saves nothing by name, and the gate would pass it
+    Path("pyproject.toml").write_text(UNBASED.format(budget='budget = "1MiB"').replace(
+        '"everything_saveable"]', '"save_only_these_names:hiden"]'))
+    result = cli("check")
+    assert result.exit_code == ExitCode.USAGE, result.stdout
+    assert "'hiden'" in result.stderr and "did you mean 'hidden'?" in result.stderr
+    assert result.stderr.count("\n") == 1
+    Path("pyproject.toml").write_text(UNBASED.format(budget='budget = "1MiB"').replace(
+        '"everything_saveable"]', '"save_only_these_names:hidden"]'))
+    assert cli("check").exit_code == ExitCode.OK
+
+
+def test_a_policys_own_budget_replaces_the_every_policy_budget(model: Path) -> None:
+    report = audit_target("model.py:loss", POLICIES, defines={"batch": 8})  # CONFIG's batch
+    dots, everything = (r.totals.activation_bytes for r in report.results)
+    assert dots < everything
+    # every policy at most `dots` bytes, everything_saveable its own, larger, budget: one passes both
+    own = f'budget = "{dots}B"\nbudgets = {{ everything_saveable = "{everything}B" }}'
+    Path("pyproject.toml").write_text(UNBASED.format(budget=own))
+    result = cli("check", "-f", "json")
+    assert result.exit_code == ExitCode.OK, result.stdout
+    # and it tightens as well as it loosens: one byte under its own budget fails it alone
+    tight = f'budget = "1MiB"\nbudgets = {{ everything_saveable = "{everything - 1}B" }}'
+    Path("pyproject.toml").write_text(UNBASED.format(budget=tight))
+    failed = cli("check", "-f", "json")
+    assert failed.exit_code == ExitCode.CHECK_FAILED
+    (violation,) = json.loads(failed.stdout)["targets"][0]["violations"]
+    assert violation["policy"] == "everything_saveable" and violation["limit"] == everything - 1
+
+
+@pytest.mark.parametrize("given", ["budget = 128", 'budget = "128"', 'budgets = { checkpoint_dots = 512 }',
+                                   "peak_budget = 64"])
+def test_a_budget_without_a_unit_below_a_mib_is_an_error(model: Path, given: str) -> None:
+    extra = '\ngpu = "h100"' if given.startswith("peak") else ""
+    Path("pyproject.toml").write_text(UNBASED.format(budget=given + extra))
+    result = cli("check")
+    assert result.exit_code == ExitCode.USAGE
+    assert "has no unit" in result.stderr and "MiB" in result.stderr and "pyproject.toml" in result.stderr
+    assert cli("model.py:loss", "--budget", "128").exit_code == ExitCode.USAGE
+    assert cli("model.py:loss", "--budget", "128B", "-f", "json").exit_code == ExitCode.CHECK_FAILED

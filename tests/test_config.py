@@ -94,3 +94,20 @@ def test_a_targets_gpu_config_wins_over_the_sections_gpu(tmp_path) -> None:
     own, inherited = cfg.targets
     assert own.gpu is not None and own.gpu.model.name == "small" and own.gpu.model.memory_bytes == 2**30
     assert inherited.gpu is not None and inherited.gpu.model.name == "a100-80gb"
+
+
+@pytest.mark.parametrize("name", ["te_ckpt_audit", "te-ckpt_audit", "TE-CKPT-AUDIT", "te-ckpt-audt", "teckptaudit"])
+def test_a_misspelled_table_is_an_error_not_a_gate_switched_off(tmp_path, name: str) -> None:
+    # the baseline sits in the misspelled table: read as written, check would pass without it
+    text = GOOD.replace("[tool.te-ckpt-audit]\n", f"[tool.{name}]\n", 1)
+    with pytest.raises(UsageError) as err:
+        load_config(_write(tmp_path, text))
+    assert f"[tool.{name}] is not [tool.te-ckpt-audit]" in str(err.value)
+    # alone, too: no table of ours at all is not "nothing to check, passed"
+    with pytest.raises(UsageError, match="is not"):
+        load_config(_write(tmp_path, f"[tool.{name}]\nbaseline = 'b.json'\n"))
+
+
+def test_other_tools_tables_are_left_alone(tmp_path) -> None:
+    cfg = load_config(_write(tmp_path, "[tool.ruff]\nline-length = 9\n[tool.pytest]\nx = 1\n" + GOOD))
+    assert len(cfg.targets) == 1

@@ -328,7 +328,7 @@ def loss_inputs():
 
 def test_recommend_skips_names_no_spec_can_carry(folder: Path) -> None:
     (folder / "model.py").write_text(ODD_NAMES)
-    result = cli("recommend", "model.py:loss", "--budget", "200", "--allow-offload", "-f", "json", "-o", "r.json")
+    result = cli("recommend", "model.py:loss", "--budget", "200B", "--allow-offload", "-f", "json", "-o", "r.json")
     assert result.exit_code in (0, 1), result.stderr
     doc = json.loads((folder / "r.json").read_text())
     assert doc["names"] == ["plain"] and sorted(doc["skipped_names"]) == ["", "a|b"]

@@ -250,7 +250,7 @@ def loss_inputs():
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--budget", "0"], "--budget must be a finite size above zero"),
+        (["--budget", "0B"], "--budget must be a finite size above zero"),
         (["--budget", "0GiB"], "--budget must be a finite size above zero"),
         (["--budget", "-1"], "not a size"),
         (["--budget", "nan"], "not a size"),
@@ -275,7 +275,7 @@ def test_cli_bad_input_is_one_line_and_exit_2(
 def test_every_format_is_handled(fmt: RecommendFormat, tmp_path: Path) -> None:
     assert renderer(fmt) is not None
     out = tmp_path / f"report.{fmt.value}"
-    result = cli(EIGHT, "-D", "layers=4", "--budget", "3328", "-f", fmt.value, "-o", str(out), "--max-evals", "12")
+    result = cli(EIGHT, "-D", "layers=4", "--budget", "3328B", "-f", fmt.value, "-o", str(out), "--max-evals", "12")
     assert result.exit_code == OK, result.stderr
     assert "save_only_these_names:layer1" in out.read_text()
 
