@@ -8,10 +8,13 @@ device or FIFO (`/dev/null`, a pipe) is written into, never replaced; anything e
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
+import select
 import stat
 import tempfile
+import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -37,14 +40,16 @@ def check_writable(path: str | Path) -> Path:
             return real
         kind = "a folder" if stat.S_ISDIR(mode) else "not a regular file"
         raise UsageError(f"cannot write {path}: it is {kind}", "choose a file in a writable folder")
+    if mode is not None and not os.access(real, os.W_OK):
+        raise UsageError(f"cannot write {path}: the file is read-only (permission denied)", "choose a writable path")
     folder = real.parent
     if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
         raise UsageError(f"cannot write {path}: no writable folder {folder}", "choose a file in a writable folder")
-    _probe(folder, path)
+    _probe(folder, path, exists=mode is not None)
     return real
 
 
-def _probe(folder: Path, shown: str | Path) -> None:
+def _probe(folder: Path, shown: str | Path, exists: bool) -> None:
     """A file is written through a new one beside it: make (and remove) one now, so that a folder
     where none can be made (a read-only or virtual filesystem) is refused before the run."""
     try:
@@ -52,6 +57,10 @@ def _probe(folder: Path, shown: str | Path) -> None:
     except OSError as exc:
         readonly = hasattr(os, "statvfs") and os.statvfs(folder).f_flag & os.ST_RDONLY
         why = "is on a read-only filesystem" if readonly else f"takes no new file ({exc.strerror})"
+        if exists:  # the file is there: say why it cannot be replaced, not that it is missing
+            why += ", and a report replaces a file whole through a new one beside it"
+            raise UsageError(f"cannot write {shown}: the file exists, but its folder {folder} {why}",
+                             "choose a file in a writable folder") from None
         raise UsageError(f"cannot write {shown}: {folder} {why}", "choose a file in a writable folder") from None
     os.close(fd)
     os.unlink(tmp)
@@ -82,7 +91,10 @@ def refuse_overwriting(output: str | Path | None, reads: Iterable[tuple[str, str
 def write_output(path: str | Path, text: str) -> None:
     """Write `text` to `path` (see the module's docstring)."""
     real = check_writable(path)
-    if real.exists() and not real.is_file():  # a device or a FIFO: a rename would replace it
+    if real.exists() and stat.S_ISFIFO(os.stat(real).st_mode):
+        _write_fifo(real, text, shown=path)
+        return
+    if real.exists() and not real.is_file():  # a device: a rename would replace it
         try:
             with open(real, "w", encoding="utf-8", errors="backslashreplace") as f:
                 f.write(text)
@@ -90,6 +102,43 @@ def write_output(path: str | Path, text: str) -> None:
             raise UsageError(f"cannot write {path}: {exc.strerror or exc}", "choose a writable path") from exc
         return
     _write_atomically(real, text, shown=path)
+
+
+FIFO_WAIT_S = 10.0  # how long a FIFO may go without a reader, or a reader without reading
+
+
+def _write_fifo(real: Path, text: str, shown: str | Path) -> None:
+    """Into a FIFO, bounded: wait at most FIFO_WAIT_S seconds for a reader to open it and, between
+    writes, for the reader to take more; never block forever on a pipe nobody reads."""
+    wait = FIFO_WAIT_S
+    data = text.encode("utf-8", errors="backslashreplace")
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            fd = os.open(real, os.O_WRONLY | os.O_NONBLOCK)
+            break
+        except OSError as exc:
+            if exc.errno != errno.ENXIO:
+                raise UsageError(f"cannot write {shown}: {exc.strerror}", "choose a writable path") from None
+            if time.monotonic() > deadline:
+                raise UsageError(f"cannot write {shown}: no process opened the FIFO to read it in {wait:g} s",
+                                 "start its reader first, or write the report to a file") from None
+            time.sleep(0.05)
+    try:
+        view = memoryview(data)
+        while view:
+            _, ready, _ = select.select([], [fd], [], wait)
+            if not ready:
+                raise UsageError(f"cannot write {shown}: the FIFO's reader took nothing for {wait:g} s",
+                                 "write the report to a file")
+            try:
+                view = view[os.write(fd, view):]
+            except BlockingIOError:
+                continue
+            except OSError as exc:  # the reader went away (EPIPE)
+                raise UsageError(f"cannot write {shown}: {exc.strerror}", "write the report to a file") from None
+    finally:
+        os.close(fd)
 
 
 def _write_atomically(path: Path, text: str, shown: str | Path) -> None:

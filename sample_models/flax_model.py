@@ -16,6 +16,8 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
+from sample_models._batch import batch_input
+
 Policy = Callable[..., Any]
 DEFAULT_POLICY: Policy = jax.checkpoint_policies.dots_with_no_batch_dims_saveable
 
@@ -96,10 +98,11 @@ loss = make_loss()
 
 def loss_inputs(layers: int = 2, batch: int = 2, seq: int = 16, d_model: int = 64,
                 heads: int = 4, d_ff: int = 256, vocab: int = 128,
-                dtype: str = "float32", scan: bool = True) -> tuple[Any, jax.ShapeDtypeStruct, Config]:
+                dtype: str = "float32", scan: bool = True, mesh: Any = None,
+                ) -> tuple[Any, jax.ShapeDtypeStruct, Config]:
     """Shapes only: (params from jax.eval_shape(model.init, ...), tokens, cfg)."""
     cfg = Config(layers=layers, d_model=d_model, heads=heads, d_ff=d_ff, vocab=vocab, dtype=dtype, scan=scan)
     tokens = jax.ShapeDtypeStruct((batch, seq), jnp.int32)
     # eval_shape traces init abstractly: params are ShapeDtypeStructs, nothing is allocated.
     params = jax.eval_shape(Transformer(cfg).init, jax.random.key(0), tokens)
-    return params, tokens, cfg
+    return params, batch_input((batch, seq), jnp.int32, mesh), cfg

@@ -16,6 +16,8 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
+from sample_models._batch import batch_input
+
 Params = dict[str, Any]
 Policy = Callable[..., Any]
 DEFAULT_POLICY: Policy = jax.checkpoint_policies.dots_with_no_batch_dims_saveable
@@ -85,8 +87,10 @@ loss = make_loss()
 
 def loss_inputs(layers: int = 2, batch: int = 2, seq: int = 16, d_model: int = 64,
                 heads: int = 4, d_ff: int = 256, vocab: int = 128,
-                dtype: str = "float32", scan: bool = True) -> tuple[Params, jax.ShapeDtypeStruct, Config]:
-    """Shapes only: (params with a leading layer axis, int32 tokens [batch, seq], cfg)."""
+                dtype: str = "float32", scan: bool = True, mesh: Any = None,
+                ) -> tuple[Params, jax.ShapeDtypeStruct, Config]:
+    """Shapes only: (params with a leading layer axis, int32 tokens [batch, seq], cfg); on a
+    mesh (`--mesh data=8`) the tokens split over its data axes, as a data-parallel run holds them."""
     dt = jnp.dtype(dtype)
     sds = jax.ShapeDtypeStruct
     per_layer = {
@@ -104,4 +108,4 @@ def loss_inputs(layers: int = 2, batch: int = 2, seq: int = 16, d_model: int = 6
         "lnf_s": sds((d_model,), dt), "lnf_b": sds((d_model,), dt),
         "unembed": sds((d_model, vocab), dt),
     }
-    return params, sds((batch, seq), jnp.int32), Config(heads=heads, scan=scan)
+    return params, batch_input((batch, seq), jnp.int32, mesh), Config(heads=heads, scan=scan)

@@ -11,6 +11,8 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
+from sample_models._batch import batch_input
+
 Params = dict[str, jax.Array]
 
 
@@ -31,7 +33,7 @@ loss = make_loss()
 
 
 def loss_inputs(batch: int = 8, d_in: int = 32, d_hidden: int = 64, d_out: int = 16,
-                dtype: str = "float32") -> tuple[Params, jax.ShapeDtypeStruct]:
+                dtype: str = "float32", mesh: object = None) -> tuple[Params, jax.ShapeDtypeStruct]:
     """Shapes only (nothing allocated): (params, x)."""
     dt = jnp.dtype(dtype)
     sds = jax.ShapeDtypeStruct
@@ -40,4 +42,4 @@ def loss_inputs(batch: int = 8, d_in: int = 32, d_hidden: int = 64, d_out: int =
         "w2": sds((d_hidden, d_hidden), dt), "b2": sds((d_hidden,), dt),
         "w3": sds((d_hidden, d_out), dt), "b3": sds((d_out,), dt),
     }
-    return params, sds((batch, d_in), dt)
+    return params, batch_input((batch, d_in), dt, mesh)

@@ -3,11 +3,10 @@
 The qkv / out / ffn1 / ffn2 projections call ``te_standin.dense`` and each layer's
 top-1 MoE block calls ``te_standin.grouped_dense``. Unless ``transformer_engine.jax``
 imports, those GEMMs are a labelled CPU stand-in (primitives named like TE's, bound in a
-custom_vjp as TE binds them); see ``te_standin.USING_REAL_TE``. Attention scores and
-context are plain batched einsums. Layers are unrolled; there is no internal remat, so
-``jax.checkpoint_policies.checkpoint_dots`` around this loss recomputes every TE GEMM. With
-``-D fp8=True`` the projections run in FP8 (TE's current scaling): their inputs are quantized, the
-FP8 casts are what the dense layers keep, under the quantizer checkpoint name ``quantization``.
+custom_vjp as TE binds them); see ``te_standin.USING_REAL_TE``. Attention scores and context are
+plain batched einsums. Layers are unrolled; there is no internal remat, so ``checkpoint_dots``
+around this loss recomputes every TE GEMM. With ``-D fp8=True`` the projections run in FP8 (TE's
+current scaling): the FP8 casts of their inputs are what the dense layers keep (name ``quantization``).
 """
 from __future__ import annotations
 
@@ -19,6 +18,7 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
+from sample_models._batch import batch_input
 from sample_models.te_standin import dense, grouped_dense
 
 Params = dict[str, Any]
@@ -104,7 +104,8 @@ loss = make_loss()
 
 def loss_inputs(layers: int = 2, batch: int = 2, seq: int = 16, d_model: int = 64,
                 heads: int = 4, d_ff: int = 128, experts: int = 4, vocab: int = 128,
-                dtype: str = "float32", fp8: bool = False) -> tuple[Params, jax.ShapeDtypeStruct, Config]:
+                dtype: str = "float32", fp8: bool = False, mesh: Any = None,
+                ) -> tuple[Params, jax.ShapeDtypeStruct, Config]:
     """Shapes only: (params with a list of per-layer dicts, int32 tokens, cfg). `fp8`: the
     projections quantized to FP8 (TE's current scaling), their quantizers named "quantization"."""
     dt = jnp.dtype(dtype)
@@ -120,4 +121,4 @@ def loss_inputs(layers: int = 2, batch: int = 2, seq: int = 16, d_model: int = 6
         "layers": [{k: sds(shape, dt) for k, shape in layer.items()} for _ in range(layers)],
         "lnf": sds((d_model,), dt), "unembed": sds((d_model, vocab), dt),
     }
-    return params, sds((batch, seq), jnp.int32), Config(heads=heads, experts=experts, fp8=fp8)
+    return params, batch_input((batch, seq), jnp.int32, mesh), Config(heads=heads, experts=experts, fp8=fp8)

@@ -118,6 +118,20 @@ def place_args(args: tuple[object, ...], mesh: Mesh | AbstractMesh) -> tuple[obj
     return tuple(jax.tree_util.tree_map_with_path(place, args, is_leaf=is_array_leaf))
 
 
+def replicated_over(args: tuple[object, ...], mesh: Mesh | AbstractMesh) -> tuple[str, ...]:
+    """The mesh's axes of more than one device when no input of `args` (placed by `place_args`)
+    is sharded over any of them (every device then holds every input whole: the batch too); else ()."""
+    wide = tuple(name for name, size in mesh.shape.items() if size > 1)
+    for leaf in jax.tree_util.tree_leaves(args, is_leaf=is_array_leaf):
+        sharding = getattr(leaf, "sharding", None) if isinstance(leaf, jax.ShapeDtypeStruct) else None
+        if isinstance(sharding, NamedSharding):
+            named = {a for entry in sharding.spec if entry is not None
+                     for a in ((entry,) if isinstance(entry, str) else entry)}
+            if named & set(wide):
+                return ()
+    return wide
+
+
 def _check_spec(
     name: str, shape: tuple[int, ...], spec: PartitionSpec, mesh: Mesh | AbstractMesh, sharding: Sharding | None
 ) -> None:

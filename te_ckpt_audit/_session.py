@@ -31,7 +31,16 @@ from ._emulated import emulated_device
 from ._gpu import Compiled, Compiler, gpu_info, peaks_in_workers, step_info, step_mesh
 from ._gpu._compiler import LogCapture
 from ._loading import anchored, load_inputs, load_target, user_code
-from ._mesh import build_abstract_mesh, build_mesh, mesh_context, per_device, place_args, source_of, spec_of
+from ._mesh import (
+    build_abstract_mesh,
+    build_mesh,
+    mesh_context,
+    per_device,
+    place_args,
+    replicated_over,
+    source_of,
+    spec_of,
+)
 from ._progress import Progress, quiet
 from ._step import trained_paths
 from ._trace import Traced, trace
@@ -43,6 +52,7 @@ from .gpus import GpuRequest
 from .records import (
     AuditReport,
     GpuInfo,
+    InputsReplicated,
     MeshSpec,
     PolicyResult,
     Scope,
@@ -95,6 +105,7 @@ class Session:
         keywords: Mapping[str, object] | None = None,
         rebuild: Callable[[], Session] | None = None,
         own_step: bool = False,
+        replicated: tuple[str, ...] = (),
     ) -> None:
         """`keywords`: what the inputs callable was called with; `rebuild`: a picklable callable
         that builds this session again (a worker process compiles from its own); `own_step`: the
@@ -105,6 +116,7 @@ class Session:
         self.keywords: Mapping[str, object] = dict(keywords or {})
         self.rebuild = rebuild
         self.own_step = own_step
+        self.replicated = replicated  # the mesh's axes no input is sharded over, when none is
         self.emulated_device = emulated_device()
         self._analysed: dict[PolicySpec, _Analysed] = {}  # keyed by the frozen spec
         self._compilers: dict[GpuRequest, Compiler] = {}
@@ -122,7 +134,8 @@ class Session:
             placed = args if mesh is None else place_args(args, mesh)
             traced = trace(fn, placed, name, ALL if own_step else params, differentiable=not own_step)
         _jax_is_jax(name)
-        return cls(traced, scope, mesh, own_step=own_step)
+        replicated = () if mesh is None else replicated_over(placed, mesh)
+        return cls(traced, scope, mesh, own_step=own_step, replicated=replicated)
 
     @classmethod
     def of_target(
@@ -163,7 +176,9 @@ class Session:
         rebuild = functools.partial(Session.of_target, here or target, inputs=inputs, defines=dict(defines),
                                     scope=Scope(scope), mesh=mesh, shardings=ShardingSource(shardings),
                                     params=params, own_step=own_step)
-        return cls(traced, scope, placement, keywords=made.keywords, rebuild=rebuild, own_step=own_step)
+        replicated = () if placement is None else replicated_over(placed, placement)
+        return cls(traced, scope, placement, keywords=made.keywords, rebuild=rebuild, own_step=own_step,
+                   replicated=replicated)
 
     # --- the steps --------------------------------------------------------------------------------
 
@@ -363,7 +378,14 @@ class Session:
             gpu=None if gpu is None else self.gpu_info(gpu),
             step=None if gpu is None else step_info(self._traced, gpu),
             trained=None if self.own_step else self.trained(),
+            findings=self.findings(),
         )
+
+    def findings(self) -> tuple[InputsReplicated, ...]:
+        """The audit's own findings, not one policy's: a mesh no input is sharded over."""
+        if self.mesh is None or not self.replicated:
+            return ()
+        return (InputsReplicated(str(spec_of(self.mesh)), self.replicated),)
 
     def trained(self) -> Trained:
         """The inputs this session differentiates, as a report records them."""

@@ -162,6 +162,9 @@ def as_defines(defines: DefinesLike) -> Defines:
         return {}
     if isinstance(defines, Mapping):
         return parse_defines([f"{k}={v}" for k, v in defines.items()])
+    if isinstance(defines, str) or not isinstance(defines, Sequence) or not all(isinstance(d, str) for d in defines):
+        raise UsageError(f"$defines$ takes {{key: value}} or [\"key=value\", ...], not {type(defines).__name__}"
+                         f" {str(defines)[:40]!r}", "e.g. $defines$={'seq': 8192}")
     return parse_defines(list(defines))
 
 

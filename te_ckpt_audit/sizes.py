@@ -98,6 +98,12 @@ def size_arg(value: object, what: str = "budget") -> int:
 
 def positive_bytes(value: object, what: str = "budget_bytes") -> int:
     """A byte count above zero (a budget to fit into), or a UsageError."""
+    if isinstance(value, str):  # text is a size with a unit: say the number it stands for
+        try:
+            example = f"${what}$={parse_size(value)}"
+        except UsageError:
+            example = f"${what}$=6442450944 (6 GiB)"
+        raise UsageError(f"${what}$ is a number of bytes, not the text {value[:40]!r}", f"e.g. {example}")
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise UsageError(f"${what}$ must be a number of bytes, not {value!r}", f"e.g. ${what}$ 6GiB")
     if not math.isfinite(value) or value <= 0:

@@ -30,7 +30,17 @@ from test_cli import MODEL, PREFIX, cli
 
 # Modules, not their names: this file also runs against older trees, where a missing name fails
 # the cases that use it rather than the whole file.
-from te_ckpt_audit import AuditError, TargetConfig, _loading, audit, audit_target, baselines, check_target, sizes
+from te_ckpt_audit import (
+    AuditError,
+    TargetConfig,
+    _loading,
+    audit,
+    audit_target,
+    baselines,
+    check_target,
+    recommend_target,
+    sizes,
+)
 from te_ckpt_audit.config import load_config, parse_defines
 from te_ckpt_audit.specs import resolve_policy
 
@@ -397,6 +407,11 @@ LIBRARY_CASES: list[tuple[str, dict[str, str], Callable[[], Any], int, str]] = [
     ("lib-not-python", {"data.txt": ""}, lambda: _loading.load_target("data.txt:loss"), USAGE, "not a .py file"),
     ("lib-define-twice", {}, lambda: parse_defines(["a=1", "a=1"]), USAGE, "given twice"),
     ("lib-key-define-twice", {}, lambda: audit_target("model.py:loss", defines=["n=1", "n=2"]), USAGE, "given twice"),
+    ("lib-defines-an-int", {}, lambda: audit_target("model.py:loss", defines=5), USAGE,  # was TypeError
+     "defines takes {key: value}"),
+    ("lib-defines-a-string", {}, lambda: audit_target("model.py:loss", defines="n=1"), USAGE, "not str 'n=1'"),
+    ("lib-budget-bytes-text", {}, lambda: recommend_target("model.py:loss", budget_bytes="6GiB"), USAGE,
+     "budget_bytes is a number of bytes, not the text '6GiB'"),
     ("lib-config-inputs-int", {"c.toml": config(target="inputs = 7")}, lambda: load_config("c.toml"), USAGE, "inputs"),
     ("lib-config-tolerance-nan", {"c.toml": config("tolerance = nan")}, lambda: load_config("c.toml"), USAGE, "finite"),
     ("lib-baseline-corrupt", {"b.json": "["}, lambda: baselines.load_baseline("b.json"), USAGE, "not valid JSON"),
@@ -445,6 +460,19 @@ def test_output_into_a_fifo_is_written_not_replaced(folder: Path) -> None:
         assert b"te-ckpt-audit" in os.read(reader, 1 << 16)
     finally:
         os.close(reader)
+
+
+def test_output_into_a_fifo_nobody_reads_is_refused_not_waited_on_forever(folder: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 46, item 11: `-o` into a FIFO with no reader blocked forever."""
+    from te_ckpt_audit_cli import files
+
+    monkeypatch.setattr(files, "FIFO_WAIT_S", 0.3)
+    os.mkfifo("pipe")
+    result = cli("model.py:loss", "-p", "none", "-f", "markdown", "-o", "pipe")
+    assert result.exit_code == ExitCode.USAGE
+    assert "no process opened the FIFO to read it in 0.3 s" in result.stderr
+    assert _is(folder / "pipe", stat.S_ISFIFO)
 
 
 def test_save_baseline_into_a_fifo_writes_without_reading_it(folder: Path) -> None:

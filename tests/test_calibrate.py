@@ -87,3 +87,25 @@ def test_a_bad_profile_is_a_usage_error(tmp_path: Path, content: bytes, said: st
 def test_calibrate_needs_the_time_estimate() -> None:
     with pytest.raises(UsageError, match="calibrate"):
         GpuRequest(H100, profile=Profile("p", (("x", 1.0),)))
+
+
+def test_a_large_profile_is_read_in_one_pass_and_its_error_line_is_right(tmp_path: Path) -> None:
+    """Issue 46, item 11: each token counted the newlines from the file's start (1 MiB: 69 s)."""
+    from te_ckpt_audit import _textproto
+
+    text = "x\n" * 2**19  # 1 MiB, 524288 lines
+    tokens = _textproto._tokens(text, "p.txt")
+    assert len(tokens) == 2**19 and tokens[-1] == ("id", "x", 2**19)
+    bad = tmp_path / "j.txt"
+    bad.write_text(text + "@\n")
+    with pytest.raises(UsageError, match=f"line {2**19 + 1}: '@"):
+        read_profile(bad)
+
+
+@pytest.mark.parametrize("escape", ["\\8", "\\9"])
+def test_a_non_octal_digit_escape_is_a_usage_error_not_an_internal_one(escape: str) -> None:
+    from te_ckpt_audit import _textproto
+
+    with pytest.raises(UsageError, match=r"unknown escape"):
+        _textproto._unquote(f'"a{escape}b"')
+    assert _textproto._unquote('"\\101\\7"') == "A\a"

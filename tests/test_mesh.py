@@ -378,3 +378,49 @@ def test_cli_runs_itself_again_when_jax_started_with_too_few_devices() -> None:
     run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "16"
+
+
+REPLICATED = """\
+import jax
+import jax.numpy as jnp
+
+
+def loss(w, x):
+    return jnp.sum(jnp.sin(x @ w) @ w)
+
+
+def loss_inputs(batch: int = 16):
+    return jax.ShapeDtypeStruct((32, 32), jnp.float32), jax.ShapeDtypeStruct((batch, 32), jnp.float32)
+"""
+
+
+def test_a_mesh_without_a_sharded_input_is_a_finding_in_every_format(tmp_path: Path, monkeypatch) -> None:
+    """Issue 46, item 4: on data=8 with nothing sharded, every device holds the whole batch."""
+    from te_ckpt_audit.records import InputsReplicated
+    from te_ckpt_audit.render import render_json, render_markdown, render_table
+    from te_ckpt_audit.render.html import render_audit_html
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "rep.py").write_text(REPLICATED)
+    report = audit_target("rep.py:loss", ["nothing_saveable"], mesh=parse_mesh("data=8,model=1"))
+    assert report.findings == (InputsReplicated("data=8,model=1", ("data",)),)
+    (row,) = report.results
+    assert row.totals.activation_bytes_per_device == row.totals.activation_bytes  # the symptom it names
+    doc = json.loads(render_json(report))
+    jsonschema.validate(doc, JSON_SCHEMA)
+    assert doc["findings"][0]["code"] == "inputs-replicated" and doc["findings"][0]["known"] == ["data"]
+    for text in (render_markdown(report), " ".join(render_table(report).split()), render_audit_html(report)):
+        assert "inputs-replicated" in text and "whole batch" in text
+    # off a mesh, or with the batch sharded, no finding
+    assert audit_target("rep.py:loss", ["nothing_saveable"]).findings == ()
+
+
+@pytest.mark.parametrize("sample", ["gpt", "te_transformer", "flax_model", "mlp"])
+def test_the_samples_shard_their_batch_on_a_mesh(sample: str) -> None:
+    """The README's `gpt.py:loss -D batch=16 --mesh data=8` is data-parallel: a device keeps an eighth."""
+    report = audit_target(f"sample_models/{sample}.py:loss", ["checkpoint_dots"], defines={"batch": 16},
+                          mesh=parse_mesh("data=8"))
+    assert report.findings == ()
+    totals = report.results[0].totals
+    assert totals.activation_bytes_per_device is not None
+    assert totals.activation_bytes_per_device * 7 < totals.activation_bytes  # an eighth, and what a device keeps whole

@@ -105,7 +105,7 @@ def test_what_a_target_reads_is_found_without_running_it(folder: Path) -> None:
 @pytest.mark.skipif(not os.path.isfile("/proc/version"), reason="no /proc here")
 def test_an_output_no_file_can_be_made_beside_is_refused_before_the_run(folder: Path) -> None:
     line = _refused(folder, case("proc", "model.py:loss -o /proc/version", USAGE, ""))
-    assert "cannot write /proc/version: /proc" in line
+    assert "cannot write /proc/version: the file exists, but its folder /proc takes no new file" in line
 
 
 def test_the_least_fraction_is_never_below_a_hundredth() -> None:

@@ -181,6 +181,7 @@ def _one_of_each_finding(policy: str) -> list[object]:
         f.InnerScopeWithoutCheckpoints(policy), f.Remat3(policy),
         f.TeRequantized(policy, ("quantize_1",), 5, ("mlp",), ("quantization",), None, False, 1),
         f.GemmBatchDimsMissed(policy, ("dot_general_1",), 7, ("mlp",), ("vmap",)),
+        f.InputsReplicated("data=8", ("data",)),  # the audit's own: shown in the report's findings
     ]
     assert {type(w) for w in made} == set(f.WARNINGS)  # a new kind of finding is added here too
     return made
@@ -192,12 +193,14 @@ def test_every_format_shows_every_finding() -> None:
     report = audit(mlp.loss, *mlp.loss_inputs(), policies=["nothing_saveable"], params=0)
     row = report.results[0]
     made = tuple(_one_of_each_finding(row.policy))
-    shown = dataclasses.replace(report, results=(dataclasses.replace(row, warnings=made),))
+    own = tuple(w for w in made if not w.policy)
+    shown = dataclasses.replace(report, findings=own, results=(dataclasses.replace(
+        row, warnings=tuple(w for w in made if w.policy)),))
     for name, text in (("html", render_audit_html(shown)), ("markdown", render_markdown(shown)),
                        ("terminal", " ".join(render_table(shown).split())), ("json", render_json(shown))):
         for w in made:
             assert w.code.value in text, (name, w.code.value)
-    assert "<h2>Warnings (9)</h2>" in render_audit_html(shown)
+    assert "<h2>Warnings (10)</h2>" in render_audit_html(shown)
     assert "<h2>Warnings</h2><p>None.</p>" in render_audit_html(report)
 
 

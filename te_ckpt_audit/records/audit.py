@@ -464,6 +464,7 @@ class AuditReport(Shown):
     gpu: GpuInfo | None = None  # --gpu: the peaks' GPU and the step compiled
     step: StepInfo | None = None
     trained: Trained | None = None  # the inputs differentiated (None: not recorded)
+    findings: tuple[AuditWarning, ...] = ()  # the audit's own, not one policy's (inputs-replicated)
 
     @property
     def forward_flops(self) -> int:
@@ -477,7 +478,7 @@ class AuditReport(Shown):
 
     @property
     def warnings(self) -> tuple[AuditWarning, ...]:
-        return tuple(w for r in self.results for w in r.warnings)
+        return self.findings + tuple(w for r in self.results for w in r.warnings)
 
     def _summary(self) -> str:
         policies = ", ".join(r.policy for r in self.results)

@@ -21,6 +21,7 @@ class WarningCode(enum.StrEnum):
     REMAT3 = "remat3"  # jax_remat3 is on: another remat path
     TE_REQUANTIZED = "te-requantized"  # TE quantizations run again in the backward pass
     GEMM_BATCH_DIMS_MISSED = "gemm-batch-dims-missed"  # a no-batch-dims dot policy recomputes batched weight GEMMs
+    INPUTS_REPLICATED = "inputs-replicated"  # a mesh, and no input sharded over it: every device holds all
 
 
 # --- findings: one frozen record per warning, each with the fields it means ------------------------
@@ -117,12 +118,24 @@ class GemmBatchDimsMissed:
     code: ClassVar[WarningCode] = WarningCode.GEMM_BATCH_DIMS_MISSED
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class InputsReplicated:
+    """A mesh is given and no input is sharded over any of its axes: every device holds the whole
+    batch, so the per-device figures are the whole model's, not a data-parallel run's. A finding
+    of the audit, not of one policy (`policy` is empty)."""
+
+    mesh: str  # the mesh, as given (data=8)
+    axes: tuple[str, ...]  # its axes of more than one device
+    policy: str = ""
+    code: ClassVar[WarningCode] = WarningCode.INPUTS_REPLICATED
+
+
 AuditWarning: TypeAlias = (
     TeGemmsRecomputed | SameAsNothingSaveable | UnknownName | SavesEverything | OffloadMissing
-    | InnerScopeWithoutCheckpoints | Remat3 | TeRequantized | GemmBatchDimsMissed
+    | InnerScopeWithoutCheckpoints | Remat3 | TeRequantized | GemmBatchDimsMissed | InputsReplicated
 )
 WARNINGS = (TeGemmsRecomputed, SameAsNothingSaveable, UnknownName, SavesEverything, OffloadMissing,
-            InnerScopeWithoutCheckpoints, Remat3, TeRequantized, GemmBatchDimsMissed)
+            InnerScopeWithoutCheckpoints, Remat3, TeRequantized, GemmBatchDimsMissed, InputsReplicated)
 
 
 def warning_document(w: AuditWarning) -> dict[str, Any]:
@@ -140,4 +153,6 @@ def warning_document(w: AuditWarning) -> dict[str, Any]:
                        suggestion=saving, name="delayed" if delayed else None)
         case GemmBatchDimsMissed(_, equations, flops, modules, origins):
             doc.update(equations=list(equations), flops=flops, modules=list(modules), origins=list(origins))
+        case InputsReplicated(mesh, axes):
+            doc.update(name=mesh, known=list(axes))
     return doc

@@ -53,6 +53,11 @@ def _array(items: dict[str, Any]) -> dict[str, Any]:
     return {"type": "array", "items": items}
 
 
+_WARNINGS = _array(_object(
+    code=_enum(WarningCode), policy=_OPT_STR, equations=_array(_STR), flops=_OPT_INT, name=_OPT_STR,
+    suggestion=_OPT_STR, known=_array(_STR), modules=_array(_STR), origins=_array(_STR), message=_STR,
+))
+
 JSON_SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "$id": SCHEMA,
@@ -131,20 +136,7 @@ JSON_SCHEMA: dict[str, Any] = {
                 marks=_array(_object(equation=_STR, verdict=_enum(Verdict), outcome=_enum(Outcome))),
                 recompute_flops=_INT,
                 forward_flops=_INT,
-                warnings=_array(
-                    _object(
-                        code=_enum(WarningCode),
-                        policy=_OPT_STR,
-                        equations=_array(_STR),
-                        flops=_OPT_INT,
-                        name=_OPT_STR,
-                        suggestion=_OPT_STR,
-                        known=_array(_STR),
-                        modules=_array(_STR),
-                        origins=_array(_STR),
-                        message=_STR,
-                    )
-                ),
+                warnings=_WARNINGS,
                 compiled={
                     "oneOf": [
                         {"type": "null"},
@@ -242,5 +234,6 @@ JSON_SCHEMA: dict[str, Any] = {
                 _object(arguments={"oneOf": [{"type": "null"}, _array(_INT)]}, inputs=_array(_STR), convention=_BOOL),
             ]
         },
+        findings=_WARNINGS,
     ),
 }

@@ -86,6 +86,12 @@ def warning_message(w: AuditWarning) -> str:
                 f"({format_flops(w.flops)}): JAX's dot policies do not know TE's primitives; "
                 "use checkpoint_dots_and_te_gemms"
             )
+        case findings.InputsReplicated():
+            axes = " or ".join(w.axes)
+            return (f"no input is sharded over the mesh {w.mesh}: every device holds the whole batch, so the "
+                    f"per-device figures are the whole model's, not a data-parallel run's; shard the batch "
+                    f"over {axes} (NamedSharding(mesh, P({w.axes[0]!r})) in the inputs callable, which takes "
+                    f"the keyword mesh)")
         case findings.SameAsNothingSaveable():
             return f"{w.policy} saves exactly what nothing_saveable saves: it checkpoints nothing in this model"
         case findings.UnknownName():

@@ -16,6 +16,8 @@ def render_json(report: AuditReport, top: int = 10, by: HotspotKey | None = None
     key = hotspot_key(report, by)
     spots = [dataclasses.asdict(h) for h in hotspots(report, top, key)]
     doc = {**report.to_dict(), "hotspots": {"by": key.value, "rows": spots}}
+    for w, w_doc in zip(report.findings, doc["findings"], strict=True):
+        w_doc["message"] = warning_message(w)
     for result, result_doc in zip(report.results, doc["results"], strict=True):
         for w, w_doc in zip(result.warnings, result_doc["warnings"], strict=True):
             w_doc["message"] = warning_message(w)  # the words beside the fields, for people
