@@ -28,6 +28,16 @@ DEFAULT_COMMAND = "audit"
 TOP_OPTIONS = ("--help", "-h", "--version", "-V", "--install-completion", "--show-completion")
 
 
+def _usage_hint(args: list[str]) -> str:
+    """The hint for Click's usage error: a TARGET split at a space (`model.py loss`) is named
+    whole, as it was surely meant; anything else points at the help."""
+    for here, after in zip(args, args[1:], strict=False):
+        if (here.endswith(".py") and ":" not in here and after.isidentifier()
+                and not here.startswith("-")):
+            return f"did you mean {here}:{after}? a TARGET is one word, FILE.py:FUNCTION"
+    return f"see `{PROG} --help`"
+
+
 class _DefaultCommandGroup(TyperGroup):
     """A group whose first argument names a command only when it is one; anything else (a TARGET,
     an option of audit's) goes to `audit`, and nothing at all shows the help. Click's own errors
@@ -49,7 +59,7 @@ class _DefaultCommandGroup(TyperGroup):
         try:
             code = super().main(args, prog_name or PROG, *a, **kw)
         except TyperException as err:  # usage errors: bad option, missing TARGET, bad value
-            code = fail(err.format_message(), f"see `{PROG} --help`", ExitCode.USAGE)
+            code = fail(err.format_message(), _usage_hint(list(args or sys.argv[1:])), ExitCode.USAGE)
         except typer.Abort:  # Click's word for Ctrl-C (and end of input)
             code = fail("interrupted", "", ExitCode.INTERRUPTED)
         code = ExitCode.OK if code is None else int(code)
@@ -133,6 +143,15 @@ def _examples(*lines: str) -> str:
     return "\b\nExamples:\n" + "\n".join(f"  {line}" for line in lines)
 
 
+def _keys() -> str:
+    """The config's keys, as `check` reads them (docs/reference/config.md says each)."""
+    from te_ckpt_audit.config import SECTION_KEYS, TARGET_KEYS
+
+    return ("Keys of [tool.te-ckpt-audit]: " + ", ".join(SECTION_KEYS) + ".\n\nKeys of each "
+            "[[tool.te-ckpt-audit.targets]]: " + ", ".join(TARGET_KEYS) + ". docs/reference/config.md "
+            "describes each.")
+
+
 EXAMPLES = {
     DEFAULT_COMMAND: _examples(
         "te-ckpt-audit sample_models/te_transformer.py:loss",
@@ -142,7 +161,7 @@ EXAMPLES = {
         "te-ckpt-audit sample_models/gpt.py:loss --gpu h100 --mesh data=8 -D batch=16 --time  # [gpu] extra",
     ),
     "check": _examples("te-ckpt-audit check", "te-ckpt-audit check --format github",
-                       "te-ckpt-audit check --save-baseline"),
+                       "te-ckpt-audit check --save-baseline") + "\n\n" + _keys(),
     "policies": _examples("te-ckpt-audit policies"),
     "gpus": _examples("te-ckpt-audit gpus"),
     "recommend": _examples(

@@ -1,5 +1,7 @@
 """MkDocs hook: the reference pages' generated parts, made from the code at build time, so the
-docs cannot drift from it. A page asks for one with a line `<!-- gen: NAME -->`:
+docs cannot drift from it. A page holds one as a block, `<!-- gen: NAME -->` ... `<!-- /gen -->`,
+whose text is also committed, so that a reader of the repository sees it (`regenerate` rewrites
+the blocks; tests/test_docs.py fails when a committed block is not what the code makes):
 
 - `cli`: every command's `--help`, as the command line prints it;
 - `policies`: every policy spec `--policy` understands (the registry's);
@@ -16,7 +18,7 @@ import json
 import re
 from typing import Any
 
-GEN = re.compile(r"^<!-- gen: ([a-z-]+) -->$", re.MULTILINE)
+GEN = re.compile(r"^<!-- gen: ([a-z-]+) -->\n(.*?)^<!-- /gen -->$", re.MULTILINE | re.DOTALL)
 
 
 def _cli() -> str:
@@ -150,3 +152,8 @@ MAKERS = {"cli": _cli, "policies": _policies, "gpus": _gpus, "exit-codes": _exit
 
 def on_page_markdown(markdown: str, **_: Any) -> str:
     return GEN.sub(lambda m: MAKERS[m.group(1)](), markdown)
+
+
+def regenerate(markdown: str) -> str:
+    """The page with each generated block's text made anew, its markers kept (what is committed)."""
+    return GEN.sub(lambda m: f"<!-- gen: {m.group(1)} -->\n{MAKERS[m.group(1)]().rstrip()}\n<!-- /gen -->", markdown)

@@ -3,30 +3,40 @@
 
     [tool.te-ckpt-audit]
     baseline = "ckpt-baseline.json"   # optional: fail on growth beyond `tolerance` percent
-    tolerance = 2.0
+    tolerance = 2.0                   # percent
 
     [[tool.te-ckpt-audit.targets]]
     target = "sample_models/gpt.py:loss"
     inputs = "sample_models/gpt.py:loss_inputs"   # optional
     defines = { layers = 4, seq = 128 }           # like -D
     policies = ["checkpoint_dots", "checkpoint_dots_and_te_gemms"]
-    scope = "auto"
-    budget = "8MiB"                               # every policy, or a table per policy:
-    budgets = { checkpoint_dots = "4MiB" }
-    max_recompute = 60.0
+    scope = "auto"                                # or "outer", "inner" (like --scope)
+    budget = "8MiB"                               # every policy without a budget of its own
+    budgets = { checkpoint_dots = "4MiB" }        # replaces `budget` for that policy
+    max_recompute = 60.0                          # percent of the forward FLOPs
     mesh = { data = 8, model = 4 }                # per-device figures on this mesh (like --mesh)
     shardings = "compiled"                        # or "abstract" (like --shardings)
-    gpu = "h100"                                  # compile each policy's step for it (like --gpu)
-    optimizer = "adamw"                           # like --optimizer
-    fit = true                                    # like --fit
-    peak_budget = "60GiB"                         # like --peak-budget (peak_budgets: per policy)
-    step = false                                  # like --step, with donate = [0] like --donate
     params = [0]                                  # the trained arguments, like --params ("all": every float input)
+    gpu = "h100"                                  # compile each policy's step for it (like --gpu)
+    gpu_config = "my_gpu.txtpb"                   # or a GPU spec file instead of gpu (like --gpu-config)
+    optimizer = "adamw"                           # sgd, adam, adamw, adafactor (like --optimizer)
+    gpus_per_host = 8                             # like --gpus-per-host
+    mem_fraction = 0.9                            # like --mem-fraction
+    fit = true                                    # fail a step that does not fit (like --fit)
+    peak_budget = "60GiB"                         # like --peak-budget (peak_budgets: a table per policy)
+    peak_budgets = { checkpoint_dots = "70GiB" }  # replaces peak_budget for that policy
+    step = false                                  # the target is a training step (like --step)
+    donate = [0]                                  # its donated arguments (like --donate)
+    time = true                                   # estimate each step's time (like --time)
+    network_gbps = 400                            # Gb/s per GPU between hosts (like --network-gbps)
 
-`gpu`, `gpu_config`, `optimizer`, `gpus_per_host`, `mem_fraction` and `fit` may also sit in
-[tool.te-ckpt-audit] itself, for every target that does not set its own.
+`gpu`, `gpu_config`, `optimizer`, `gpus_per_host`, `mem_fraction`, `fit`, `time` and
+`network_gbps` may also sit in [tool.te-ckpt-audit] itself, for every target that does not set
+its own.
 
-Unknown keys are errors that name the key: a typo must not turn a gate off.
+Sizes take units ("64MiB", "6GiB"); a number without one below 1 MiB is refused as a unit left out.
+Unknown keys are errors that name the key, and a misspelled table name ([tool.te_ckpt_audit]) is an
+error too: a typo must not turn a gate off.
 """
 
 from __future__ import annotations
@@ -58,6 +68,12 @@ _TOP_KEYS = {"targets", "baseline", "tolerance", *_GPU_KEYS}
 _TARGET_KEYS = {"target", "inputs", "defines", "policies", "scope", "budget", "budgets", "max_recompute", "mesh",
                 "shardings", "peak_budget", "peak_budgets", "step", "donate", "params", *_GPU_KEYS}
 _SECTION = "te-ckpt-audit"  # [tool.te-ckpt-audit]
+# What `check --help` and the docs list: each table's keys, in the order the docstring shows them
+SECTION_KEYS = ("baseline", "tolerance", "targets", *sorted(_GPU_KEYS))
+TARGET_KEYS = ("target", "inputs", "defines", "policies", "scope", "budget", "budgets", "max_recompute", "mesh",
+               "shardings", "params", "gpu", "gpu_config", "optimizer", "gpus_per_host", "mem_fraction", "fit",
+               "peak_budget", "peak_budgets", "step", "donate", "time", "network_gbps")
+assert set(SECTION_KEYS) == _TOP_KEYS and set(TARGET_KEYS) == _TARGET_KEYS
 _AXIS_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 

@@ -83,6 +83,9 @@ class MaxTextRun:
     resolved: tuple[str, ...] = ()  # `resolved`: MaxText's own values of the settings the tool sizes by, read first
 
     def __post_init__(self) -> None:
+        found = find_config(self.config)
+        if found is not None:  # a bare name (llama2_7b.yml), as MaxText's users name its configs
+            object.__setattr__(self, "config", found)
         for s in self.settings:
             key, sep, _ = s.partition("=")
             if not sep or not key.strip():
@@ -136,9 +139,41 @@ def check_remat_policies(policies: Sequence[str]) -> None:
                          f"one of: as-is, {', '.join(REMAT_POLICIES)}")
 
 
+# Where a bare config name is looked for in the installed MaxText, in order (MaxText 0.2.5 keeps its
+# GPU recipes' models in configs/gpu/models/, its model sizes in configs/models/)
+CONFIG_FOLDERS = ("configs/gpu/models", "configs/models", "configs")
+
+
+def _maxtext_folders() -> list[Path]:
+    """The installed MaxText package's folders, found without importing any of it."""
+    try:
+        spec = importlib.util.find_spec("maxtext")
+    except (ImportError, ValueError):
+        return []
+    return [Path(f) for f in (spec.submodule_search_locations or [])] if spec is not None else []
+
+
+def config_places(name: str) -> list[Path]:
+    """Where `find_config` looks for `name`: the path as given, then each of CONFIG_FOLDERS of
+    the installed MaxText."""
+    return [Path(name), *(folder / sub / name for folder in _maxtext_folders() for sub in CONFIG_FOLDERS)]
+
+
+def find_config(name: str) -> str | None:
+    """`name` as a file, else the first of CONFIG_FOLDERS in the installed MaxText that holds it
+    (`llama2_7b.yml` -> `.../maxtext/configs/gpu/models/llama2_7b.yml`); None where none does.
+    An absolute path is taken as given."""
+    if os.path.isfile(name) or os.path.isabs(name):
+        return name if os.path.isfile(name) else None
+    return next((str(p) for p in config_places(name) if p.is_file()), None)
+
+
 def check_config_file(run: MaxTextRun) -> None:
     if not os.path.isfile(run.config):
-        raise UsageError(f"no such MaxText config: {run.config}", "a YAML file such as MaxText's configs/base.yml")
+        places = config_places(run.config)
+        looked = ", ".join(str(p) for p in places) if len(places) > 1 else "(no MaxText installed to look in)"
+        raise UsageError(f"no such MaxText config: {run.config}",
+                         f"a YAML file such as MaxText's configs/base.yml; looked in: {looked}")
     if not run.config.endswith(".yml"):  # MaxText reads any other name as a setting
         raise UsageError(f"MaxText reads its config only from a file named *.yml, not {run.config}",
                          f"rename it (or copy it) to {Path(run.config).stem}.yml")
@@ -168,9 +203,7 @@ def _beside(config: Path, base: str) -> Path | None:
     here = config.parent / base
     if here.is_file():
         return here
-    spec = importlib.util.find_spec("maxtext")  # the package's folder, nothing of it imported
-    folders = list(spec.submodule_search_locations or []) if spec is not None else []
-    return next((Path(f, "configs", base) for f in folders if Path(f, "configs", base).is_file()), None)
+    return next((f / "configs" / base for f in _maxtext_folders() if (f / "configs" / base).is_file()), None)
 
 
 def resolved(run: MaxTextRun) -> MaxTextRun:

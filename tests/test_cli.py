@@ -408,3 +408,26 @@ def test_each_commands_options_come_in_groups_the_common_ones_first(command: str
     for p in params:
         assert placed[max(p.opts, key=len)] == panel_of(command, p.name), p.name
     assert (placed.get("--policy") == "Options") == (command in ("audit", "maxtext")) and placed["--debug"] == "Other"
+
+
+def test_a_target_split_at_a_space_gets_the_target_it_surely_meant(model: Path) -> None:
+    """Issue 46, item 9: `te-ckpt-audit model.py loss` said only "unexpected extra argument"."""
+    for argv in (["model.py", "loss"], ["recommend", "model.py", "loss", "--budget", "1MiB"]):
+        result = cli(*argv)
+        assert result.exit_code == ExitCode.USAGE
+        assert "did you mean model.py:loss?" in result.stderr and result.stderr.count("\n") == 1
+
+
+def test_a_report_written_to_a_file_says_where(model: Path) -> None:
+    """Issue 46, item 9: `-o report.html` ended in silence."""
+    result = cli("model.py:loss", "-p", "none", "-f", "html", "-o", "report.html")
+    assert result.exit_code == ExitCode.OK
+    assert result.stderr.splitlines()[-1] == "te-ckpt-audit: report written to report.html"
+    assert (model.parent / "report.html").read_text().startswith("<!DOCTYPE html>")
+
+
+def test_counts_are_worded_in_the_singular_and_the_plural() -> None:
+    from te_ckpt_audit.render._common import counted
+
+    assert [counted(n, "policy") for n in (0, 1, 2)] == ["0 policies", "1 policy", "2 policies"]
+    assert counted(1, "point") == "1 point" and counted(8, "point") == "8 points"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 from pathlib import Path
 
 import jax
@@ -422,3 +423,29 @@ def test_maxtexts_own_validation_reason_is_the_one_line() -> None:
     with pytest.raises(UsageError) as caught:
         resolved(MaxTextRun(_base_yml(), (*TINY, "num_experts=4", "base_moe_mlp_dim=64")))
     assert "For a fully MoE model, base_mlp_dim must equal base_moe_mlp_dim" in caught.value.message
+
+
+def test_a_bare_config_name_resolves_against_the_installed_maxtexts_configs(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 46, item 7: `maxtext llama2_7b.yml ...` as the README and MaxText's users name it."""
+    from te_ckpt_audit.maxtext import check_config_file, find_config
+
+    package = tmp_path / "site" / "maxtext"
+    for sub, name in (("configs", "base.yml"), ("configs/models", "llama2-7b.yml"),
+                      ("configs/gpu/models", "llama2_7b.yml"), ("configs/models", "llama2_7b.yml")):
+        (package / sub).mkdir(parents=True, exist_ok=True)
+        (package / sub / name).write_text("base_config: base.yml\n")
+    (package / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.delitem(sys.modules, "maxtext", raising=False)
+    monkeypatch.chdir(tmp_path)
+    gpu_models = package / "configs" / "gpu" / "models" / "llama2_7b.yml"
+    assert MaxTextRun("llama2_7b.yml").config == str(gpu_models)  # configs/gpu/models first
+    assert find_config("llama2-7b.yml") == str(package / "configs" / "models" / "llama2-7b.yml")
+    assert find_config("base.yml") == str(package / "configs" / "base.yml")
+    (tmp_path / "base.yml").write_text("")
+    assert find_config("base.yml") == "base.yml"  # a file here wins, as given
+    with pytest.raises(UsageError) as err:
+        check_config_file(MaxTextRun("llama9_7b.yml"))
+    assert "no such MaxText config: llama9_7b.yml" in str(err.value)
+    assert str(package / "configs" / "gpu" / "models" / "llama9_7b.yml") in err.value.hint

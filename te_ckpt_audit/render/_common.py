@@ -76,6 +76,16 @@ class Column:
         return self.value(report, result)
 
 
+def counted(n: int, one: str) -> str:
+    """`n` things in words: "1 policy", "3 policies".
+
+    >>> counted(1, "policy"), counted(3, "policy"), counted(2, "point")
+    ('1 policy', '3 policies', '2 points')
+    """
+    many = one[:-1] + "ies" if one.endswith("y") else one + "s"
+    return f"{n} {one if n == 1 else many}"
+
+
 def warning_message(w: AuditWarning) -> str:
     """The words for a finding, from its record: one case per kind of finding."""
     w = printable_records(w)

@@ -39,6 +39,7 @@ from ._common import (
     TIME_COLUMNS,
     TIME_HEADERS,
     costliest_rows,
+    counted,
     format_bytes,
     format_flops,
     format_percent,
@@ -487,12 +488,12 @@ def _recommendation(rec: Recommendation) -> list[str]:
     """The winner (or the closest), how to use it, the GPU it was compiled for, and the frontier."""
     shown = rec.recommended or rec.closest
     budget = format_bytes(rec.budget_bytes) + (" per device" if rec.mesh is not None else "")
-    body = [f'<p class="meta">budget {_e(budget)} · {len(rec.evaluated)} policies analysed (at most '
+    body = [f'<p class="meta">budget {_e(budget)} · {counted(len(rec.evaluated), "policy")} analysed (at most '
             f"{rec.max_evals}), each by JAX's own linearization</p>"]
     if rec.gpu is not None:
         body.append(f'<p class="meta">GPU {_e(rec.gpu.name)}: {_e(format_bytes(rec.gpu.usable_bytes))} usable at '
                     f'{_e(fraction_words(rec.gpu))}; '
-                    f"{rec.compiles} policies compiled (XLA:GPU, no autotuning); fits: the compiled peak</p>")
+                    f'{counted(rec.compiles, "policy")} compiled (XLA:GPU, no autotuning); fits: the compiled peak</p>')
     if shown is not None:
         cls, word = ("win", "Recommended") if rec.recommended is not None else ("miss", "Nothing fits; closest")
         host = f" · host {format_bytes(shown.host_bytes)}" if shown.host_bytes else ""
@@ -596,7 +597,7 @@ def throughput_section(t: Throughput, paste: str | None, usable: int | None, pol
     """`--maximize throughput`: the winner and what to paste, the plot, and every point compiled."""
     unit = rate_unit(t)
     body = ["<h2>Fastest that fits</h2>",
-            f'<p class="meta">{len(t.points)} points compiled of at most {t.max_compiles} '
+            f'<p class="meta">{counted(len(t.points), "point")} compiled of at most {t.max_compiles} '
             f"(searched: {_e(', '.join(t.policies))}); step times are estimates from XLA's "
             "cost models, each point compiled, none interpolated</p>"]
     if t.bounded:

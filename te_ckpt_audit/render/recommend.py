@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 
 from ..records import Candidate, CandidateKind, MaxTextRecommendation, Point, Recommendation, Throughput
-from ._common import format_bytes, format_flops, format_seconds, fraction_words, peak_range
+from ._common import counted, format_bytes, format_flops, format_seconds, fraction_words, peak_range
 from ._text import printable_records
 from .plot import render_frontier_plot
 
@@ -155,12 +155,14 @@ def render_recommend_text(rec: Recommendation, width: int | None = None) -> str:
         width = 100_000  # no line of the frontier is split
     out = [f"recommend {rec.target or 'function'}: budget {format_bytes(rec.budget_bytes)}"
            + (" per device" if rec.mesh is not None else ""),
-           f"{len(rec.evaluated)} policies analysed (at most {rec.max_evals}), each by JAX's own linearization"]
+           f"{counted(len(rec.evaluated), 'policy')} analysed (at most {rec.max_evals}), "
+           "each by JAX's own linearization"]
     if rec.skipped_names:
         out.append(f"names a spec cannot spell, left out: {', '.join(rec.skipped_names)}")
     if rec.gpu is not None:
         out.append(f"GPU: {rec.gpu.name}, {format_bytes(rec.gpu.usable_bytes)} usable of "
-                   f"{format_bytes(rec.gpu.memory_bytes)} at {fraction_words(rec.gpu)}; {rec.compiles} policies "
+                   f"{format_bytes(rec.gpu.memory_bytes)} at {fraction_words(rec.gpu)}; "
+                   f"{counted(rec.compiles, 'policy')} "
                    "compiled (XLA:GPU, no autotuning), in order of recompute; fits: the compiled peak per device")
     shown = rec.recommended or rec.closest
     if rec.recommended is None:
@@ -232,7 +234,7 @@ def throughput_lines(t: Throughput, paste: str | None, policy_word: str) -> list
     throughput against peak, and every point compiled (each an estimate, none interpolated)."""
     unit = rate_unit(t)
     out = [f"Fastest that fits (--maximize throughput; step times are estimates from XLA's cost models, "
-           f"{len(t.points)} points compiled of at most {t.max_compiles}):"]
+           f"{counted(len(t.points), 'point')} compiled of at most {t.max_compiles}):"]
     if t.best is None:
         out.append("  no point compiled fits: a smaller batch, more GPUs or a larger memory fraction")
     else:
