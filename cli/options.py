@@ -36,7 +36,7 @@ from te_ckpt_audit.gpus import (
     read_profile,
 )
 from te_ckpt_audit.records import Budget, HotspotKey
-from te_ckpt_audit.sizes import parse_budget
+from te_ckpt_audit.sizes import MAX_JOBS, parse_budget
 
 from .files import check_writable
 
@@ -603,6 +603,7 @@ Jobs = Annotated[
         "-j",
         metavar="N",
         min=1,
+        max=MAX_JOBS,
         help="With --gpu: compile N policies at once, in worker processes that trace the target again, "
         "each checked to compile this process's program (default: half the cores; 1 compiles here).",
         show_default=False,

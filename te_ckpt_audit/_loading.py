@@ -371,6 +371,9 @@ def parse_overrides(fn: Callable[..., object], defines: Defines) -> dict[str, ob
     return out
 
 
+MAX_DEFINE_INT = 2**62  # an int define beyond this reached XLA as a shape and failed there, at each point
+
+
 def _convert(key: str, raw: str, default: object) -> object:
     if isinstance(default, str):
         return raw
@@ -385,6 +388,10 @@ def _convert(key: str, raw: str, default: object) -> object:
         raise UsageError(f"$defines$ {key}={raw}: not a bool", "use True or False")
     if isinstance(default, int) and not isinstance(default, bool) and not isinstance(value, int):
         raise UsageError(f"$defines$ {key}={raw}: not an int", f"the default is {default!r}")
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_DEFINE_INT:
+        # no array dimension or count is larger, and XLA's shapes take int64: a typo, not a model
+        raise UsageError(f"$defines$ {key}={raw[:40]}: larger than {MAX_DEFINE_INT} (2**62)",
+                         f"the default is {default!r}" if default is not inspect.Parameter.empty else "a smaller int")
     if isinstance(default, float) and not isinstance(value, int | float):
         raise UsageError(f"$defines$ {key}={raw}: not a number", f"the default is {default!r}")
     return float(value) if isinstance(default, float) else value

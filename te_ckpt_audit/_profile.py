@@ -54,9 +54,15 @@ class Profile:
         return hashlib.sha256(self.serialized()).hexdigest()[:16]
 
 
+MAX_COST_US = 3.6e9  # an hour per run of one instruction: 1e308 would make the step's time infinite
+
+
 def read_profile(path: str | Path) -> Profile:
     """The profile in `path`, binary or text; a UsageError (exit 2) names what is wrong."""
     what = "the profile"
+    if not isinstance(path, str | Path):
+        raise UsageError(f"$calibrate$ takes a profile's path, not {type(path).__name__} {str(path)[:40]!r}",
+                         "e.g. $calibrate$ profile.pbtxt")
     try:
         data = read_bytes(path, what, HINT)
     except FileNotFoundError:
@@ -74,10 +80,14 @@ def read_profile(path: str | Path) -> Profile:
         costs = [(c.get("name", ""), c.get("cost_us", 0.0)) for c in doc.get("costs", [])]
         latencies = [(x.get("source", ""), x.get("target", ""), x.get("latency_us", 0.0))
                      for x in doc.get("latencies", [])]
-    bad = next(((n, c) for n, c in costs if not n or not (c >= 0)), None)
+    bad = next(((n, c) for n, c in costs if not n or not (0 <= c <= MAX_COST_US)), None)
     if bad is not None:
-        raise UsageError(f"{what} {path}: the cost of {bad[0]!r} is {bad[1]}: each needs a name and a cost_us >= 0",
-                         HINT)
+        raise UsageError(f"{what} {path}: the cost of {bad[0]!r} is {bad[1]}: each needs a name and a cost_us from 0 "
+                         f"to {MAX_COST_US:g} (an hour: a step measured longer is not one)", HINT)
+    late = next((x for x in latencies if not (0 <= x[2] <= MAX_COST_US)), None)
+    if late is not None:
+        raise UsageError(f"{what} {path}: the latency from {late[0]!r} to {late[1]!r} is {late[2]}: it needs a "
+                         f"latency_us from 0 to {MAX_COST_US:g}", HINT)
     if not costs:
         raise UsageError(f"{what} {path} holds no instruction costs", HINT)
     return Profile(str(path), tuple(costs), tuple(latencies))

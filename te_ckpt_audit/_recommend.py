@@ -51,7 +51,7 @@ from .records import (
     ResidualKind,
     Scope,
 )
-from .sizes import count_at_least_one, positive_bytes, size_arg
+from .sizes import MAX_JOBS, count_at_least_one, positive_bytes, size_arg
 from .specs import PolicySpec, names_spec, resolve_policy, spellable
 
 # Presets a subset of names is combined with (`save_only_these_names:...+BASE`): TE-aware where the
@@ -517,6 +517,7 @@ def recommend_target(
     else:
         limit = positive_bytes(gpu.usable_bytes)  # type: ignore[union-attr]
     count_at_least_one(max_evals, "max_evals", 64)
+    count_at_least_one(jobs, "jobs", 2, MAX_JOBS)
     keyword = throughput_keyword(maximize)
     if max_compiles is None:
         max_compiles = DEFAULT_MAX_COMPILES if keyword is None else THROUGHPUT_MAX_COMPILES

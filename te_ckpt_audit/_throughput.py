@@ -68,7 +68,12 @@ def throughput_keyword(maximize: str | None) -> str | None:
     """
     if maximize is None:
         return None
+    if not isinstance(maximize, str):
+        raise UsageError(f"$maximize$ takes text, \"throughput\" or an inputs keyword, not {type(maximize).__name__}",
+                         "e.g. $maximize$ throughput")
     head, _, keyword = maximize.partition(":")
+    if head != THROUGHPUT and head.lower() == THROUGHPUT:  # `Throughput` read as an inputs keyword
+        raise UsageError(f"$maximize$ {maximize[:40]!r}: did you mean {THROUGHPUT}?", "e.g. $maximize$ throughput")
     return (keyword or "batch") if head == THROUGHPUT else None
 
 

@@ -459,6 +459,15 @@ def xla_flags(text: str) -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
+MIN_NETWORK_GBPS, MAX_NETWORK_GBPS = 0.1, 1e5  # Gb/s per GPU: below a tenth no network trains; 100 Tb/s none has
+
+
+def _shown(value: object) -> str:
+    """A value in an error message, short whatever it is (10**400 has 401 digits)."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class GpuRequest:
     """What compiling for a GPU asks: the step compiled for `model`, `gpus_per_host` of them per
@@ -476,6 +485,7 @@ class GpuRequest:
     profile: Profile | None = None  # with `time`: the step measured on real GPUs (--calibrate), `_profile`
 
     def __post_init__(self) -> None:
+        self._check_types()
         if self.donate and not self.step:
             raise UsageError("$donate$ names the arguments a training step of the target's own donates",
                              "add $step$")
@@ -484,13 +494,42 @@ class GpuRequest:
                              "drop one of them")
         if self.gpus_per_host < 1:
             raise UsageError(f"$gpus_per_host$ {self.gpus_per_host} must be at least 1", "8 on an HGX host")
-        if self.network_gbps is not None and not (math.isfinite(self.network_gbps) and 0 < self.network_gbps <= 1e5):
-            raise UsageError(f"$network_gbps$ {self.network_gbps} must be a positive number of Gb/s per GPU",
+        if self.network_gbps is not None and not MIN_NETWORK_GBPS <= self.network_gbps <= MAX_NETWORK_GBPS:
+            raise UsageError(f"$network_gbps$ {_shown(self.network_gbps)} must be from {MIN_NETWORK_GBPS:g} to "
+                             f"{MAX_NETWORK_GBPS:g} Gb/s per GPU",
                              "e.g. 400 (one 400 Gb/s NIC per GPU, as in a DGX H100)")
         if self.network_gbps is not None and not self.time:
             raise UsageError("$network_gbps$ is about the step time estimate", "add $time$")
         if self.profile is not None and not self.time:
             raise UsageError("$calibrate$ calibrates the step time estimate", "add $time$")
+
+    def _check_types(self) -> None:
+        """Each field of the type it is read as (the Python API takes them as given): a wrong one is
+        a UsageError naming it, never a TypeError deep in a compile, nor a value taken as true."""
+        from ._profile import Profile
+
+        def need(ok: bool, name: str, what: str, example: str) -> None:
+            if not ok:
+                shown = _shown(getattr(self, name))
+                raise UsageError(f"${name}$ takes {what}, not {type(getattr(self, name)).__name__} {shown}",
+                                 f"e.g. ${name}$={example}")
+
+        need(isinstance(self.model, GpuModel), "model", "a GpuModel", "gpu_model('h100')")
+        need(self.optimizer is None or isinstance(self.optimizer, Optimizer), "optimizer", "an Optimizer",
+             "Optimizer.ADAMW")
+        need(type(self.gpus_per_host) is int and 1 <= self.gpus_per_host <= 1024, "gpus_per_host",
+             "an int from 1 to 1024", "8")
+        need(isinstance(self.environment, GpuEnvironment), "environment", "a GpuEnvironment", "GpuEnvironment()")
+        need(self.cache is None or isinstance(self.cache, Path), "cache", "a folder's Path", "Path('.cache')")
+        for flag in ("step", "time"):
+            need(type(getattr(self, flag)) is bool, flag, "True or False", "True")
+        need(isinstance(self.donate, tuple) and all(type(d) is int and d >= 0 for d in self.donate), "donate",
+             "a tuple of argument positions", "(0,)")
+        need(self.network_gbps is None or (isinstance(self.network_gbps, int | float)
+                                           and not isinstance(self.network_gbps, bool)),
+             "network_gbps", "a number of Gb/s per GPU", "400.0")  # its range: __post_init__
+        need(self.profile is None or isinstance(self.profile, Profile), "profile",
+             "a Profile (te_ckpt_audit.gpus.read_profile)", "read_profile('profile.pbtxt')")
 
     @property
     def timed_model(self) -> GpuModel:

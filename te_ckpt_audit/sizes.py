@@ -111,8 +111,17 @@ def positive_bytes(value: object, what: str = "budget_bytes") -> int:
     return int(value)
 
 
-def count_at_least_one(value: object, what: str, example: int) -> int:
-    """A count that must be >= 1 (`max_evals`), or a UsageError naming the parameter `what`."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise UsageError(f"${what}$ must be at least 1, not {value!r}", f"e.g. ${what}$ {example}")
+MAX_JOBS = 256  # worker processes, each tracing the target: more is surely a mistake (2**31 overflowed)
+
+
+def count_at_least_one(value: object, what: str, example: int, most: int | None = None) -> int:
+    """A count that must be >= 1 (`max_evals`), and at most `most` where given, or a UsageError
+    naming the parameter `what`."""
+    shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise UsageError(f"${what}$ must be an int of at least 1, not {shown}", f"e.g. ${what}$ {example}")
+    if value < 1:
+        raise UsageError(f"${what}$ must be at least 1, not {shown}", f"e.g. ${what}$ {example}")
+    if most is not None and value > most:
+        raise UsageError(f"${what}$ {shown} is more than {most}", f"e.g. ${what}$ {example}")
     return value

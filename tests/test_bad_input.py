@@ -388,6 +388,18 @@ X = jax.ShapeDtypeStruct((4, 4), jnp.float32)
 
 QUIT = {"quit.py": EXIT_AT_IMPORT.format(0)}
 
+def _request(**kw: Any) -> Any:
+    from te_ckpt_audit.gpus import GpuRequest, gpu_model
+
+    return GpuRequest(gpu_model("h100"), **kw)
+
+
+def read_profile(path: Any) -> Any:
+    from te_ckpt_audit.gpus import read_profile as read
+
+    return read(path)
+
+
 # id, files to write first, the call, exit code, in the message
 LIBRARY_CASES: list[tuple[str, dict[str, str], Callable[[], Any], int, str]] = [
     ("lib-size-nan", {}, lambda: sizes.parse_size("nan"), USAGE, "not a size"),
@@ -407,6 +419,24 @@ LIBRARY_CASES: list[tuple[str, dict[str, str], Callable[[], Any], int, str]] = [
     ("lib-not-python", {"data.txt": ""}, lambda: _loading.load_target("data.txt:loss"), USAGE, "not a .py file"),
     ("lib-define-twice", {}, lambda: parse_defines(["a=1", "a=1"]), USAGE, "given twice"),
     ("lib-key-define-twice", {}, lambda: audit_target("model.py:loss", defines=["n=1", "n=2"]), USAGE, "given twice"),
+    # issue 46, item 13: the Python API's parameters of the wrong type or out of range, each a typed error
+    ("lib-network-text", {}, lambda: _request(network_gbps="fast", time=True), USAGE, "network_gbps takes a number"),
+    ("lib-network-huge-int", {}, lambda: _request(network_gbps=10**400, time=True), USAGE, "from 0.1 to 100000"),
+    ("lib-network-bool", {}, lambda: _request(network_gbps=True, time=True), USAGE, "not bool True"),
+    ("lib-network-denormal", {}, lambda: _request(network_gbps=5e-324, time=True), USAGE, "from 0.1 to 100000"),
+    ("lib-network-over", {}, lambda: _request(network_gbps=100001, time=True), USAGE, "from 0.1 to 100000"),
+    ("lib-time-text", {}, lambda: _request(time="no"), USAGE, "time takes True or False"),
+    ("lib-profile-path", {}, lambda: _request(profile="p.txt", time=True), USAGE, "profile takes a Profile"),
+    ("lib-read-profile-int", {}, lambda: read_profile(123), USAGE, "calibrate takes a profile's path"),
+    ("lib-profile-huge-cost", {"p.txt": 'costs { name: "f" cost_us: 1e308 }\n'}, lambda: read_profile("p.txt"),
+     USAGE, "the cost of 'f' is 1e+308"),
+    ("lib-maximize-int", {}, lambda: recommend_target("model.py:loss", gpu=_request(), maximize=123), USAGE,
+     "maximize takes text"),
+    ("lib-maximize-case", {}, lambda: recommend_target("model.py:loss", gpu=_request(), maximize="Throughput"),
+     USAGE, "did you mean throughput?"),
+    ("lib-jobs-text", {}, lambda: recommend_target("model.py:loss", budget="1MiB", jobs="2"), USAGE,
+     "jobs must be an int"),
+    ("lib-define-huge", {}, lambda: audit_target("model.py:loss", defines={"batch": 10**20}), USAGE, "larger than"),
     ("lib-defines-an-int", {}, lambda: audit_target("model.py:loss", defines=5), USAGE,  # was TypeError
      "defines takes {key: value}"),
     ("lib-defines-a-string", {}, lambda: audit_target("model.py:loss", defines="n=1"), USAGE, "not str 'n=1'"),

@@ -226,8 +226,8 @@ def test_utilisation_and_throughput_are_the_models_flops_over_the_time() -> None
 @pytest.mark.parametrize(("args", "said"), [
     (["--time"], "--time is about the step compiled for a GPU"),
     (["--gpu", "h100", "--network-gbps", "100"], "--network-gbps is about the step time estimate"),
-    (["--gpu", "h100", "--time", "--network-gbps", "0"], "--network-gbps 0.0 must be a positive number of Gb/s"),
-    (["--gpu", "h100", "--time", "--network-gbps", "nan"], "--network-gbps nan must be a positive number of Gb/s"),
+    (["--gpu", "h100", "--time", "--network-gbps", "0"], "--network-gbps 0.0 must be from 0.1 to 100000 Gb/s"),
+    (["--gpu", "h100", "--time", "--network-gbps", "nan"], "--network-gbps nan must be from 0.1 to 100000 Gb/s"),
 ])
 def test_time_and_its_network_are_checked_before_any_work(args: list[str], said: str) -> None:
     run = cli("sample_models/mlp.py:loss", *args)

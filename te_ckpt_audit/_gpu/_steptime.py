@@ -178,6 +178,9 @@ def _step(rows: list[Timed], gpu: GpuModel, devices: int, compile_seconds: float
     communicating = total(talk, "seconds")
     exposed = min(communicating, max(0.0, elapsed(rows) - computing))
     costliest = sorted(work, key=lambda t: -t.seconds * t.kernel.runs)[:COSTLIEST]
+    if not all(math.isfinite(x) for x in (computing, communicating, total(compute, "high"))):
+        # every input is bounded where it comes in; should a sum still overflow, no figure is shown
+        return failed("the estimate is not finite: a kernel's time overflowed", gpu, devices)
     return StepTime(
         seconds=computing + exposed,
         seconds_low=total(compute, "low") + exposed,
