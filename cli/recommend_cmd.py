@@ -19,6 +19,7 @@ from te_ckpt_audit import (
 from te_ckpt_audit.config import files_read
 from te_ckpt_audit.gpus import DEFAULT_GPUS_PER_HOST
 from te_ckpt_audit.render import format_bytes, render_recommend_html, render_recommend_json, render_recommend_text
+from te_ckpt_audit.render.recommend import no_best_words
 from te_ckpt_audit.sizes import budget_size, count_at_least_one, positive_bytes
 
 from . import options as opt
@@ -68,7 +69,7 @@ Budget = Annotated[
 MaxCompiles = Annotated[
     int | None,
     typer.Option("--max-compiles", metavar="N", help="With --gpu: compile at most N points (policy, and batch with "
-                 "--maximize throughput). Default: 8; 24 with --maximize throughput.", show_default=False),
+                 "--maximize throughput). Default: 8.", show_default=False),
 ]
 Maximize = Annotated[
     str | None,
@@ -176,7 +177,7 @@ def recommend(
     emit(renderer(format)(rec), written)
     if rec.throughput is not None:
         if rec.throughput.best is None:
-            say(f"{PROG}: no point compiled fits the {rec.gpu.name if rec.gpu else 'GPU'}")
+            say(f"{PROG}: {no_best_words(rec.throughput, rec.gpu.name if rec.gpu else 'GPU')}")
             return ExitCode.CHECK_FAILED
         return ExitCode.OK
     if rec.recommended is None:

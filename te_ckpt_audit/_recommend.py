@@ -497,7 +497,7 @@ def recommend_target(
     memory, bounds the residual estimates that choose what to compile); with `maximize`, also the
     largest value of that inputs keyword that fits under it, or, with `maximize="throughput"`
     (`"throughput:KEYWORD"`), the frontier's policy and `batch` (KEYWORD) whose step fits with the
-    most estimated throughput (`_throughput`; `max_compiles` 24 by default, else 8). `params`
+    most estimated throughput (`_throughput`), its one answer; `max_compiles` 8 by default. `params`
     names the trained arguments (the first by default); `executor` and `jobs`: compile that many
     points at once in its worker processes; `capture` keeps XLA's log lines off stderr. Bad
     arguments fail before the target's code runs."""
@@ -537,16 +537,14 @@ def recommend_target(
     )
     if gpu is None:
         return rec
-    if keyword is not None:
+    if keyword is not None:  # one question, one search: no memory pick compiled beside it, one compile limit
         gpu = dataclasses.replace(gpu, time=True)  # throughput is the step's estimated time
-    rec = fit_on_gpu(session, rec, gpu, DEFAULT_MAX_COMPILES if keyword else max_compiles, progress, executor, jobs,
-                     capture)
-    if keyword is not None:
         policies = spread([c.policy for c in rec.frontier if c.error is None], max(2, max_compiles // 4))
         fastest = target_search(lambda v: session_with({keyword: str(v)}), session, policies, keyword, start, gpu,
                                 max_compiles=max_compiles, progress=progress, executor=executor, jobs=jobs,
                                 capture=capture)
-        return dataclasses.replace(rec, throughput=fastest)
+        return dataclasses.replace(rec, throughput=fastest, gpu=session.gpu_info(gpu))
+    rec = fit_on_gpu(session, rec, gpu, max_compiles, progress, executor, jobs, capture)
     if maximize is None or rec.recommended is None:
         return rec
     found = largest_fitting(lambda v: session_with({maximize: str(v)}), maximize, start, rec.recommended.policy, gpu,

@@ -318,8 +318,10 @@ class Session:
             return None
         devices = max(time.devices, 1)
         model = forward_flops if self.own_step else 3 * forward_flops
+        batch = self.keywords.get("batch")  # the inputs' batch: examples per step where tokens are not known
+        examples = batch if tokens is None and type(batch) is int and batch > 0 else None
         return dataclasses.replace(time, model_flops=model // devices, recompute_flops=recompute_flops // devices,
-                                   tokens=tokens)
+                                   tokens=tokens, examples=examples)
 
     def report(
         self,
@@ -399,6 +401,11 @@ class Session:
     def target(self) -> str:
         """The target as given (`file.py:fn`), or the function's name."""
         return self._traced.target
+
+    @property
+    def arguments(self) -> tuple[str, ...]:
+        """The traced inputs, "path: dtype[shape]" each (what a define changes, where it changes any)."""
+        return self._traced.arguments
 
     @property
     def has_remat(self) -> bool:

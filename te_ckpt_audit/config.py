@@ -409,8 +409,11 @@ def _gpu(raw: Mapping[str, Any], where: str, p: Path) -> GpuRequest | None:
     network = raw.get("network_gbps")
     if network is not None and (isinstance(network, bool) or not isinstance(network, int | float)):
         raise UsageError(f"{p}: {where}.network_gbps must be a number of Gb/s per GPU", "e.g. network_gbps = 400")
-    return GpuRequest(model, chosen, per_host, environment, step=step, donate=tuple(donate), time=timed,
-                      network_gbps=None if network is None else float(network))
+    try:  # the request's own checks, worded as this file's keys (not as the command line's flags)
+        return GpuRequest(model, chosen, per_host, environment, step=step, donate=tuple(donate), time=timed,
+                          network_gbps=None if network is None else float(network))
+    except UsageError as err:
+        raise UsageError(f"{p}: {where}.{err.message}", err.hint.replace("add time", "add time = true")) from None
 
 
 def _peak_gate(raw: Mapping[str, Any], where: str, p: Path) -> PeakGate:

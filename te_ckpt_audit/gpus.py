@@ -533,10 +533,15 @@ class GpuRequest:
 
     @property
     def timed_model(self) -> GpuModel:
-        """The GPU the step-time estimate reads: the model, with the run's network where given."""
-        if self.network_gbps is None or self.model.rates is None:
+        """The GPU the step-time estimate reads: the model, with the run's network where given. A
+        GPU from a config file knows no links: `network_gbps` is then every collective's rate."""
+        if self.network_gbps is None:
             return self.model
-        rates = dataclasses.replace(self.model.rates, network_bytes=self.network_gbps * 1e9 / 8)
+        network = self.network_gbps * 1e9 / 8
+        if self.model.rates is None:  # no tensor rates either: its kernels keep XLA's models' times
+            rates = Rates(self.model.clock_ghz, (), (), nvlink_bytes=0.0, network_bytes=network)
+        else:
+            rates = dataclasses.replace(self.model.rates, network_bytes=network)
         return dataclasses.replace(self.model, rates=rates)
 
     @property

@@ -409,3 +409,82 @@ def test_the_maxtext_block_expresses_the_pick_and_only_for_maxtexts_names() -> N
     names = cand("save_only_these_names:mlpwi", CandidateKind.NAMES, ("mlpwi",))
     block = maxtext_block(names, ("mlpwi", "out_proj"))
     assert block is not None and "mlpwi: 'device'" in block and "out_proj: 'remat'" in block
+
+
+BATCHLESS = """\
+import jax
+import jax.numpy as jnp
+
+
+def loss(w, x):
+    return jnp.sum(jnp.sin(x @ w) @ w)
+
+
+def loss_inputs(batch: int = 4, seed: int = 1):
+    return jax.ShapeDtypeStruct((8, 8), jnp.float32), jax.ShapeDtypeStruct((batch, 8), jnp.float32)
+"""
+
+
+def test_a_throughput_keyword_that_changes_no_input_is_refused_before_any_compile(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 46, item 12 (e): `throughput:seed` "won" at its largest value, its step time flat."""
+    from te_ckpt_audit import UsageError, recommend_target
+    from te_ckpt_audit.gpus import GpuRequest, gpu_model
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "m.py").write_text(BATCHLESS)
+    with pytest.raises(UsageError) as caught:
+        recommend_target("m.py:loss", gpu=GpuRequest(gpu_model("h100")), maximize="throughput:seed")
+    assert "seed=2 traces the same inputs as seed=1, so it is not a batch" in caught.value.message
+
+
+def test_maximize_throughput_answers_once_within_its_one_compile_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 46, item 5 and 12 (d): the memory pick was compiled (8 points of its own) and printed
+    beside the fastest pair, each with a Python block; --max-compiles 1 compiled 3 points."""
+    from te_ckpt_audit import recommend_target
+    from te_ckpt_audit.gpus import GpuRequest, gpu_model
+    from te_ckpt_audit.records import Point, Throughput
+    from te_ckpt_audit.render import render_recommend_html, render_recommend_text
+
+    asked: dict[str, object] = {}
+
+    def no_fit(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the memory pick was compiled beside the throughput search")
+
+    def fake_search(build, first, policies, keyword, start, request, **kw):  # type: ignore[no-untyped-def]
+        asked.update(kw, policies=policies, keyword=keyword, start=start)
+        best = Point(policies[-1], 2 * start, 10**6, True, 0.001, 2 * start / 0.001)
+        return Throughput(keyword, keyword, best, (best,), tuple(policies), kw["max_compiles"], False, ())
+
+    monkeypatch.setattr("te_ckpt_audit._recommend.fit_on_gpu", no_fit)
+    monkeypatch.setattr("te_ckpt_audit._recommend.target_search", fake_search)
+    rec = recommend_target("sample_models/mlp.py:loss", gpu=GpuRequest(gpu_model("h100")), maximize="throughput",
+                           max_compiles=1)
+    assert asked["max_compiles"] == 1 and asked["keyword"] == "batch" and asked["start"] == 8
+    assert rec.compiles == 0 and rec.throughput is not None and rec.gpu is not None
+    text = render_recommend_text(rec)
+    assert text.count("python:") == 1 and "recommended: --policy" not in text and "(not compiled)" not in text
+    best = rec.throughput.best
+    assert best is not None and f"--policy {best.policy} -D batch=16" in text
+    starred = [line for line in text.splitlines() if line.startswith(" * ")]
+    assert len(starred) == 1 and best.policy in starred[0]
+    page = render_recommend_html(rec)
+    assert "Recommended:" not in page and page.count("<h2>Python</h2>") <= 1
+
+
+def test_no_pick_blames_what_failed_time_or_memory() -> None:
+    """Issue 46, item 12 (f): an A100 whose estimate failed ended "no point compiled fits"."""
+    from te_ckpt_audit.records import Point, Throughput
+    from te_ckpt_audit.render.recommend import no_best_words
+
+    untimed = Point("full", 8, 10**9, True, None, None, "NOT_FOUND: Cannot find key: sm_80")
+    too_big = Point("full", 8, 10**12, False, 1.0, 8.0)
+    broken = Point("full", 8, None, False, None, None, "it did not compile")
+
+    def t(*points: Point) -> Throughput:
+        return Throughput("batch", "batch", None, points, ("full",), 8, False, ())
+
+    assert no_best_words(t(untimed), "a100-80gb") == ("the steps fit the a100-80gb but their time could not be "
+                                                        "estimated: NOT_FOUND: Cannot find key: sm_80")
+    assert no_best_words(t(too_big), "h100").startswith("no point compiled fits the h100")
+    assert no_best_words(t(broken)) == "no point compiled: it did not compile"

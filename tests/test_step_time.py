@@ -397,6 +397,7 @@ def test_a_mesh_adds_collective_time_as_the_schedule_orders_it() -> None:
 
 
 def test_every_format_shows_the_time_as_an_estimate_with_its_method_and_kernels() -> None:
+    from te_ckpt_audit.render._common import format_rate
     from te_ckpt_audit.render.html import render_audit_html as render_html
     from te_ckpt_audit.render.markdown import render_markdown
     from te_ckpt_audit.render.terminal import render_table
@@ -415,7 +416,7 @@ def test_every_format_shows_the_time_as_an_estimate_with_its_method_and_kernels(
         words = " ".join(html.unescape(text).split())  # the terminal wraps at 80 columns
         assert "an estimate from XLA's cost models" in words and steptime.METHOD in words
         assert shown in words and "dot_general (model.py:12)" in words
-        assert f"{time.tflops_per_gpu:.0f}" in words and f"{100 * (time.mfu or 0):.1f}%" in words
+        assert format_rate((time.tflops_per_gpu or 0) * 1e12) in words and f"{100 * (time.mfu or 0):.1f}%" in words
     assert "Step time" not in render_table(report)  # no --time, no section
 
 
@@ -634,3 +635,37 @@ def test_the_estimates_gpu_has_tensor_cores_and_no_interconnect_for_xla_to_abort
     assert "device_interconnect_info" not in text
     assert H100.config_text() in text.replace(text[text.index("  scalar_unit_description"):
                                                    text.index("  cuda_compute_capability")], "")
+
+
+def test_a_small_models_time_reads_in_units_that_scale_with_its_kernels_once() -> None:
+    """Issue 46, item 6: a toy model showed "TFLOP/s per GPU 0", "MFU 0.0%", "tokens/s n/a" for
+    every policy and one near-identical kernel table per policy."""
+    from sample_models import mlp
+    from te_ckpt_audit import audit
+    from te_ckpt_audit.records import KernelKind, KernelTime
+    from te_ckpt_audit.render import render_json, render_markdown, render_table
+    from te_ckpt_audit.render.html import render_audit_html
+
+    report = audit(mlp.loss, *mlp.loss_inputs(), policies=["nothing_saveable", "everything_saveable"], params=0)
+    kernel = KernelTime("fusion.1", KernelKind.GEMM, 1e-6, 2, 10**6, 10**4, "sol", "dot_general")
+
+    def timed(seconds: float) -> StepTime:
+        return StepTime(seconds, seconds, seconds, seconds, 0.0, 0.0, 2, 0, 3 * 10**6, 0, 989e12, None, 1,
+                        (kernel,), "m", 0.0, examples=8)
+
+    rows = tuple(dataclasses.replace(r, time=timed(s)) for r, s in zip(report.results, (2e-4, 1e-4), strict=True))
+    shown = dataclasses.replace(report, results=rows)
+    text = " ".join(render_table(shown).split())
+    assert "15 GFLOP/s" in text and "30 GFLOP/s" in text  # 3 MFLOP in 0.2 ms and 0.1 ms
+    section = text[text.index("Step time on"):text.index("Estimate, not a measurement")]
+    assert "0.0015%" in section and "0.0%" not in section  # 3 MFLOP in 0.2 ms of 989 TFLOP/s: two figures
+    assert "40,000 examples/s" in text and "80,000 examples/s" in text  # batch 8 per step
+    assert text.count("Costliest kernels under") == 1
+    assert "Costliest kernels under everything_saveable, the fastest" in text
+    markdown = render_markdown(shown)
+    assert markdown.count("Costliest kernels under") == 1 and "GFLOP/s" in markdown
+    page = render_audit_html(shown)  # the fastest open, the others folded
+    assert page.count("<h3>Costliest kernels") == 1 and page.count("<details><summary>Costliest kernels") == 1
+    doc = json.loads(render_json(shown))
+    assert doc["results"][0]["time"]["examples_per_second_per_gpu"] == pytest.approx(40000.0)
+    assert all(r["time"]["costliest"] for r in doc["results"])  # JSON keeps every policy's kernels

@@ -148,6 +148,19 @@ def _optimizer(kind: Optimizer) -> Any:  # an optax GradientTransformation
     return optax.adafactor(1e-3)
 
 
+_NO_TABLE = re.compile(r"Cannot find key: (sm_\d+)")
+
+
+def _time_failure(exc: Exception, gpu: str) -> str:
+    """Why the estimate failed, in words: XLA's "NOT_FOUND: Cannot find key: sm_80" is its cost
+    tables lacking the GPU's architecture, not the user's mistake."""
+    missing = _NO_TABLE.search(str(exc))
+    if missing:
+        return (f"XLA's GPU cost tables have no entry for {missing.group(1)}, the {gpu}'s architecture: no step "
+                "time estimate for it yet (its memory answer is unaffected)")
+    return f"{type(exc).__name__}: {first_line(exc)}"
+
+
 class Compiler:
     """Compiles one trace's training step for one GPU request, policy by policy. `capture` (the
     caller's: it owns the process's streams) wraps each compile, to keep XLA's log lines off
@@ -288,12 +301,16 @@ class Compiler:
         if self.request.step and not isinstance(spec, AsIs):
             return steptime.failed("a training step of the target's own is compiled as it is: only as-is",
                                    model, self.devices)
+        if self.devices > 1 and self.request.timed_model.rates is None:  # its collectives would cost nothing
+            return steptime.failed(f"the GPU {model.name} (a config file) names no link bandwidth, so the "
+                                   "collectives of a step on several GPUs cannot be timed: give network_gbps "
+                                   "(--network-gbps), the Gb/s each GPU's links move", model, self.devices)
         try:
             return self._time(spec, scope, progress)
         except UsageError:
             raise
         except Exception as exc:  # noqa: BLE001 - reported per policy
-            return steptime.failed(f"{type(exc).__name__}: {first_line(exc)}", model, self.devices)
+            return steptime.failed(_time_failure(exc, model.name), model, self.devices)
 
     def _time(self, spec: PolicySpec, scope: Scope, progress: Progress) -> StepTime:
         memory = self.request.planning_memory(self.request.mem_fraction)
@@ -304,7 +321,10 @@ class Compiler:
         profile = self.request.profile
         config = (self._config(memory, estimate=True) + steptime.revision() + repr(rates)  # by this code
                   + ("" if profile is None else profile.digest + profile.source))
-        key = self._key(self._program(lowered), backend, memory, config)
+        # the estimate shows each kernel's op name and source line: its key covers them (the text
+        # without debug info keyed two programs differing only in names alike)
+        named = hashlib.sha256(lowered.as_text(debug_info=True).encode()).hexdigest()
+        key = self._key(named, backend, memory, config)
         hit = self.cache.read_plain(key, TIME_SCHEMA)
         found = None if hit is None else steptime.from_plain(hit)
         if found is not None:

@@ -333,6 +333,7 @@ def from_plain(raw: Mapping[str, object]) -> StepTime | None:
             gemm_seconds=number("gemm_seconds"),
             attention_seconds=number("attention_seconds"),
             calibration=optional("calibration", _calibration),  # type: ignore[arg-type]
+            examples=optional("examples", _count),  # type: ignore[arg-type]
         )
     except _Invalid:
         return None

@@ -275,6 +275,7 @@ class StepTime:
     gemm_seconds: float = 0.0  # of compute_seconds: GEMMs'
     attention_seconds: float = 0.0  # fused attention's (the rest: memory-bound kernels and host copies)
     calibration: Calibration | None = None  # --calibrate: what the measured profile did
+    examples: int | None = None  # examples per step, all GPUs, where tokens are not known (the inputs' batch)
 
     @property
     def mfu(self) -> float | None:
@@ -291,6 +292,13 @@ class StepTime:
         if self.tokens is None or not self.seconds:
             return None
         return self.tokens / self.seconds / self.devices
+
+    @property
+    def examples_per_second_per_gpu(self) -> float | None:
+        """Where no tokens are known: the batch's examples per second per GPU."""
+        if self.examples is None or not self.seconds:
+            return None
+        return self.examples / self.seconds / self.devices
 
     @property
     def tflops_per_gpu(self) -> float | None:
@@ -509,7 +517,8 @@ def _plain(value: Any) -> Any:
             out["devices"] = value.devices
         if isinstance(value, StepTime):
             out.update(mfu=value.mfu, hfu=value.hfu, tokens_per_second_per_gpu=value.tokens_per_second_per_gpu,
-                       tflops_per_gpu=value.tflops_per_gpu)
+                       tflops_per_gpu=value.tflops_per_gpu,
+                       examples_per_second_per_gpu=value.examples_per_second_per_gpu)
         if isinstance(value, KernelTime):
             out["total_seconds"] = value.total_seconds
         return out

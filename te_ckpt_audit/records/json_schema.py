@@ -193,6 +193,7 @@ JSON_SCHEMA: dict[str, Any] = {
                             model=_STR, compile_seconds=_SECONDS, error=_OPT_STR, gemm_seconds=_SECONDS,
                             attention_seconds=_SECONDS, mfu=_OPT_NUMBER, hfu=_OPT_NUMBER,
                             tokens_per_second_per_gpu=_OPT_NUMBER, tflops_per_gpu=_OPT_NUMBER,
+                            examples={"oneOf": [{"type": "null"}, _INT]}, examples_per_second_per_gpu=_OPT_NUMBER,
                             calibration={"oneOf": [{"type": "null"}, _object(
                                 profile=_STR, instructions=_INT, measured=_INT, missing=_INT,
                                 ratios=_array({"type": "array", "prefixItems": [_enum(KernelKind),

@@ -22,6 +22,7 @@ from ..records import (
     Outcome,
     PeakMemory,
     PolicyResult,
+    Recommendation,
     Residual,
     ResidualKind,
     ShardingSource,
@@ -74,6 +75,13 @@ class Column:
         if self.numeric and not result.audited and not self.compiled:
             return "not audited"
         return self.value(report, result)
+
+
+def winner_policy(rec: Recommendation) -> str | None:
+    """The starred policy of a recommendation: the throughput search's pick, else the recommended."""
+    if rec.throughput is not None:
+        return None if rec.throughput.best is None else rec.throughput.best.policy
+    return None if rec.recommended is None else rec.recommended.policy
 
 
 def counted(n: int, one: str) -> str:
@@ -411,7 +419,7 @@ COLUMNS: dict[str, Column] = {
 
 # --- the step's time (--time): an estimate, labelled as one --------------------------------------
 
-TIME_HEADERS = ("s/step (estimate)", "range", "TFLOP/s per GPU", "MFU", "HFU", "tokens/s per GPU", "exposed comm")
+TIME_HEADERS = ("s/step (estimate)", "range", "FLOP/s per GPU", "MFU", "HFU", "throughput per GPU", "exposed comm")
 TIME_TERMINAL = tuple(h for h in TIME_HEADERS if h != "range")  # narrower: the range is in the notes
 KERNEL_HEADERS = ("kernel", "kind", "ms per step", "runs", "set by", "what it computes")
 
@@ -436,6 +444,39 @@ def format_seconds(s: float) -> str:
     return f"{s:.3g} s" if s >= 1 else f"{s * 1e3:.3g} ms"
 
 
+def format_rate(flops_per_second: float) -> str:
+    """FLOP/s in the unit that keeps it readable (a small model's step is GFLOP/s, not "0 TFLOP/s").
+
+    >>> format_rate(2.45e14), format_rate(3.1e9)
+    ('245 TFLOP/s', '3.1 GFLOP/s')
+    """
+    return f"{format_flops(int(flops_per_second))}/s"
+
+
+def format_utilisation(fraction: float) -> str:
+    """A utilisation: one decimal, or two significant figures below 0.1% (never a bare 0.0%).
+
+    >>> format_utilisation(0.4567), format_utilisation(0.0000123), format_utilisation(0.0)
+    ('45.7%', '0.0012%', '0%')
+    """
+    percent = 100 * fraction
+    return f"{percent:.1f}%" if percent >= 0.1 else ("0%" if percent == 0 else f"{percent:.2g}%")
+
+
+def throughput_words(t: StepTime) -> str:
+    """Tokens per second per GPU where the step's tokens are known, else examples (the batch's)."""
+    if t.tokens_per_second_per_gpu is not None:
+        return f"{_sig(t.tokens_per_second_per_gpu)} tokens/s"
+    if t.examples_per_second_per_gpu is not None:
+        return f"{_sig(t.examples_per_second_per_gpu)} examples/s"
+    return "n/a"
+
+
+def _sig(value: float) -> str:
+    """Thousands separated at 1 and above, three significant figures below."""
+    return f"{value:,.0f}" if value >= 1 else f"{value:.3g}"
+
+
 def _optional(value: float | None, shown: Callable[[float], str]) -> str:
     return "n/a" if value is None else shown(value)
 
@@ -452,11 +493,11 @@ TIME_COLUMNS: dict[str, Column] = {
     for c in (
         Column("s/step (estimate)", _time(lambda t: format_seconds(t.seconds or 0.0)), compiled=True),
         Column("range", _time(_range), compiled=True),
-        Column("TFLOP/s per GPU", _time(lambda t: _optional(t.tflops_per_gpu, lambda v: f"{v:.0f}")), compiled=True),
-        Column("MFU", _time(lambda t: _optional(t.mfu, lambda v: f"{100 * v:.1f}%")), compiled=True),
-        Column("HFU", _time(lambda t: _optional(t.hfu, lambda v: f"{100 * v:.1f}%")), compiled=True),
-        Column("tokens/s per GPU", _time(lambda t: _optional(t.tokens_per_second_per_gpu, lambda v: f"{v:,.0f}")),
+        Column("FLOP/s per GPU", _time(lambda t: _optional(t.tflops_per_gpu, lambda v: format_rate(v * 1e12))),
                compiled=True),
+        Column("MFU", _time(lambda t: _optional(t.mfu, format_utilisation)), compiled=True),
+        Column("HFU", _time(lambda t: _optional(t.hfu, format_utilisation)), compiled=True),
+        Column("throughput per GPU", _time(throughput_words), compiled=True),
         Column("exposed comm", _time(lambda t: format_seconds(t.exposed_communication_seconds)), compiled=True),
     )
 }
@@ -497,6 +538,22 @@ def calibration_words(c: Calibration) -> str:
     return (f"calibrated by {c.profile} ({c.instructions} instructions): {c.measured} kernels measured, "
             f"{c.missing} missing from the profile and scaled by their kind's measured/estimated ratio "
             f"({ratios}); {format_seconds(c.estimated_seconds)} uncalibrated")
+
+
+def kernels_shown(report: AuditReport) -> tuple[PolicyResult | None, tuple[str, ...]]:
+    """The one policy whose costliest kernels a report shows (the fastest estimate: policies
+    share most kernels, and seven near-identical tables hid the rest), and the other policies
+    with kernels, which the JSON document and the HTML page's folds hold."""
+    timed_rows = [r for r in report.results if r.time is not None and r.time.costliest and r.time.seconds]
+    if not timed_rows:
+        return None, ()
+    fastest = min(timed_rows, key=lambda r: r.time.seconds or 0.0)  # type: ignore[union-attr]
+    return fastest, tuple(r.policy for r in timed_rows if r is not fastest)
+
+
+def kernels_title(result: PolicyResult, others: tuple[str, ...]) -> str:
+    also = "; the other policies' kernels: --format json or html" if others else ""
+    return f"Costliest kernels under {result.policy}, the fastest (of one step, per GPU){also}"
 
 
 def costliest_rows(t: StepTime) -> list[list[str]]:

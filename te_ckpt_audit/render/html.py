@@ -49,16 +49,18 @@ from ._common import (
     gpu_title,
     hotspot_key,
     hotspots,
+    kernels_shown,
     peak_range,
     time_notes,
     time_title,
     timed,
     trained_note,
     warning_message,
+    winner_policy,
 )
 from ._text import printable
 from .plot import PlotPoint, recommendation_points, report_points
-from .recommend import maxtext_block, python_snippet, rate_unit
+from .recommend import answered, maxtext_block, no_best_words, python_snippet, rate_unit
 
 MAX_EQUATIONS = 2000  # rows of the marks table; a note says how many more there are
 TOP_MODULES = 15
@@ -469,10 +471,15 @@ def _time_table(report: AuditReport) -> list[str]:
     out = [f"<h2>{_e(time_title(report))}</h2>", _html_table([c.header for c in shown],
            [[c.cell(report, r) for c in shown] for r in report.results], [c.numeric for c in shown])]
     out += [f'<p class="meta">{_e(n)}</p>' for n in time_notes(report)]
-    for r in report.results:
-        if r.time is not None and r.time.costliest:
-            out += [f"<h3>Costliest kernels under {_e(r.policy)}</h3>",
-                    _html_table(list(KERNEL_HEADERS), costliest_rows(r.time), [False, False, True, True, False, False])]
+    fastest, others = kernels_shown(report)
+    numeric = [False, False, True, True, False, False]
+    if fastest is not None and fastest.time is not None:
+        out += [f"<h3>Costliest kernels under {_e(fastest.policy)}, the fastest (of one step, per GPU)</h3>",
+                _html_table(list(KERNEL_HEADERS), costliest_rows(fastest.time), numeric)]
+    for r in report.results:  # the others folded: one click each, not a page of near-identical tables
+        if r.policy in others and r.time is not None:
+            out += [f"<details><summary>Costliest kernels under {_e(r.policy)}</summary>",
+                    _html_table(list(KERNEL_HEADERS), costliest_rows(r.time), numeric), "</details>"]
     return out
 
 
@@ -486,14 +493,16 @@ def _html_table(headers: list[str], rows: list[list[str]], numeric: list[bool]) 
 
 def _recommendation(rec: Recommendation) -> list[str]:
     """The winner (or the closest), how to use it, the GPU it was compiled for, and the frontier."""
-    shown = rec.recommended or rec.closest
+    shown = answered(rec)
     budget = format_bytes(rec.budget_bytes) + (" per device" if rec.mesh is not None else "")
     body = [f'<p class="meta">budget {_e(budget)} · {counted(len(rec.evaluated), "policy")} analysed (at most '
             f"{rec.max_evals}), each by JAX's own linearization</p>"]
     if rec.gpu is not None:
+        compiled = ("each point of the search compiled" if rec.throughput is not None
+                    else f"{counted(rec.compiles, 'policy')} compiled")
         body.append(f'<p class="meta">GPU {_e(rec.gpu.name)}: {_e(format_bytes(rec.gpu.usable_bytes))} usable at '
-                    f'{_e(fraction_words(rec.gpu))}; '
-                    f'{counted(rec.compiles, "policy")} compiled (XLA:GPU, no autotuning); fits: the compiled peak</p>')
+                    f'{_e(fraction_words(rec.gpu))}; {_e(compiled)} (XLA:GPU, no autotuning); fits: the compiled '
+                    "peak</p>")
     if shown is not None:
         cls, word = ("win", "Recommended") if rec.recommended is not None else ("miss", "Nothing fits; closest")
         host = f" · host {format_bytes(shown.host_bytes)}" if shown.host_bytes else ""
@@ -509,7 +518,7 @@ def _recommendation(rec: Recommendation) -> list[str]:
             body += ["<h2>MaxText remat settings</h2>", f"<pre>{_lines(block)}</pre>"]
     timed_any = any(c.time is not None for c in rec.frontier)
     rows = "".join(
-        f"<tr><td>{'★' if c == rec.recommended else ''}</td><td><code>{_e(c.policy)}</code></td>"
+        f"<tr><td>{'★' if c.policy == winner_policy(rec) else ''}</td><td><code>{_e(c.policy)}</code></td>"
         f"<td class=\"num\">{_e(format_bytes(c.activation_bytes))}</td>"
         f"<td class=\"num\">{_e(format_bytes(c.host_bytes))}</td>"
         f"<td class=\"num\">{_e(format_flops(c.recompute_flops))}</td>"
@@ -606,7 +615,7 @@ def throughput_section(t: Throughput, paste: str | None, usable: int | None, pol
         body.append(f'<p class="meta">Stopped climbing before the memory edge (doubling the {_e(t.keyword)} '
                     f"gained under 2%): {_e(', '.join(t.saturated))}</p>")
     if t.best is None or paste is None:
-        body.append('<div class="miss"><b>No point compiled fits.</b></div>')
+        body.append(f'<div class="miss"><b>No pick:</b> {_e(no_best_words(t))}</div>')
     else:
         b = t.best
         body.append(f'<div class="win"><b>Fastest that fits:</b> <code>{_e(paste)}</code><br>'

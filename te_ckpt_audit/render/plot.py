@@ -12,7 +12,7 @@ import string
 from collections.abc import Sequence
 
 from ..records import AuditReport, CandidateKind, Recommendation
-from ._common import format_bytes, format_flops
+from ._common import format_bytes, format_flops, winner_policy
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -33,7 +33,7 @@ def recommendation_points(rec: Recommendation) -> tuple[PlotPoint, ...]:
     order = {p: i for i, p in enumerate(rec.presets)}
     return tuple(
         PlotPoint(c.policy, c.activation_bytes, c.recompute_flops, c.kind is CandidateKind.PRESET,
-                  c in front, c == rec.recommended, c.fits, order.get(c.policy))
+                  c in front, c.policy == winner_policy(rec), c.fits, order.get(c.policy))
         for c in rec.evaluated if c.error is None
     )
 

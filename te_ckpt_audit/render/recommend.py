@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 
 from ..records import Candidate, CandidateKind, MaxTextRecommendation, Point, Recommendation, Throughput
-from ._common import counted, format_bytes, format_flops, format_seconds, fraction_words, peak_range
+from ._common import counted, format_bytes, format_flops, format_seconds, fraction_words, peak_range, winner_policy
 from ._text import printable_records
 from .plot import render_frontier_plot
 
@@ -160,12 +160,13 @@ def render_recommend_text(rec: Recommendation, width: int | None = None) -> str:
     if rec.skipped_names:
         out.append(f"names a spec cannot spell, left out: {', '.join(rec.skipped_names)}")
     if rec.gpu is not None:
+        compiled = ("each point below compiled (XLA:GPU, no autotuning)" if rec.throughput is not None else
+                    f"{counted(rec.compiles, 'policy')} compiled (XLA:GPU, no autotuning), in order of recompute")
         out.append(f"GPU: {rec.gpu.name}, {format_bytes(rec.gpu.usable_bytes)} usable of "
-                   f"{format_bytes(rec.gpu.memory_bytes)} at {fraction_words(rec.gpu)}; "
-                   f"{counted(rec.compiles, 'policy')} "
-                   "compiled (XLA:GPU, no autotuning), in order of recompute; fits: the compiled peak per device")
-    shown = rec.recommended or rec.closest
-    if rec.recommended is None:
+                   f"{format_bytes(rec.gpu.memory_bytes)} at {fraction_words(rec.gpu)}; {compiled}; "
+                   "fits: the compiled peak per device")
+    shown = answered(rec)
+    if shown is not None and rec.recommended is None:
         out.append(f"nothing fits the {'GPU' if rec.gpu is not None else 'budget'}; the closest candidate:")
     if shown is not None:
         out += [
@@ -192,11 +193,11 @@ def render_recommend_text(rec: Recommendation, width: int | None = None) -> str:
         out.append("  (from jax.ad_checkpoint import checkpoint_name)")
     out += ["", "Pareto frontier (activation bytes vs recompute FLOPs, every point analysed):"]
     for c in rec.frontier:
-        mark = "*" if c == rec.recommended else " "
+        mark = "*" if c.policy == winner_policy(rec) else " "
         host = f"  host {format_bytes(c.host_bytes)}" if c.host_bytes else ""
         fit = "" if c.fits else "  over budget"
         if rec.gpu is not None:
-            fit = f"  peak {_peak(c)}" if c.peak is not None else "  (not compiled)"
+            fit = f"  peak {_peak(c)}" if c.peak is not None else "" if rec.throughput else "  (not compiled)"
             fit += f", {_time(c)}" if c.time is not None else ""
         figures = f" {mark} {format_bytes(c.activation_bytes):>10}  {format_flops(c.recompute_flops):>12}" \
                   f"  {c.recompute_percent:5.1f}%"
@@ -220,6 +221,25 @@ def render_recommend_text(rec: Recommendation, width: int | None = None) -> str:
     return "\n".join(out) + "\n"
 
 
+def answered(rec: Recommendation) -> Candidate | None:
+    """The policy the report answers with for the least-recompute question (the winner, else the
+    closest); None under --maximize throughput, whose one answer is the fastest point."""
+    return None if rec.throughput is not None else (rec.recommended or rec.closest)
+
+
+def no_best_words(t: Throughput, gpu: str = "the GPU") -> str:
+    """Why a throughput search has no pick, as it failed: a step that fits but could not be timed
+    is a failure of the time estimate, not of memory (an A100 without XLA's cost tables)."""
+    untimed = [p for p in t.points if p.fits and p.seconds is None]
+    if untimed:
+        why = f": {untimed[0].error}" if untimed[0].error else ""
+        return f"the steps fit the {gpu} but their time could not be estimated{why}"
+    if t.points and all(p.peak_bytes is None for p in t.points):
+        why = f": {t.points[0].error}" if t.points[0].error else ""
+        return f"no point compiled{why}"
+    return f"no point compiled fits the {gpu}: a smaller batch, more GPUs or a larger memory fraction"
+
+
 def rate_unit(t: Throughput) -> str:
     """What a point's throughput counts, per second per GPU: "tokens/s/GPU", "batch/s/GPU"."""
     return f"{t.unit}/s/GPU"
@@ -236,7 +256,7 @@ def throughput_lines(t: Throughput, paste: str | None, policy_word: str) -> list
     out = [f"Fastest that fits (--maximize throughput; step times are estimates from XLA's cost models, "
            f"{counted(len(t.points), 'point')} compiled of at most {t.max_compiles}):"]
     if t.best is None:
-        out.append("  no point compiled fits: a smaller batch, more GPUs or a larger memory fraction")
+        out.append(f"  {no_best_words(t)}")
     else:
         b = t.best
         out += [f"  {paste}",

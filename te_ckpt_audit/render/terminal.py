@@ -40,6 +40,8 @@ from ._common import (
     gpu_title,
     hotspot_key,
     hotspots,
+    kernels_shown,
+    kernels_title,
     marks_by_equation,
     mesh_note,
     policy_errors,
@@ -293,8 +295,9 @@ def _sections(report: AuditReport, view: TableView) -> list[list[RenderableType]
             _comparison(report, time_title(report), TIME_TERMINAL, width, TIME_COLUMNS),
             *(Text(note, style="dim") for note in time_notes(report)),
         ])
-        sections += [[_kernels(f"Costliest kernels under {r.policy} (of one step, per GPU)", r.time, width)]
-                     for r in report.results if r.time is not None and r.time.costliest]
+        fastest, others = kernels_shown(report)
+        if fastest is not None and fastest.time is not None:
+            sections.append([_kernels(kernels_title(fastest, others), fastest.time, width)])
     if policy_errors(report):
         notes = [f"{p}: not differentiable under this policy: {why}" for p, why in policy_errors(report)]
         sections.append([Text(note, style="yellow") for note in notes])
