@@ -139,7 +139,8 @@ def emit(text: str, output: str | Path | None) -> None:
     left; a device or FIFO written into), else to stdout as plain text."""
     if output is not None:
         write_output(output, text)
-        say(f"{PROG}: report written to {output}")  # -o alone would otherwise end in silence
+        if Path(output).is_file():  # -o alone would otherwise end in silence; /dev/null or a pipe needs no word
+            say(f"{PROG}: report written to {output}")
         return
     check_report_destination(None)
     data = text.encode("utf-8", "backslashreplace")  # a lone surrogate (an undecodable name) as \udcff

@@ -242,10 +242,10 @@ def loss(params: dict[str, Any], tokens: jax.Array, targets: jax.Array, cfg: Con
 
 
 def loss_inputs(model: str = "tiny", per_device_batch: int = 2, seq: int = 64, remat: str = "full",
-                scan: bool = True, mesh: Any = None) -> tuple[Any, ...]:
+                scan: bool = True, mesh: Any = None, layers: int = 0) -> tuple[Any, ...]:
     """The parameters (float32, MaxText's FSDP sharding on `mesh`), a batch of `per_device_batch`
-    sequences per device, and the config."""
-    cfg = Config(**MODELS[model], remat=remat, scan=scan)
+    sequences per device, and the config; `layers` (when not 0) replaces the model's layer count."""
+    cfg = Config(**{**MODELS[model], **({"layers": layers} if layers else {})}, remat=remat, scan=scan)
     devices = 1 if mesh is None else mesh.devices.size
 
     def sds(shape: tuple[int, ...], *spec: Any, dtype: Any = jnp.float32) -> jax.ShapeDtypeStruct:

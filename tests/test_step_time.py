@@ -669,3 +669,56 @@ def test_a_small_models_time_reads_in_units_that_scale_with_its_kernels_once() -
     doc = json.loads(render_json(shown))
     assert doc["results"][0]["time"]["examples_per_second_per_gpu"] == pytest.approx(40000.0)
     assert all(r["time"]["costliest"] for r in doc["results"])  # JSON keeps every policy's kernels
+
+
+NAMED = """\
+import jax
+import jax.numpy as jnp
+
+
+def loss(w, x):
+    with jax.named_scope("{scope}"):
+        return jnp.sum(jnp.tanh(x @ w) @ w)
+
+
+def loss_inputs():
+    return jax.ShapeDtypeStruct((256, 256), jnp.float32), jax.ShapeDtypeStruct((64, 256), jnp.float32)
+"""
+
+
+@compiles
+def test_a_cached_estimate_is_never_another_programs_names(tmp_path: Any) -> None:
+    """Issue 46, item 12 (a): the cache key ignored HLO metadata, so a second model differing
+    only in names showed the first one's op names and source lines."""
+    env = {"TE_CKPT_AUDIT_CACHE": str(tmp_path / "cache")}
+    sources = []
+    for scope in ("first_model", "second_model"):
+        (tmp_path / f"{scope}.py").write_text(NAMED.format(scope=scope))
+        out = tmp_path / f"{scope}.json"
+        run = cli(f"{scope}.py:loss", "--gpu", "h100", "--time", "-p", "nothing_saveable", "-f", "json", "-o",
+                  str(out), cwd=tmp_path, env=env)
+        assert run.returncode == 0, run.stderr
+        kernels = json.loads(out.read_text())["results"][0]["time"]["costliest"]
+        sources.append(" ".join(k["source"] for k in kernels))
+    assert "first_model" in sources[0] and "second_model" not in sources[0]
+    assert "second_model" in sources[1] and "first_model" not in sources[1]
+
+
+@compiles
+def test_a_config_file_gpu_times_collectives_only_over_the_network_it_is_given(tmp_path: Any) -> None:
+    """Issue 46, item 12 (b): with --gpu-config, collectives cost nothing and --network-gbps was ignored."""
+    config = tmp_path / "my_h100.txtpb"
+    config.write_text(H100.config_text(H100.memory_bytes))
+    base = ["sample_models/gpt.py:loss", "-D", "batch=16", "--gpu-config", str(config), "--mesh", "data=8",
+            "--time", "-p", "nothing_saveable", "-f", "json"]
+    bare = cli(*base, "-o", str(tmp_path / "bare.json"))
+    assert bare.returncode == 0, bare.stderr
+    time = json.loads((tmp_path / "bare.json").read_text())["results"][0]["time"]
+    assert time["seconds"] is None and "names no link bandwidth" in time["error"]
+    slow, fast = [], []
+    for gbps, into in ((10, slow), (1000, fast)):
+        run = cli(*base, "--network-gbps", str(gbps), "-o", str(tmp_path / f"{gbps}.json"))
+        assert run.returncode == 0, run.stderr
+        into.append(json.loads((tmp_path / f"{gbps}.json").read_text())["results"][0]["time"])
+    assert slow[0]["communication_seconds"] > 0 and fast[0]["communication_seconds"] > 0
+    assert slow[0]["communication_seconds"] == pytest.approx(100 * fast[0]["communication_seconds"], rel=1e-6)

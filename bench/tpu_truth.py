@@ -1,0 +1,186 @@
+"""The same training step, compiled and run on a real TPU chip, and compiled here for that TPU
+without one: the ground truth for `--tpu` (issue 47). One JSON line per (model, policy, batch) point.
+
+    # on the lent TPU v5e (the device tool), each case compiled by the chip's libtpu and run:
+    PYTHONPATH=. python bench/tpu_truth.py --on-chip --cases llama --out $OUT/chip-llama.jsonl
+    # here, deviceless, for the same chip (the [tpu] extra: jax[tpu], libtpu), the prediction:
+    JAX_PLATFORMS=cpu PYTHONPATH=. python bench/tpu_truth.py --deviceless v5e:1x1 --cases llama \\
+        --out bench/data/tpu-v5e-deviceless-llama.jsonl
+
+Each point is one training step as te-ckpt-audit builds it (`_step.training_step`: the loss's
+value and gradients under the policy, and an AdamW update with its state, parameters and state
+donated), over the inputs callable's ShapeDtypeStructs. On the chip: `compiled.memory_analysis()`
+of the chip's own compile (the plan), whether the chip took it (compiled, then ran) or refused it
+(RESOURCE_EXHAUSTED, at compile or at run, with the first line of its message), and, where it ran,
+seconds per step: 3 steps of warm-up, then the median of 7, each with `block_until_ready`, the
+params and state fed back as a training loop does. Deviceless: the plan only. bench/data/ keeps
+the rows; README, "Runs that happened", and docs/guide/tpu.md show them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+GIB = 2**30
+LLAMA = {"model": "llama-1b", "layers": 12, "seq": 1024}  # 0.74B parameters: AdamW's state fits, batches cross
+GPT = {"layers": 12, "seq": 1024, "d_model": 1024, "heads": 16, "d_ff": 4096, "vocab": 32768}  # f32 attention
+MLP = {"d_in": 4096, "d_hidden": 16384, "d_out": 4096}  # not a transformer: three wide layers
+# (case, target, policy, defines): llama's policies are its own (MaxText's remat_policy), as-is
+CASES: dict[str, list[tuple[str, str, str, dict[str, Any]]]] = {
+    "llama": [
+        *((f"llama full b{b}", "sample_models/llama.py:loss", "as-is",
+           {**LLAMA, "remat": "full", "per_device_batch": b}) for b in (4, 8, 16, 20, 24, 28)),
+        *((f"llama minimal b{b}", "sample_models/llama.py:loss", "as-is",
+           {**LLAMA, "remat": "minimal", "per_device_batch": b}) for b in (4, 8, 12, 16)),
+    ],
+    "edge": [  # the chip's line between the two verdicts, batch by batch
+        *((f"llama full b{b}", "sample_models/llama.py:loss", "as-is",
+           {**LLAMA, "remat": "full", "per_device_batch": b}) for b in (25, 26, 27)),
+        *((f"llama minimal b{b}", "sample_models/llama.py:loss", "as-is",
+           {**LLAMA, "remat": "minimal", "per_device_batch": b}) for b in (5, 6, 7)),
+    ],
+    "gpt": [
+        *((f"gpt nothing_saveable b{b}", "sample_models/gpt.py:loss", "nothing_saveable", {**GPT, "batch": b})
+          for b in (4, 8, 16, 24)),
+        *((f"gpt checkpoint_dots b{b}", "sample_models/gpt.py:loss", "checkpoint_dots", {**GPT, "batch": b})
+          for b in (2, 4, 8, 12)),
+    ],
+    "mlp": [
+        *((f"mlp nothing_saveable b{b}", "sample_models/mlp.py:loss", "nothing_saveable", {**MLP, "batch": b})
+          for b in (8192, 65536, 98304)),
+        *((f"mlp everything_saveable b{b}", "sample_models/mlp.py:loss", "everything_saveable", {**MLP, "batch": b})
+          for b in (8192, 32768, 49152)),
+    ],
+}
+FIELDS = ("argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes", "temp_size_in_bytes",
+          "generated_code_size_in_bytes")
+
+
+def step_of(target: str, policy: str, defines: dict[str, Any]) -> tuple[Any, tuple[Any, ...], tuple[int, ...]]:
+    """The training step te-ckpt-audit compiles for this target and policy: (fn, args, donated)."""
+    import optax
+
+    from te_ckpt_audit._apply import policy_function
+    from te_ckpt_audit._session import Session
+    from te_ckpt_audit._step import training_step
+    from te_ckpt_audit.specs import resolve_policy
+
+    session = Session.of_target(target, defines=defines)
+    spec = resolve_policy(policy)
+    traced = session._traced
+    fun = policy_function(traced, spec, session.resolved_scope(spec))
+    step = training_step(traced, fun, list(traced.avals), optax.adamw(1e-4))
+    return step.fn, step.args, step.donate
+
+
+def _placed(args: tuple[Any, ...], device: Any) -> tuple[Any, ...]:
+    import jax
+    from jax.sharding import SingleDeviceSharding
+
+    one = SingleDeviceSharding(device)
+    return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=one), args)
+
+
+def _plan(compiled: Any) -> dict[str, int]:
+    stats = compiled.memory_analysis()
+    return {f: int(getattr(stats, f)) for f in FIELDS}
+
+
+def _refusal(exc: BaseException) -> str | None:
+    text = str(exc)
+    return text.splitlines()[0][:400] if "RESOURCE_EXHAUSTED" in text or "Ran out of memory" in text else None
+
+
+def on_chip(name: str, target: str, policy: str, defines: dict[str, Any], steps: int = 7) -> dict[str, Any]:
+    import jax
+    import jax.numpy as jnp
+
+    fn, args, donate = step_of(target, policy, defines)
+    device = jax.devices()[0]
+    row: dict[str, Any] = {"case": name, "target": target, "policy": policy, "defines": defines,
+                           "device": device.device_kind, "jax": jax.__version__, "libtpu": _libtpu()}
+    start = time.perf_counter()
+    try:
+        compiled = jax.jit(fn, donate_argnums=donate).lower(*_placed(args, device)).compile()
+    except Exception as exc:  # noqa: BLE001 - the chip's verdict, recorded
+        row.update(verdict="refused at compile", refusal=_refusal(exc) or f"{type(exc).__name__}: {str(exc)[:300]}")
+        return row
+    row.update(plan=_plan(compiled), compile_seconds=round(time.perf_counter() - start, 2))
+    values = list(jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), args))
+    trained = [i for i in donate if i != len(args) - 1]
+    try:
+        times = []
+        for i in range(3 + steps):
+            begin = time.perf_counter()
+            loss, params, state = compiled(*values)
+            jax.block_until_ready((loss, params, state))
+            if i >= 3:
+                times.append(time.perf_counter() - begin)
+            values[trained[0]], values[-1] = params, state  # the loop a training run is
+    except Exception as exc:  # noqa: BLE001 - the chip's verdict, recorded
+        row.update(verdict="refused at run", refusal=_refusal(exc) or f"{type(exc).__name__}: {str(exc)[:300]}")
+        return row
+    row.update(verdict="ran", seconds_per_step=statistics.median(times), spread=(max(times) - min(times)) / min(times))
+    return row
+
+
+def deviceless(name: str, target: str, policy: str, defines: dict[str, Any], topology: str) -> dict[str, Any]:
+    import jax
+    from jax.experimental import topologies
+
+    fn, args, donate = step_of(target, policy, defines)
+    kind, _, shape = topology.partition(":")
+    bounds = tuple(int(x) for x in shape.split("x")) + (1,) * (3 - len(shape.split("x")))
+    topo = topologies.get_topology_desc(platform="tpu", topology_name=topology, chip_config_name="default",
+                                        chips_per_host_bounds=bounds, num_slices=1)
+    start = time.perf_counter()
+    compiled = jax.jit(fn, donate_argnums=donate).lower(*_placed(args, topo.devices[0])).compile()
+    return {"case": name, "target": target, "policy": policy, "defines": defines, "topology": topology,
+            "device": topo.devices[0].device_kind, "jax": jax.__version__, "libtpu": _libtpu(),
+            "plan": _plan(compiled), "compile_seconds": round(time.perf_counter() - start, 2)}
+
+
+def _libtpu() -> str | None:
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("libtpu")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--on-chip", action="store_true", help="compile and run on this machine's TPU")
+    where.add_argument("--deviceless", metavar="TOPOLOGY", help="compile here for TOPOLOGY (v5e:1x1), no TPU")
+    parser.add_argument("--cases", default="llama,gpt,mlp", help="comma-separated: " + ", ".join(CASES))
+    parser.add_argument("--only", default="", help="run only the cases whose name contains this")
+    parser.add_argument("--out", required=True, type=Path, help="JSON lines, appended")
+    ns = parser.parse_args()
+    for group in ns.cases.split(","):
+        for name, target, policy, defines in CASES[group]:
+            if ns.only not in name:
+                continue
+            row = (on_chip(name, target, policy, defines) if ns.on_chip
+                   else deviceless(name, target, policy, defines, ns.deviceless))
+            with ns.out.open("a") as f:
+                f.write(json.dumps(row, sort_keys=True) + "\n")
+            plan = row.get("plan", {})
+            total = sum(plan.get(f, 0) for f in FIELDS[:2] + FIELDS[3:4]) - plan.get("alias_size_in_bytes", 0)
+            print(f"{name:34s} {row.get('verdict', 'planned'):18s} plan {total / GIB:6.2f} GiB "
+                  f"temp {plan.get('temp_size_in_bytes', 0) / GIB:6.2f} GiB "
+                  f"{row.get('seconds_per_step', 0):.4f} s/step", flush=True)
+
+
+if __name__ == "__main__":
+    main()
