@@ -155,6 +155,20 @@ def _worker_setup() -> None:
         jax.config.update("jax_platforms", "cpu")
 
 
+def _quiet_worker_setup() -> None:
+    """A compile worker's setup, and its XLA log kept off the user's stderr as this process keeps
+    its own (`xla_log_kept_off_stderr`): its file descriptor 2 goes through a filter of its own
+    that drops XLA's info and warning lines (a profile's missing kernels were one line each) and
+    passes the rest, errors and fatal lines included, as they come."""
+    _worker_setup()
+    with contextlib.suppress(OSError):
+        saved = os.dup(2)
+        relay = subprocess.Popen([sys.executable, "-I", "-S", "-c", _FILTER], stdin=subprocess.PIPE, stdout=saved)
+        assert relay.stdin is not None
+        os.dup2(relay.stdin.fileno(), 2)  # the filter ends with this process, at the end of its input
+        os.close(saved)
+
+
 @contextlib.contextmanager
 def workers(jobs: int) -> Iterator[concurrent.futures.Executor | None]:
     """`jobs` worker processes for compiling policies at once (spawned: JAX's threads do not
@@ -164,7 +178,7 @@ def workers(jobs: int) -> Iterator[concurrent.futures.Executor | None]:
         yield None
         return
     context = multiprocessing.get_context("spawn")
-    pool = concurrent.futures.ProcessPoolExecutor(jobs, mp_context=context, initializer=_worker_setup)
+    pool = concurrent.futures.ProcessPoolExecutor(jobs, mp_context=context, initializer=_quiet_worker_setup)
     try:
         yield pool
     except BaseException:  # Ctrl-C, SIGTERM, an error: queued compiles cancelled, running ones ended now
@@ -213,6 +227,15 @@ def _child_setup(log: str) -> None:
 
 _ABSL_LINE = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+ \S+:\d+\] ")
 _capturing = threading.Lock()
+# A worker's stderr, line by line as it comes: XLA's info and warning lines dropped, the rest passed
+_FILTER = f"""
+import re, sys
+quiet = re.compile({_ABSL_LINE.pattern.replace("[IWEF]", "[IW]")!r})
+for line in sys.stdin.buffer:
+    if not quiet.match(line.decode(errors="replace")):
+        sys.stdout.buffer.write(line)
+        sys.stdout.buffer.flush()
+"""
 _DONE = "te-ckpt-audit: the capture ended"
 LAST_WORDS = 20  # lines of XLA's log shown where it ended the process
 # The relay holds what XLA writes to stderr while it compiles. Where the capture ends, it passes on

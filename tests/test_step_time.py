@@ -722,3 +722,18 @@ def test_a_config_file_gpu_times_collectives_only_over_the_network_it_is_given(t
         into.append(json.loads((tmp_path / f"{gbps}.json").read_text())["results"][0]["time"])
     assert slow[0]["communication_seconds"] > 0 and fast[0]["communication_seconds"] > 0
     assert slow[0]["communication_seconds"] == pytest.approx(100 * fast[0]["communication_seconds"], rel=1e-6)
+
+
+@compiles
+def test_calibrating_in_workers_keeps_xlas_log_off_stderr(tmp_path: Any) -> None:
+    """Issue 46, item 14: --calibrate with --jobs 2 poured one XLA log line per kernel missing
+    from the profile (43 lines on the MLP sample) onto stderr; the workers' log is filtered too."""
+    profile = tmp_path / "p.txt"
+    profile.write_text('costs { name: "fusion.1" cost_us: 3.0 }\n')
+    run = cli("sample_models/mlp.py:loss", "--gpu", "h100", "--time", "--calibrate", str(profile), "--jobs", "2",
+              "-p", "nothing_saveable", "-p", "checkpoint_dots", "-f", "json", "-o", str(tmp_path / "r.json"),
+              env={"TE_CKPT_AUDIT_CACHE": str(tmp_path / "cache")})
+    assert run.returncode == 0, run.stderr
+    assert not re.search(r"^[IW]\d{4} ", run.stderr, re.MULTILINE), run.stderr
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert all(r["time"]["calibration"] is not None for r in doc["results"])
