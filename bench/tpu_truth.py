@@ -142,11 +142,40 @@ def deviceless(name: str, target: str, policy: str, defines: dict[str, Any], top
     bounds = tuple(int(x) for x in shape.split("x")) + (1,) * (3 - len(shape.split("x")))
     topo = topologies.get_topology_desc(platform="tpu", topology_name=topology, chip_config_name="default",
                                         chips_per_host_bounds=bounds, num_slices=1)
+    row: dict[str, Any] = {"case": name, "target": target, "policy": policy, "defines": defines,
+                           "topology": topology, "device": topo.devices[0].device_kind, "jax": jax.__version__,
+                           "libtpu": _libtpu()}
     start = time.perf_counter()
-    compiled = jax.jit(fn, donate_argnums=donate).lower(*_placed(args, topo.devices[0])).compile()
-    return {"case": name, "target": target, "policy": policy, "defines": defines, "topology": topology,
-            "device": topo.devices[0].device_kind, "jax": jax.__version__, "libtpu": _libtpu(),
-            "plan": _plan(compiled), "compile_seconds": round(time.perf_counter() - start, 2)}
+    try:  # the deviceless compile applies the chip's own HBM check: its refusal is the chip's
+        compiled = jax.jit(fn, donate_argnums=donate).lower(*_placed(args, topo.devices[0])).compile()
+    except Exception as exc:  # noqa: BLE001 - the verdict, recorded
+        row.update(verdict="refused at compile", refusal=_refusal(exc) or f"{type(exc).__name__}: {str(exc)[:300]}")
+        return row
+    row.update(verdict="compiled", plan=_plan(compiled), compile_seconds=round(time.perf_counter() - start, 2))
+    return row
+
+
+def table(chip: Path, here: Path) -> str:
+    """The Markdown table docs/guide/tpu.md shows: each point's plan on the chip and deviceless,
+    both verdicts, and the measured seconds per step."""
+    def rows(path: Path) -> dict[str, dict[str, Any]]:
+        return {r["case"]: r for r in map(json.loads, path.read_text().splitlines())}
+
+    def plan(r: dict[str, Any]) -> str:
+        p = r.get("plan")
+        if p is None:  # refused: the bytes the chip's check found required
+            return (r.get("refusal") or "").split("temporaries (")[-1].split(")")[0] + " required"
+        return f"{p['temp_size_in_bytes'] / GIB:.3f} + {p['argument_size_in_bytes'] / GIB:.3f}"
+
+    measured, predicted = rows(chip), rows(here)
+    out = ["| point | chip: temp + arguments, GiB | deviceless | chip | deviceless | s/step on the chip |",
+           "|---|---:|---:|---|---|---:|"]
+    for case, m in measured.items():
+        p = predicted.get(case, {})
+        seconds = f"{m['seconds_per_step']:.4f}" if "seconds_per_step" in m else "-"
+        out.append(f"| {case} | {plan(m)} | {plan(p) if p else '-'} | {m['verdict']} | {p.get('verdict', '-')} "
+                   f"| {seconds} |")
+    return "\n".join(out)
 
 
 def _libtpu() -> str | None:
@@ -161,15 +190,23 @@ def _libtpu() -> str | None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--table", nargs=2, type=Path, metavar=("CHIP", "DEVICELESS"),
+                       help="print the Markdown table of two files of rows")
     where.add_argument("--on-chip", action="store_true", help="compile and run on this machine's TPU")
     where.add_argument("--deviceless", metavar="TOPOLOGY", help="compile here for TOPOLOGY (v5e:1x1), no TPU")
     parser.add_argument("--cases", default="llama,gpt,mlp", help="comma-separated: " + ", ".join(CASES))
     parser.add_argument("--only", default="", help="run only the cases whose name contains this")
-    parser.add_argument("--out", required=True, type=Path, help="JSON lines, appended")
+    parser.add_argument("--out", type=Path, help="JSON lines, appended")
     ns = parser.parse_args()
+    if ns.table:
+        print(table(*ns.table))
+        return
+    if ns.out is None:
+        parser.error("--out is required with --on-chip and --deviceless")
+    done = {json.loads(line)["case"] for line in ns.out.read_text().splitlines()} if ns.out.exists() else set()
     for group in ns.cases.split(","):
         for name, target, policy, defines in CASES[group]:
-            if ns.only not in name:
+            if ns.only not in name or name in done:  # a rerun appends only what is missing
                 continue
             row = (on_chip(name, target, policy, defines) if ns.on_chip
                    else deviceless(name, target, policy, defines, ns.deviceless))

@@ -20,6 +20,7 @@ from .options import TopVersion
 from .policies_cmd import policies
 from .recommend_cmd import recommend
 from .terminal import PROG, end_on_sigterm, fail
+from .tpus_cmd import tpus
 
 DEFAULT_COMMAND = "audit"
 
@@ -164,6 +165,7 @@ EXAMPLES = {
                        "te-ckpt-audit check --save-baseline") + "\n\n" + _keys(),
     "policies": _examples("te-ckpt-audit policies"),
     "gpus": _examples("te-ckpt-audit gpus"),
+    "tpus": _examples("te-ckpt-audit tpus"),
     "recommend": _examples(
         "te-ckpt-audit recommend sample_models/gpt.py:loss --budget 1MiB",
         "te-ckpt-audit recommend sample_models/gpt.py:loss --gpu h100              # [gpu] extra",
@@ -185,6 +187,8 @@ app.command("policies", cls=_GroupedCommand, short_help="List every policy spec 
             epilog=EXAMPLES["policies"])(policies)
 app.command("gpus", cls=_GroupedCommand, short_help="List the GPU models --gpu compiles a training step for.",
             epilog=EXAMPLES["gpus"])(gpus)
+app.command("tpus", cls=_GroupedCommand, short_help="List the TPU chips and their figures, each with its source.",
+            epilog=EXAMPLES["tpus"])(tpus)
 app.command("recommend", cls=_GroupedCommand, short_help="Find the policy that fits --budget with the least recompute.",
             epilog=EXAMPLES["recommend"])(recommend)
 app.command("maxtext", cls=_GroupedCommand, short_help="Audit MaxText's own train step per remat_policy, for GPUs too.",

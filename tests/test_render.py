@@ -266,3 +266,10 @@ def test_the_check_table_takes_the_width_its_names_need() -> None:
     assert all(line == line.rstrip() for line in lines)
     narrow = render_check_table([(report, check(report))], width=80)
     assert max(len(line) for line in narrow.splitlines()) <= 80  # a width given is kept
+
+
+def test_a_markdown_code_span_in_a_table_keeps_its_angle_brackets() -> None:
+    """Issue 46, item 14: code spans showed `&lt;` (a code span shows entities as written)."""
+    from te_ckpt_audit.render.markdown import md_code, md_row
+
+    assert md_row([md_code("jit(step)/<lambda>|x"), "a<b"]) == "| `jit(step)/<lambda>\\|x` | a&lt;b |"

@@ -737,3 +737,12 @@ def test_calibrating_in_workers_keeps_xlas_log_off_stderr(tmp_path: Any) -> None
     assert not re.search(r"^[IW]\d{4} ", run.stderr, re.MULTILINE), run.stderr
     doc = json.loads((tmp_path / "r.json").read_text())
     assert all(r["time"]["calibration"] is not None for r in doc["results"])
+
+
+def test_a_gpu_without_xlas_cost_tables_is_said_in_words() -> None:
+    """Issue 46, item 14: `--gpu a100 --time` ended with XLA's own "Cannot find key: sm_80"."""
+    from te_ckpt_audit._gpu._compiler import _time_failure
+
+    said = _time_failure(RuntimeError("NOT_FOUND: Cannot find key: sm_80"), "a100-80gb")
+    assert said.startswith("XLA's GPU cost tables have no entry for sm_80, the a100-80gb's architecture")
+    assert _time_failure(ValueError("boom"), "h100") == "ValueError: boom"

@@ -1,0 +1,128 @@
+"""The TPU chips `--tpu` targets (issue 47): each figure with its source, and the rule by which a
+chip takes or refuses a compiled step, established on the lent v5e (bench/tpu_truth.py, rows in
+bench/data/).
+
+    >>> tpu_model("v5e").hbm_bytes / 2**30, tpu_model("v5e").usable_bytes / 2**30
+    (16.0, 15.75)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+
+from .errors import UsageError
+
+GIB = 2**30
+CLOUD = "Google Cloud TPU documentation, system architecture pages (cloud.google.com/tpu/docs/{})"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TpuModel:
+    """One TPU chip: what it holds and moves, per chip. `usable_bytes`: the HBM the chip's own
+    compile compares a step with (its refusal names it: "exceeds available HBM (15.75G)")."""
+
+    name: str
+    description: str
+    hbm_bytes: int
+    usable_bytes: int
+    usable_source: str  # "measured on the chip" or how it was derived
+    bf16_flops: float  # peak dense FLOP/s per chip
+    int8_ops: float
+    hbm_bandwidth: float  # bytes/s
+    ici_bandwidth: float  # bytes/s per chip, all links together
+    chips_per_host: int
+    dimensions: int  # of its topology: 2 (v5e, v6e: 4x4) or 3 (v4, v5p: 2x2x2)
+    source: str
+
+
+def _usable_like_v5e(hbm: int) -> int:
+    """Where no chip of the kind was lent: its HBM less the share the v5e keeps for itself."""
+    return hbm * 63 // 64  # the v5e: 15.75 of 16 GiB
+
+
+CATALOG: dict[str, TpuModel] = {
+    m.name: m
+    for m in (
+        TpuModel("v5e", "TPU v5 lite (v5e)", 16 * GIB, 15_750 * GIB // 1000, "measured on the chip (its refusal names "
+                 "15.75G)", 197e12, 394e12, 819e9, 1600e9 / 8, 8, 2, CLOUD.format("v5e")),
+        TpuModel("v5p", "TPU v5p", 95 * GIB, _usable_like_v5e(95 * GIB), "assumed: the v5e's share", 459e12, 918e12,
+                 2765e9, 4800e9 / 8, 4, 3, CLOUD.format("v5p")),
+        TpuModel("v6e", "TPU v6e (Trillium)", 32 * GIB, _usable_like_v5e(32 * GIB), "assumed: the v5e's share",
+                 918e12, 1836e12, 1640e9, 3584e9 / 8, 8, 2, CLOUD.format("v6e")),
+        TpuModel("v4", "TPU v4", 32 * GIB, _usable_like_v5e(32 * GIB), "assumed: the v5e's share", 275e12, 275e12,
+                 1228e9, 2400e9 / 8, 4, 3, CLOUD.format("v4")),
+    )
+}
+ALIASES = {"v5litepod": "v5e", "v5lite": "v5e", "trillium": "v6e"}
+
+
+def tpu_model(name: str) -> TpuModel:
+    """A catalog chip by name (`v5e`, `v6e`, ...), or a UsageError with the closest names."""
+    key = ALIASES.get(name.strip().lower(), name.strip().lower())
+    if key in CATALOG:
+        return CATALOG[key]
+    close = difflib.get_close_matches(key, [*CATALOG, *ALIASES], n=2)
+    hint = f"did you mean {' or '.join(close)}?" if close else f"one of {', '.join(CATALOG)}"
+    raise UsageError(f"$tpu$ {name[:40]!r} is not a TPU this tool knows", hint)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TpuTarget:
+    """A chip and the topology of the slice a step is compiled for: `v5e:2x4` (8 chips)."""
+
+    model: TpuModel
+    shape: tuple[int, ...]
+
+    @property
+    def chips(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    @property
+    def topology(self) -> str:
+        """libtpu's name for it, as `get_topology_desc` takes it."""
+        return f"{self.model.name}:{'x'.join(map(str, self.shape))}"
+
+
+def parse_tpu(text: str, chips: int | None = None) -> TpuTarget:
+    """`v5e` (the topology derived from `chips`, the mesh's devices) or `v5e:2x4` (given: it must
+    hold `chips` where both are known); a UsageError with a hint otherwise.
+
+    >>> parse_tpu("v5e", 8).topology, parse_tpu("v5e:4x4").chips, parse_tpu("v4", 8).topology
+    ('v5e:2x4', 16, 'v4:2x2x2')
+    """
+    name, colon, shape_text = text.partition(":")
+    model = tpu_model(name)
+    if not colon:
+        return TpuTarget(model, derived_shape(model, chips or 1))
+    if not re.fullmatch(r"[1-9]\d{0,3}(x[1-9]\d{0,3}){1,2}", shape_text.strip()):
+        raise UsageError(f"$tpu$ {text[:40]!r}: {shape_text[:20]!r} is not a topology",
+                         f"e.g. {model.name}:{'x'.join(['2'] * model.dimensions)}")
+    shape = tuple(int(d) for d in shape_text.strip().split("x"))
+    if len(shape) != model.dimensions:
+        raise UsageError(f"$tpu$ {text[:40]!r}: a {model.name} slice has {model.dimensions} dimensions",
+                         f"e.g. {model.name}:{'x'.join(['2'] * model.dimensions)}")
+    target = TpuTarget(model, shape)
+    if chips is not None and target.chips != chips:
+        raise UsageError(f"$tpu$ {text[:40]!r} has {target.chips} chips and the mesh {chips} devices",
+                         f"give a mesh of {target.chips} devices, or the topology of {chips} chips")
+    return target
+
+
+def derived_shape(model: TpuModel, chips: int) -> tuple[int, ...]:
+    """The most nearly square (or cubic) slice of `chips` chips, each side a power of two as
+    Cloud TPU slices are: 8 v5e chips are 2x4, 8 v4 chips 2x2x2."""
+    if chips < 1 or chips & (chips - 1):
+        raise UsageError(f"a TPU slice of {chips} chips: slices are powers of two",
+                         "give the mesh a power-of-two number of devices, or the topology (v5e:2x4)")
+    shape = [1] * model.dimensions
+    i = 0
+    while chips > 1:
+        shape[i % model.dimensions] *= 2
+        chips //= 2
+        i += 1
+    return tuple(sorted(shape))

@@ -1,0 +1,78 @@
+"""The TPU catalog and topologies (`te_ckpt_audit.tpus`, issue 47), and the rows the lent v5e
+measured against the deviceless compile of the same steps (bench/tpu_truth.py, bench/data/)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from test_cli import cli
+
+from te_ckpt_audit import UsageError
+from te_ckpt_audit.tpus import CATALOG, GIB, derived_shape, parse_tpu, tpu_model
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "bench" / "data"
+
+
+def test_each_chip_has_its_figures_and_their_source() -> None:
+    assert set(CATALOG) >= {"v5e", "v5p", "v6e", "v4"}
+    v5e = tpu_model("v5e")
+    assert v5e.hbm_bytes == 16 * GIB and v5e.usable_bytes == int(15.75 * GIB)  # the chip's own "15.75G"
+    assert v5e.bf16_flops == 197e12 and v5e.hbm_bandwidth == 819e9 and v5e.ici_bandwidth == 200e9
+    for m in CATALOG.values():
+        assert m.usable_bytes < m.hbm_bytes and m.source.startswith("Google Cloud TPU") and m.usable_source
+    assert tpu_model("Trillium") is CATALOG["v6e"] and tpu_model(" V5E ") is v5e
+
+
+@pytest.mark.parametrize(("chips", "v5e", "v4"), [(1, (1, 1), (1, 1, 1)), (4, (2, 2), (1, 2, 2)),
+                                                   (8, (2, 4), (2, 2, 2)), (256, (16, 16), (4, 8, 8))])
+def test_a_topology_is_derived_from_the_meshs_devices(chips: int, v5e: tuple[int, ...], v4: tuple[int, ...]) -> None:
+    assert derived_shape(CATALOG["v5e"], chips) == v5e and derived_shape(CATALOG["v4"], chips) == v4
+    assert parse_tpu("v5e", chips).topology == "v5e:" + "x".join(map(str, v5e))
+
+
+@pytest.mark.parametrize(("text", "chips", "said"), [
+    ("v5f", None, "did you mean v5p or v5e?"),
+    ("v5e:2x", None, "'2x' is not a topology"),
+    ("v5e:0x4", None, "'0x4' is not a topology"),
+    ("v4:2x2", None, "a v4 slice has 3 dimensions"),
+    ("v5e:2x2", 8, "has 4 chips and the mesh 8 devices"),
+    ("v5e", 6, "slices are powers of two"),
+])
+def test_bad_names_and_topologies_are_one_clear_error(text: str, chips: int | None, said: str) -> None:
+    with pytest.raises(UsageError) as err:
+        parse_tpu(text, chips)
+    assert said in str(err.value) and err.value.hint
+
+
+def test_the_tpus_command_lists_every_chip_with_its_sources() -> None:
+    result = cli("tpus")
+    assert result.exit_code == 0
+    for name in CATALOG:
+        assert any(line.startswith(name + " ") for line in result.stdout.splitlines())
+    assert result.stdout.count("Google Cloud TPU documentation") == len(CATALOG)
+
+
+def _rows(name: str) -> dict[str, dict]:
+    return {r["case"]: r for r in map(json.loads, (DATA / name).read_text().splitlines())}
+
+
+def test_the_deviceless_compile_gives_the_chips_plan_and_its_verdict_on_every_point() -> None:
+    """What the lent v5e said (compiled and ran, or refused with RESOURCE_EXHAUSTED) is what libtpu's
+    deviceless compile for v5e:1x1 said of the same step: the same verdict on every point, the
+    same plan bytes where it compiled, the same "required" bytes where it refused."""
+    chip, here = _rows("tpu-v5e-chip.jsonl"), _rows("tpu-v5e-deviceless.jsonl")
+    assert set(chip) == set(here) and len(chip) >= 24
+    refused = 0
+    for case, measured in chip.items():
+        predicted = here[case]
+        assert (measured["verdict"] == "ran") == (predicted["verdict"] == "compiled"), case
+        if measured["verdict"] == "ran":
+            assert measured["plan"] == {**predicted["plan"], "generated_code_size_in_bytes":
+                                        measured["plan"]["generated_code_size_in_bytes"]}, case
+        else:
+            refused += 1
+            assert measured["refusal"] == predicted["refusal"], case
+    assert 0 < refused < len(chip)  # points on both sides of the chip's line
