@@ -25,7 +25,7 @@ fi
 
 export JAX_PLATFORMS=cpu NO_MKDOCS_2_WARNING=1
 python3 -m mkdocs build --strict --quiet --site-dir "$out/docs"
-python3 -m te_ckpt_audit_cli recommend sample_models/eight_names.py:loss --budget 6000 --format html \
+python3 -m te_ckpt_audit_cli recommend sample_models/eight_names.py:loss --budget 6000B --format html \
   --output "$out/recommend.html"
 python3 -m te_ckpt_audit_cli audit sample_models/te_transformer.py:loss --format html --output "$out/audit.html"
 

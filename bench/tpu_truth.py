@@ -168,7 +168,7 @@ def table(chip: Path, here: Path) -> str:
         return f"{p['temp_size_in_bytes'] / GIB:.3f} + {p['argument_size_in_bytes'] / GIB:.3f}"
 
     measured, predicted = rows(chip), rows(here)
-    out = ["| point | chip: temp + arguments, GiB | deviceless | chip | deviceless | s/step on the chip |",
+    out = ["| point | chip: temp + args, GiB | deviceless | chip | deviceless | s/step, chip |",
            "|---|---:|---:|---|---|---:|"]
     for case, m in measured.items():
         p = predicted.get(case, {})
