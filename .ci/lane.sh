@@ -4,7 +4,7 @@
 #
 #   bash .ci/lane.sh py311-jax0.10.2     # the README's test command, lint, typing, memory gate
 #   bash .ci/lane.sh py312-newest        # the whole suite on Python 3.12 with the newest jax
-#   bash .ci/lane.sh te-jax0.10.2 | te-newest | gpu-target | zoo | browser
+#   bash .ci/lane.sh te-jax0.10.2 | te-newest | gpu-target | tpu-target | zoo | browser
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -38,6 +38,12 @@ case "$name" in
     "$PY" -m pip install -q -c "$PINS" $(sed 's/#.*//' zoo/maxtext-requirements.txt)
     TE_CKPT_AUDIT_GPU_LANE=1 TE_CKPT_AUDIT_CACHE="$(mktemp -d)" "$PY" -m pytest tests/test_gpu.py tests/test_user_step.py \
       tests/test_own_mesh.py tests/test_maxtext.py tests/test_cluster.py tests/test_step_time.py "$@"
+    ;;
+  tpu-target)
+    # --tpu: steps compiled by libtpu for TPU slices without a TPU (the [tpu] extra, ~230 MB), on the jax
+    # and libtpu the lent v5e runs; here every libtpu test must run: a missing piece fails the lane
+    PY="$(bash .ci/venv.sh 3.11 0.10.2 test,tpu | tail -n 1)"
+    TE_CKPT_AUDIT_TPU_LANE=1 JAX_PLATFORMS=cpu "$PY" -m pytest tests/test_tpu_target.py tests/test_tpus.py "$@"
     ;;
   te-jax0.10.2)
     bash te_cpu/test.sh -q "$@"

@@ -22,6 +22,7 @@ from te_ckpt_audit import (
 )
 from te_ckpt_audit.baselines import load_baseline
 from te_ckpt_audit.config import files_read
+from te_ckpt_audit.gating import PeakGate
 from te_ckpt_audit.gpus import DEFAULT_GPUS_PER_HOST
 from te_ckpt_audit.render import (
     TableView,
@@ -32,6 +33,7 @@ from te_ckpt_audit.render import (
     render_markdown,
     render_table,
 )
+from te_ckpt_audit.tpus import TpuRequest, parse_tpu
 
 from . import options as opt
 from . import process
@@ -101,6 +103,7 @@ def audit(
     mesh: opt.MeshOption = None,
     shardings: opt.Shardings = ShardingSource.COMPILED,
     gpu: opt.GpuName = None,
+    tpu: opt.TpuName = None,
     gpu_config: opt.GpuConfig = None,
     gpus_per_host: opt.GpusPerHost = DEFAULT_GPUS_PER_HOST,
     optimizer: opt.OptimizerOption = None,
@@ -128,10 +131,15 @@ def audit(
     what = TargetOptions.parse(target, inputs, define, scope, params)
     where = MeshOptions.parse(mesh, shardings)
     gate = GateOptions.parse(budget, max_recompute, baseline, tolerance, require_baseline, save_baseline_to)
+    if tpu is not None and (gpu is not None or gpu_config is not None):
+        raise UsageError("--tpu and --gpu both name the step's target", "give one of them")
+    on_tpu = None if tpu is None else TpuRequest(parse_tpu(tpu, where.devices or 1),
+                                                 optimizer)
     on_gpu = GpuOptions.parse(
-        gpu, gpu_config, gpus_per_host, optimizer, mem_fraction, fit, peak_budget, compile_cache(), step, donate, jobs,
-        cluster, timed, network_gbps, calibrate,
+        gpu, gpu_config, gpus_per_host, None if on_tpu else optimizer, mem_fraction, fit and not on_tpu, peak_budget,
+        compile_cache(), step, donate, jobs, cluster, timed, network_gbps, calibrate,
     )
+    peak = on_gpu.peak if on_tpu is None else PeakGate(fit)  # --fit: libtpu's verdict on the slice
     out = OutputOptions(format, None if output is None else Path(output), top, by, equations)
     check_report_destination(out.output)
     reads = files_read(what.target, what.inputs, policy or (), on_gpu.request)
@@ -148,11 +156,12 @@ def audit(
                          "inside it and not audited", "gate its peak with --fit or --peak-budget")
     # one gate, as `check` runs it: its limits fail before the user's code runs
     config = TargetConfig(what.target, what.inputs, what.defines, specs or (), what.scope, gate.budgets,
-                          gate.max_recompute, where.mesh, where.shardings, compile, on_gpu.request, on_gpu.peak,
-                          what.params)
+                          gate.max_recompute, where.mesh, where.shardings, compile, on_gpu.request, peak,
+                          what.params, on_tpu)
     check_config(config, gate.tolerance)
     reference = load_baseline(gate.baseline) if gate.baseline is not None else None
-    process.prepare(emulate_gpu, where.devices, None if on_gpu.request is None else on_gpu.request.model)
+    process.prepare(emulate_gpu, where.devices, None if on_gpu.request is None else on_gpu.request.model,
+                    tpu=on_tpu is not None)
     # The user's code may print, but stdout carries only the report. The spinner nests inside the
     # redirect: it swaps sys.stdout too while it runs, and must restore the redirect, not stdout.
     compiling_on = process.running(on_gpu.jobs, on_gpu.cluster)  # here, worker processes or a cluster
@@ -162,7 +171,7 @@ def audit(
                                       capture=process.xla_log_kept_off_stderr)
     key = result.key
     assert key is not None
-    gated = gate.gating or on_gpu.peak.active
+    gated = gate.gating or peak.active
     emit(renderer(out.format, table_view(out))(report, result if gated else None), out.output)
     if gate.save_baseline is not None:
         save_baseline(gate.save_baseline, [(key, report)])

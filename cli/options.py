@@ -44,6 +44,7 @@ from .files import check_writable
 FLAGS = {
     "params": "--params", "max_evals": "--max-evals", "max_compiles": "--max-compiles", "budget_bytes": "--budget",
     "budget": "--budget", "gpu": "--gpu", "gpu_config": "--gpu-config", "maximize": "--maximize", "defines": "-D",
+    "tpu": "--tpu",
     "policies": "--policy", "tolerance": "--tolerance", "max_recompute": "--max-recompute", "fit": "--fit",
     "peak_budgets": "--peak-budget", "shardings": "--shardings", "mesh": "--mesh", "inputs": "--inputs",
     "save_baseline": "--save-baseline", "mem_fraction": "--mem-fraction", "donate": "--donate", "step": "--step",
@@ -478,6 +479,18 @@ GpuName = Annotated[
         show_default=False,
     ),
 ]
+TpuName = Annotated[
+    str | None,
+    typer.Option(
+        "--tpu",
+        metavar="NAME[:TOPOLOGY]",
+        help="Also compile each policy's training step for this TPU slice with libtpu (no TPU needed) and "
+        "show its plan per chip and libtpu's verdict, the chip's own HBM check: v5e, v5p, v6e, v4 "
+        "(`te-ckpt-audit tpus`); the slice from --mesh's devices, or given (v5e:2x4). Needs the [tpu] extra "
+        "(Linux x86_64).",
+        show_default=False,
+    ),
+]
 GpuConfig = Annotated[
     str | None,
     typer.Option(
@@ -496,7 +509,7 @@ OptimizerOption = Annotated[
     typer.Option(
         "--optimizer",
         case_sensitive=False,
-        help="With --gpu: add an optax update to the compiled step, its state donated in and out.",
+        help="With --gpu or --tpu: add an optax update to the compiled step, its state donated in and out.",
         show_default=False,
     ),
 ]

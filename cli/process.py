@@ -87,7 +87,7 @@ def emulate_gpu(text: str) -> None:
     emulate.exec_emulated(emulate.parse_gpu(text), rerun_argv())
 
 
-def prepare(gpu: str | None, devices: int | None, target: GpuModel | None = None) -> None:
+def prepare(gpu: str | None, devices: int | None, target: GpuModel | None = None, tpu: bool = False) -> None:
     """The process a command needs before its first trace: on the emulated GPU `gpu` where one is
     asked for (else the `target` GPU's, where the emulated driver is set up), with `devices` CPU
     devices for a compiled mesh (each may run the command again), and with JAX on CPU when a step
@@ -98,11 +98,18 @@ def prepare(gpu: str | None, devices: int | None, target: GpuModel | None = None
         gpu = target.emulated
     if gpu is not None:
         emulate_gpu(gpu)
-    if (target is not None or _cuda_plugin_without_cuda()) and not os.environ.get("JAX_PLATFORMS"):
+    if (target is not None or tpu or _cuda_plugin_without_cuda()) and not os.environ.get("JAX_PLATFORMS"):
         jax.config.update("jax_platforms", "cpu")  # before JAX starts a backend
+    if tpu:  # libtpu looks for the TPU VM it runs on: no such machine here, and nothing to say of it
+        for name, value in LIBTPU_QUIET.items():
+            os.environ.setdefault(name, value)
     if devices:
         provide_cpu_devices(devices)
 
+
+# libtpu's environment on a machine that is no TPU VM: without them it prints warnings (no
+# accelerator type, no worker hostnames) as it describes a slice for a deviceless compile
+LIBTPU_QUIET = {"TPU_ACCELERATOR_TYPE": "v5litepod-1", "TPU_WORKER_HOSTNAMES": "localhost", "TPU_SKIP_MDS_QUERY": "1"}
 
 _UNKNOWN_FLAG = re.compile(r"Unknown flags? in XLA_FLAGS: (.+)$", re.MULTILINE)
 _BAD_VALUE = re.compile(r"Couldn't interpret value (.*) for flag (\S+?)\.?$", re.MULTILINE)

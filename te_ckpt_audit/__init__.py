@@ -1,7 +1,7 @@
 """te-ckpt-audit: see what each JAX checkpoint policy saves, recomputes and offloads.
 
 The public API is listed here, once; the modules `policies`, `specs`, `records`, `sizes`,
-`gating`, `baselines`, `config`, `gpus`, `render` and `testing` are public too. Everything else (names
+`gating`, `baselines`, `config`, `gpus`, `tpus`, `render` and `testing` are public too. Everything else (names
 starting with `_`) is private.
 """
 

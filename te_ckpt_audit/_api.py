@@ -10,7 +10,7 @@ from typing import Any
 
 import jax
 
-from ._args import check_target_arg, gpu_arg, mesh_arg
+from ._args import check_target_arg, gpu_arg, mesh_arg, tpu_arg
 from ._gpu._compiler import LogCapture
 from ._progress import Progress, quiet
 from ._session import Session
@@ -24,6 +24,7 @@ from .records import AuditReport, Baseline, CheckResult, MeshSpec, Scope, Shardi
 from .registry import AS_IS, DEFAULT_POLICIES
 from .sizes import percent_limit
 from .specs import PolicyLike, PolicySpec, parse_policies
+from .tpus import TpuRequest
 
 Policies = Sequence[PolicyLike]
 
@@ -43,6 +44,7 @@ def audit(
     mesh: jax.sharding.Mesh | jax.sharding.AbstractMesh | None = None,
     gpu: GpuRequest | None = None,
     params: ParamsLike = ALL,
+    tpu: TpuRequest | None = None,
 ) -> AuditReport:
     """Audit `fn(*args)` under each policy; with `gpu`, also compile each policy's training step
     for that GPU (`te_ckpt_audit.gpus`) and report XLA:GPU's peak per device.
@@ -51,7 +53,9 @@ def audit(
     differentiated and, on a GPU, given gradients, donation and optimizer state; the others are
     the batch. By default every float input is, as `jax.ad_checkpoint.saved_residuals(fn, *args)`
     differentiates them; pass `params=0` for `loss(params, batch)`. With `gpu` of `step=True`,
-    `fn` is a training step of the user's own, compiled as it is.
+    `fn` is a training step of the user's own, compiled as it is. With `tpu` (a TpuRequest:
+    `TpuRequest(parse_tpu("v5e"))`), libtpu compiles each policy's step for that slice and the
+    report holds its plan per chip and its verdict (the chip's own HBM check).
 
     Array leaves of `args` may be `jax.ShapeDtypeStruct`s (nothing is allocated); other leaves are
     passed through as static values. With `mesh`, their NamedShardings place them on it (an input
@@ -73,7 +77,7 @@ def audit(
     own = gpu is not None and gpu.step
     session = Session.of_function(fn, *args, scope=Scope(scope), mesh=mesh, params=params, own_step=own)
     chosen = (AS_IS,) if own and specs is None else (default_policies(session) if specs is None else specs)
-    return session.report(chosen, compile=compile, gpu=gpu)
+    return session.report(chosen, compile=compile, gpu=gpu, tpu=tpu_arg(tpu))
 
 
 def audit_target(
@@ -91,6 +95,7 @@ def audit_target(
     params: ParamsLike = None,
     executor: concurrent.futures.Executor | None = None,
     capture: LogCapture | None = None,
+    tpu: TpuRequest | None = None,
 ) -> AuditReport:
     """Load `file.py:fn` (or `package.module:fn`) and its example inputs, then audit it. `defines`
     set keyword parameters of the inputs callable (`{"seq": 8192}` or `["seq=8192"]`). With `mesh`
@@ -102,6 +107,7 @@ def audit_target(
     trains it (the only one of a one-argument target; every float input where the first holds
     none); "all" for every float input. With `gpu`, `executor` compiles several policies at once
     in its worker processes and `capture` keeps XLA's log lines off stderr while it compiles.
+    With `tpu`, libtpu compiles each policy's step for that TPU slice (see `audit`).
 
     >>> report = audit_target("sample_models/mlp.py:loss", ["nothing_saveable"])  # doctest: +SKIP
     """
@@ -115,7 +121,8 @@ def audit_target(
         shardings=ShardingSource(shardings), params=params, own_step=own, progress=progress,
     )
     chosen = (AS_IS,) if own and specs is None else (default_policies(session) if specs is None else specs)
-    return session.report(chosen, compile=compile, gpu=gpu, progress=progress, executor=executor, capture=capture)
+    return session.report(chosen, compile=compile, gpu=gpu, progress=progress, executor=executor, capture=capture,
+                          tpu=tpu_arg(tpu))
 
 
 def _some(specs: tuple[PolicySpec, ...]) -> tuple[PolicySpec, ...]:
@@ -173,7 +180,7 @@ def check_target(
     report = audit_target(
         config.target, config.policies or None, inputs=config.inputs, defines=config.defines, scope=config.scope,
         progress=progress, compile=config.compile, mesh=config.mesh, shardings=config.shardings, gpu=config.gpu,
-        params=config.params, executor=executor, capture=capture,
+        params=config.params, executor=executor, capture=capture, tpu=config.tpu,
     )
     if known_names:
         _no_unknown_names(report)

@@ -4,13 +4,16 @@ are typed already; these are for callers in Python and notebooks)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from .errors import UsageError
+
+_R = TypeVar("_R")
 
 if TYPE_CHECKING:  # imported where used: this module comes before them
     from .gpus import GpuRequest
     from .records import MeshSpec
+    from .tpus import TpuRequest
 
 
 def _kind(value: object) -> str:
@@ -38,12 +41,24 @@ def mesh_arg(mesh: object) -> MeshSpec | None:
                      "e.g. $mesh$='data=8'")
 
 
+def tpu_arg(tpu: object) -> TpuRequest | None:
+    """A TPU as a TpuRequest, or None."""
+    from .tpus import TpuRequest
+
+    return _request(tpu, TpuRequest, "tpu", "TpuRequest(parse_tpu('v5e')), from te_ckpt_audit.tpus")
+
+
 def gpu_arg(gpu: object) -> GpuRequest | None:
     """A GPU as a GpuRequest, or None."""
     from .gpus import GpuRequest
 
-    if gpu is None or isinstance(gpu, GpuRequest):
-        return gpu
-    hint = ("e.g. $gpu$=GpuRequest(gpu_model('h100')), from te_ckpt_audit.gpus" if isinstance(gpu, str)
-            else "a GpuRequest (te_ckpt_audit.gpus)")
-    raise UsageError(f"$gpu$ takes a GpuRequest, not {_kind(gpu)}", hint)
+    return _request(gpu, GpuRequest, "gpu", "GpuRequest(gpu_model('h100')), from te_ckpt_audit.gpus")
+
+
+def _request(value: object, kind: type[_R], name: str, example: str) -> _R | None:
+    """`value` if it is None or a `kind`; else a UsageError whose hint shows how to make one."""
+    if value is None or isinstance(value, kind):
+        return value
+    module = example.split(", from ")[1]
+    hint = f"e.g. ${name}$={example}" if isinstance(value, str) else f"a {kind.__name__} ({module})"
+    raise UsageError(f"${name}$ takes a {kind.__name__}, not {_kind(value)}", hint)

@@ -29,7 +29,7 @@ from ._apply import resolve_scope
 from ._compile import compiled_memory
 from ._emulated import emulated_device
 from ._gpu import Compiled, Compiler, gpu_info, peaks_in_workers, step_info, step_mesh
-from ._gpu._compiler import LogCapture
+from ._gpu._compiler import LogCapture, check_loss
 from ._loading import anchored, load_inputs, load_target, user_code
 from ._mesh import (
     build_abstract_mesh,
@@ -43,6 +43,7 @@ from ._mesh import (
 )
 from ._progress import Progress, quiet
 from ._step import trained_paths
+from ._tpu import TpuCompiler, tpu_info
 from ._trace import Traced, trace
 from ._trained import ALL, ParamsLike
 from ._warnings import NOTHING, warnings_for
@@ -59,9 +60,11 @@ from .records import (
     ShardingSource,
     StepTime,
     TeKind,
+    TpuPlan,
     Trained,
 )
 from .specs import AsIs, Custom, NoCheckpoint, PolicyLike, PolicySpec, policy_specs
+from .tpus import TpuRequest
 
 Placement = jax.sharding.Mesh | jax.sharding.AbstractMesh | None
 
@@ -333,13 +336,18 @@ class Session:
         progress: Progress = quiet,
         executor: concurrent.futures.Executor | None = None,
         capture: LogCapture | None = None,
+        tpu: TpuRequest | None = None,
     ) -> AuditReport:
         """Every policy's row, with warnings, (with `compile`) the compiled step and (with `gpu`)
-        its peak on that GPU, as one report. Under no policy at all is the function's own failure:
-        its error is raised. `executor` and `capture`: see `peaks`."""
+        its peak on that GPU, (with `tpu`) libtpu's plan and verdict for that slice, as one
+        report. Under no policy at all is the function's own failure: its error is raised.
+        `executor` and `capture`: see `peaks`."""
         specs = policy_specs(policies)
+        if gpu is not None and tpu is not None:
+            raise UsageError("$gpu$ and $tpu$ both name the step's target", "give one of them")
         if gpu is not None:
             self.compiler(gpu, capture)  # what the machine lacks, or a target with no loss: said before any work
+        on_tpu = None if tpu is None else self.tpu_compiler(tpu, capture)  # likewise
         rows = [self.row_of(spec, progress) for spec in specs]
         errors = [r for r in rows if r.error is not None]
         if errors and len(errors) == len(rows):
@@ -362,7 +370,27 @@ class Session:
             rows = [r if r.error is not None else dataclasses.replace(
                 r, peak=found[s.text].peak, time=self.timed(r.forward_flops, r.recompute_flops, found[s.text].time))
                 for s, r in zip(specs, rows, strict=True)]
-        return self.report_of(rows, gpu)
+        if on_tpu is not None and tpu is not None:
+            rows = [r if r.error is not None else dataclasses.replace(r, tpu_plan=self._tpu_plan(on_tpu, s, progress,
+                                                                                              capture))
+                    for s, r in zip(specs, rows, strict=True)]
+        report = self.report_of(rows, gpu)
+        return report if tpu is None else dataclasses.replace(report, tpu=tpu_info(tpu, self.gpu_mesh))
+
+    def tpu_compiler(self, request: TpuRequest, capture: LogCapture | None = None) -> TpuCompiler:
+        """The compiler of this trace's training step for `request`'s TPU slice: libtpu missing, a
+        target with no loss or a slice of another size than the mesh are said before any work."""
+        if self.own_step:
+            raise UsageError(f"{self._traced.target} is a training step of its own", "--tpu compiles te-ckpt-audit's")
+        check_loss(self._traced)
+        with capture() if capture is not None else contextlib.nullcontext():
+            return TpuCompiler(self._traced, request, self.gpu_mesh)
+
+    def _tpu_plan(self, compiler: TpuCompiler, spec: PolicySpec, progress: Progress,
+                  capture: LogCapture | None) -> TpuPlan:
+        progress(f"compiling {spec.text} for {compiler.request.target.topology} (libtpu)")
+        with capture() if capture is not None else contextlib.nullcontext():
+            return compiler.plan(spec, self.resolved_scope(spec))
 
     def report_of(self, results: Sequence[PolicyResult], gpu: GpuRequest | None = None) -> AuditReport:
         """The report of this trace holding `results` (their peaks compiled for `gpu`)."""

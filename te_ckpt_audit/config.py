@@ -60,6 +60,7 @@ from .gpus import GpuRequest
 from .records import Budget, MeshAxis, MeshSpec, Scope, ShardingSource
 from .sizes import budget_size, percent_limit
 from .specs import PolicyLike
+from .tpus import TpuRequest
 
 MAX_DEFINE = 4096  # characters in one -D value: no size or flag is longer
 
@@ -95,6 +96,7 @@ class TargetConfig:
     gpu: GpuRequest | None = None  # each policy's step compiled for this GPU (like --gpu)
     peak: PeakGate = PeakGate()  # like --fit and --peak-budget
     params: tuple[int | str, ...] | Literal["all"] | None = None  # the trained arguments (None: the first)
+    tpu: TpuRequest | None = None  # each policy's step compiled by libtpu for this slice (like --tpu)
 
 
     def reads(self) -> tuple[tuple[str, Path], ...]:

@@ -70,14 +70,16 @@ def check(
         max_recompute = percent_limit(max_recompute, "max_recompute")
     check_budget_policies(budgets, [r.policy for r in report.results])
     check_budget_policies(peak.budgets, [r.policy for r in report.results])
-    if peak.active and report.gpu is None:
-        raise UsageError("$fit$ and $peak_budgets$ limit the compiled peak on a GPU", "add $gpu$")
+    if peak.active and report.gpu is None and not (report.tpu is not None and not peak.budgets):
+        raise UsageError("$fit$ and $peak_budgets$ limit the compiled peak on a GPU ($fit$: on a TPU too)",
+                         "add $gpu$ (or $tpu$ for $fit$)")
     violations: list[Violation] = []
     changes: list[Change] = []
     target = report.target
     for result in report.results:
         if peak.active and result.error is None:
-            violations += _peak_violations(report, result, peak)
+            violations += _peak_violations(report, result, peak) if report.gpu is not None else _tpu_violations(
+                report, result)
         act = gated_bytes(result)
         for b in applying(budgets, result.policy):
             if act > b.limit_bytes:
@@ -96,6 +98,18 @@ def check(
             if violation is not None:
                 violations.append(violation)
     return CheckResult(target, tuple(violations), tuple(changes))
+
+
+def _tpu_violations(report: AuditReport, result: PolicyResult) -> list[Violation]:
+    """`fit` on a TPU: libtpu's verdict; a step it could not compile fails the gate (never off)."""
+    assert report.tpu is not None
+    plan = result.tpu_plan
+    if plan is None or plan.fits is None:
+        return [Violation(report.target, result.policy, Figure.NOT_COMPILED, 0, 0)]
+    if not plan.fits:
+        return [Violation(report.target, result.policy, Figure.DOES_NOT_FIT, plan.required_bytes or 0,
+                          report.tpu.usable_bytes, True)]
+    return []
 
 
 def _peak_violations(report: AuditReport, result: PolicyResult, gate: PeakGate) -> list[Violation]:

@@ -13,6 +13,7 @@ import difflib
 import re
 
 from .errors import UsageError
+from .gpus import Optimizer
 
 GIB = 2**30
 CLOUD = "Google Cloud TPU documentation, system architecture pages (cloud.google.com/tpu/docs/{})"
@@ -86,6 +87,16 @@ class TpuTarget:
     def topology(self) -> str:
         """libtpu's name for it, as `get_topology_desc` takes it."""
         return f"{self.model.name}:{'x'.join(map(str, self.shape))}"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TpuRequest:
+    """What compiling for a TPU asks (`audit(..., tpu=TpuRequest(parse_tpu("v5e")))`): the slice,
+    and the optax update the step adds (None: the loss's gradients alone, as --gpu without
+    --optimizer)."""
+
+    target: TpuTarget
+    optimizer: Optimizer | None = None
 
 
 def parse_tpu(text: str, chips: int | None = None) -> TpuTarget:

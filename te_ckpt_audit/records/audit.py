@@ -207,6 +207,44 @@ class PeakMemory:
                    compile_seconds=compile_seconds, error=why)
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class TpuPlan:
+    """libtpu's own compile of one training step for a TPU chip it does not need (`--tpu`): its
+    memory plan per chip and its verdict. The verdict is libtpu's HBM check, the one the chip
+    itself applies (on a real v5e: the same verdict and the same "required" bytes on 30 of 30
+    steps, docs/guide/tpu.md); no sum of the plan's fields draws that line."""
+
+    fits: bool | None  # libtpu took the step (None: it could not be compiled for another reason: error)
+    required_bytes: int | None  # where refused: the HBM libtpu found the step requires
+    argument_bytes: int | None  # where it fits: memory_analysis() of the compile
+    output_bytes: int | None
+    alias_bytes: int | None  # outputs written into donated arguments
+    temp_bytes: int | None
+    compile_seconds: float
+    error: str | None = None
+
+    @property
+    def plan_bytes(self) -> int | None:
+        """Arguments, outputs not aliased to them, and temporaries: the plan per chip."""
+        a, o, al, t = self.argument_bytes, self.output_bytes, self.alias_bytes, self.temp_bytes
+        if a is None or o is None or al is None or t is None:
+            return None
+        return a + o - al + t
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TpuInfo:
+    """The TPU a report's steps were compiled for, and the libtpu that planned them."""
+
+    name: str
+    topology: str  # libtpu's name of the slice: v5e:2x4
+    chips: int
+    hbm_bytes: int
+    usable_bytes: int  # the HBM the chip's check compares with (v5e: 15.75 GiB, measured)
+    libtpu: str | None  # the plan belongs to a libtpu version
+    mesh: str | None = None
+
+
 class KernelKind(enum.StrEnum):
     """What a kernel of the compiled step does, as the step-time estimate costs it."""
 
@@ -440,6 +478,7 @@ class PolicyResult:
     error: str | None = None
     audited: bool = True  # False for a training step of the target's own: its residuals are inside it
     time: StepTime | None = None  # only with --gpu --time
+    tpu_plan: TpuPlan | None = None  # only with --tpu
 
     @property
     def recompute_percent(self) -> float:
@@ -473,6 +512,7 @@ class AuditReport(Shown):
     step: StepInfo | None = None
     trained: Trained | None = None  # the inputs differentiated (None: not recorded)
     findings: tuple[AuditWarning, ...] = ()  # the audit's own, not one policy's (inputs-replicated)
+    tpu: TpuInfo | None = None  # --tpu: the chip and slice the steps were compiled for
 
     @property
     def forward_flops(self) -> int:
@@ -519,6 +559,8 @@ def _plain(value: Any) -> Any:
             out.update(mfu=value.mfu, hfu=value.hfu, tokens_per_second_per_gpu=value.tokens_per_second_per_gpu,
                        tflops_per_gpu=value.tflops_per_gpu,
                        examples_per_second_per_gpu=value.examples_per_second_per_gpu)
+        if isinstance(value, TpuPlan):
+            out["plan_bytes"] = value.plan_bytes
         if isinstance(value, KernelTime):
             out["total_seconds"] = value.total_seconds
         return out

@@ -204,6 +204,11 @@ JSON_SCHEMA: dict[str, Any] = {
                         ),
                     ]
                 },
+                tpu_plan={"oneOf": [{"type": "null"}, _object(
+                    fits={"oneOf": [{"type": "null"}, _BOOL]}, required_bytes=_OPT_INT, argument_bytes=_OPT_INT,
+                    output_bytes=_OPT_INT, alias_bytes=_OPT_INT, temp_bytes=_OPT_INT, compile_seconds=_SECONDS,
+                    error=_OPT_STR, plan_bytes=_OPT_INT,
+                )]},
                 recompute_percent={"type": "number", "minimum": 0},
             )
         ),
@@ -236,5 +241,9 @@ JSON_SCHEMA: dict[str, Any] = {
             ]
         },
         findings=_WARNINGS,
+        tpu={"oneOf": [{"type": "null"}, _object(
+            name=_STR, topology=_STR, chips={"type": "integer", "minimum": 1}, hbm_bytes=_INT, usable_bytes=_INT,
+            libtpu=_OPT_STR, mesh=_OPT_STR,
+        )]},
     ),
 }

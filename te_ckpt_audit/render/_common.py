@@ -27,6 +27,7 @@ from ..records import (
     ResidualKind,
     ShardingSource,
     StepTime,
+    TpuPlan,
     findings,
 )
 from ._text import printable_records
@@ -415,6 +416,60 @@ COLUMNS: dict[str, Column] = {
         Column("compile s", lambda _, r: "n/a" if r.peak is None else f"{r.peak.compile_seconds:.1f}", compiled=True),
     )
 }
+
+
+# --- the step on a TPU slice (--tpu): libtpu's plan and verdict -------------------------------------
+
+TPU_HEADERS = ("plan per chip", "fits", "required", "TPU temp", "TPU arguments", "compile s")
+
+
+def _tpu(field: Callable[[TpuPlan], str]) -> Callable[[AuditReport, PolicyResult], str]:
+    def cell(_: AuditReport, r: PolicyResult) -> str:
+        if r.tpu_plan is None:
+            return "n/a"
+        if r.tpu_plan.error is not None:
+            return "failed"
+        return field(r.tpu_plan)
+
+    return cell
+
+
+def _bytes_or_dash(n: int | None) -> str:
+    return "-" if n is None else format_bytes(n)
+
+
+TPU_COLUMNS: dict[str, Column] = {
+    c.header: c
+    for c in (
+        Column("plan per chip", _tpu(lambda p: _bytes_or_dash(p.plan_bytes)), compiled=True),
+        Column("fits", _tpu(lambda p: "yes" if p.fits else "NO"), numeric=False, compiled=True),
+        Column("required", _tpu(lambda p: _bytes_or_dash(p.required_bytes)), compiled=True),
+        Column("TPU temp", _tpu(lambda p: _bytes_or_dash(p.temp_bytes)), compiled=True),
+        Column("TPU arguments", _tpu(lambda p: _bytes_or_dash(p.argument_bytes)), compiled=True),
+        Column("compile s", _tpu(lambda p: f"{p.compile_seconds:.1f}"), compiled=True),
+    )
+}
+
+
+def tpu_title(report: AuditReport) -> str:
+    t = report.tpu
+    assert t is not None
+    return (f"Training step per chip: libtpu's compile for {t.topology} ({t.chips} x {t.name}, "
+            f"libtpu {t.libtpu or 'unknown'}), no TPU needed")
+
+
+def tpu_notes(report: AuditReport) -> list[str]:
+    """What the TPU columns mean, and each policy's failure."""
+    t = report.tpu
+    assert t is not None
+    notes = [f"fits: libtpu's own HBM check, the one the chip applies ({format_bytes(t.usable_bytes)} usable of "
+             f"{format_bytes(t.hbm_bytes)}; on a real v5e it took and refused exactly what this compile did, "
+             "docs/guide/tpu.md). required: the HBM a refused step needs, as libtpu says. The plan (arguments, "
+             "outputs not aliased to them, temporaries) is not what the chip compares: a plan above the HBM "
+             "can fit. The plan belongs to this libtpu version."]
+    notes += [f"{r.policy}: not compiled: {r.tpu_plan.error}" for r in report.results
+              if r.tpu_plan is not None and r.tpu_plan.error]
+    return notes
 
 
 # --- the step's time (--time): an estimate, labelled as one --------------------------------------

@@ -46,9 +46,10 @@ def violation_message(v: Violation) -> str:
         case Figure.PEAK_BYTES:
             return _over(where, "peak per device", v, "exceeds the peak budget")
         case Figure.DOES_NOT_FIT:
-            return _over(where, "peak per device", v, "does not fit the GPU's usable")
+            # on a GPU, the peak against the usable memory; on a TPU, libtpu's required bytes against its HBM
+            return _over(where, "the step needs", v, "and does not fit the device's usable")
         case Figure.NOT_COMPILED:
-            return f"{where}: the step did not compile for the GPU, so its peak is not known"
+            return f"{where}: the step did not compile for the device, so whether it fits is not known"
         case _:
             assert_never(v.figure)
 

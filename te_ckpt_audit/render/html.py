@@ -38,6 +38,8 @@ from ._common import (
     KERNEL_HEADERS,
     TIME_COLUMNS,
     TIME_HEADERS,
+    TPU_COLUMNS,
+    TPU_HEADERS,
     costliest_rows,
     counted,
     format_bytes,
@@ -54,6 +56,8 @@ from ._common import (
     time_notes,
     time_title,
     timed,
+    tpu_notes,
+    tpu_title,
     trained_note,
     warning_message,
     winner_policy,
@@ -412,7 +416,7 @@ def _policies_table(report: AuditReport) -> list[str]:
            f"<th>recompute</th><th>% of forward</th>{'<th>error</th>' if failed else ''}</tr></thead>"
            f"<tbody>{rows}</tbody></table>"]
     return out + (_gpu_table(report) if report.gpu is not None else []) + (
-        _time_table(report) if timed(report) else [])
+        _tpu_table(report) if report.tpu is not None else []) + (_time_table(report) if timed(report) else [])
 
 
 def warnings_section(report: AuditReport) -> list[str]:
@@ -463,6 +467,14 @@ def _gpu_table(report: AuditReport) -> list[str]:
     notes = "".join(f'<p class="meta">{_e(n)}</p>' for n in gpu_notes(report))
     return [f"<h2>{_e(gpu_title(report))}</h2>",
             f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table></div>{notes}']
+
+
+def _tpu_table(report: AuditReport) -> list[str]:
+    """libtpu's plan and verdict per policy, then what they mean."""
+    shown = [COLUMNS["policy"], *(TPU_COLUMNS[h] for h in TPU_HEADERS)]
+    return [f"<h2>{_e(tpu_title(report))}</h2>", _html_table([c.header for c in shown],
+            [[c.cell(report, r) for c in shown] for r in report.results], [c.numeric for c in shown]),
+            *(f'<p class="meta">{_e(n)}</p>' for n in tpu_notes(report))]
 
 
 def _time_table(report: AuditReport) -> list[str]:

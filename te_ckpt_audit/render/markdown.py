@@ -16,6 +16,8 @@ from ._common import (
     QUANTIZATION_HEADERS,
     TIME_COLUMNS,
     TIME_HEADERS,
+    TPU_COLUMNS,
+    TPU_HEADERS,
     compiled_errors,
     costliest_rows,
     format_bytes,
@@ -34,6 +36,8 @@ from ._common import (
     time_notes,
     time_title,
     timed,
+    tpu_notes,
+    tpu_title,
     trained_note,
     warning_message,
 )
@@ -117,6 +121,8 @@ def render_markdown(report: AuditReport, top: int = 10, by: HotspotKey | None = 
         lines += [""] if compiled_errors(report) else []
     if report.gpu is not None:
         lines += _gpu_section(report)
+    if report.tpu is not None:
+        lines += _tpu_section(report)
     if timed(report):
         lines += _time_section(report)
     if top:
@@ -133,6 +139,15 @@ def render_markdown(report: AuditReport, top: int = 10, by: HotspotKey | None = 
     else:
         lines += ["None.", ""]
     return "\n".join(lines)
+
+
+def _tpu_section(report: AuditReport) -> list[str]:
+    """libtpu's plan and verdict per policy, then what they mean."""
+    shown = [COLUMNS["policy"], *(TPU_COLUMNS[h] for h in TPU_HEADERS)]
+    lines = [f"### {md_text(tpu_title(report))}", ""]
+    lines += md_table([c.header for c in shown], [[c.cell(report, r) for c in shown] for r in report.results],
+                      [c.numeric for c in shown])
+    return [*lines, "", *(f"> {md_text(note)}" for note in tpu_notes(report)), ""]
 
 
 def _time_section(report: AuditReport) -> list[str]:

@@ -31,6 +31,8 @@ from ._common import (
     OUTCOME_WORDS,
     TIME_COLUMNS,
     TIME_TERMINAL,
+    TPU_COLUMNS,
+    TPU_HEADERS,
     Column,
     compiled_errors,
     costliest_rows,
@@ -51,6 +53,8 @@ from ._common import (
     time_notes,
     time_title,
     timed,
+    tpu_notes,
+    tpu_title,
     trained_note,
     warning_message,
 )
@@ -290,6 +294,11 @@ def _sections(report: AuditReport, view: TableView) -> list[list[RenderableType]
                 *(Text(note, style="dim") for note in gpu_notes(report)),
             ]
         )
+    if report.tpu is not None:
+        sections.append([
+            _comparison(report, tpu_title(report), TPU_HEADERS, width, TPU_COLUMNS),
+            *(Text(note, style="dim") for note in tpu_notes(report)),
+        ])
     if timed(report):
         sections.append([
             _comparison(report, time_title(report), TIME_TERMINAL, width, TIME_COLUMNS),

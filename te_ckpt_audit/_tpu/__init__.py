@@ -1,0 +1,107 @@
+"""`--tpu`: each policy's training step compiled by libtpu for a TPU slice that is not here
+(`jax.experimental.topologies`, the `[tpu]` extra), its memory plan per chip and libtpu's verdict.
+
+The verdict is libtpu's own HBM check, the chip's: on the lent v5e it refused exactly the steps
+the deviceless compile refused, with the same required bytes (bench/tpu_truth.py). The step is
+te-ckpt-audit's (`_step.training_step`), laid on the slice as the GPU stage lays it (`_placement`).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import re
+import time
+from typing import Any
+
+import jax
+
+from .._apply import policy_function
+from .._gpu._compiler import _optimizer as optax_update  # the same update the GPU step adds
+from .._gpu._placement import gpu_mesh, on, rehomed, replicated
+from .._mesh import mesh_context
+from .._step import state_on, training_step
+from .._trace import Traced
+from ..errors import UsageError, first_line
+from ..records import MeshSpec, Scope, TpuInfo, TpuPlan
+from ..specs import PolicySpec
+from ..tpus import TpuRequest, TpuTarget
+
+INSTALL_HINT = 'install the [tpu] extra: pip install -e ".[tpu]" (jax[tpu]: libtpu, Linux x86-64)'
+_REQUIRED = re.compile(r"HLO temporaries \(([\d.]+)([KMGT]?)\)")
+_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def libtpu_version() -> str | None:
+    """The installed libtpu's version (a plan belongs to one), or None where none is installed."""
+    try:
+        return importlib.metadata.version("libtpu")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def tpu_topology(target: TpuTarget) -> Any:
+    """libtpu's description of the slice, no TPU needed; a UsageError where libtpu is missing."""
+    if libtpu_version() is None:
+        raise UsageError("--tpu compiles with libtpu, which is not installed here", INSTALL_HINT)
+    from jax.experimental import topologies
+
+    per_host = target.model.chips_per_host
+    host = (2, per_host // 2, 1) if target.chips > per_host else (*target.shape, *(1,) * (3 - len(target.shape)))
+    try:
+        return topologies.get_topology_desc(platform="tpu", topology_name=target.topology,
+                                            chip_config_name="default", chips_per_host_bounds=host, num_slices=1)
+    except Exception as exc:  # noqa: BLE001 - libtpu says what it refuses
+        raise UsageError(f"libtpu cannot describe the slice {target.topology}: {first_line(exc)}",
+                         "give a slice shape the chip comes in, e.g. v5e:2x4") from None
+
+
+def tpu_info(request: TpuRequest, mesh: MeshSpec | None) -> TpuInfo:
+    t = request.target
+    return TpuInfo(t.model.name, t.topology, t.chips, t.model.hbm_bytes, t.model.usable_bytes, libtpu_version(),
+                   None if mesh is None else str(mesh))
+
+
+def required_bytes(message: str) -> int | None:
+    """The bytes a refusal says the step requires ("... HLO temporaries (16.29G) exceeds ...")."""
+    found = _REQUIRED.search(message)
+    return None if found is None else int(float(found.group(1)) * _UNITS[found.group(2)])
+
+
+class TpuCompiler:
+    """One trace's training step compiled for one TPU slice, policy by policy."""
+
+    def __init__(self, traced: Traced, request: TpuRequest, mesh: MeshSpec | None) -> None:
+        devices = 1 if mesh is None else mesh.devices
+        if devices != request.target.chips:
+            raise UsageError(f"$tpu$ {request.target.topology} has {request.target.chips} chips and the step's mesh "
+                             f"{devices} devices", f"give $mesh$ of {request.target.chips} devices, or $tpu$ "
+                             f"{request.target.model.name} alone (its slice from the mesh)")
+        self.traced, self.request = traced, request
+        topology = tpu_topology(request.target)
+        self.mesh = gpu_mesh(topology, mesh)  # the helpers lay a trace on any topology's devices
+        self.placed = rehomed(traced, topology) if mesh is not None else traced
+
+    def plan(self, spec: PolicySpec, scope: Scope) -> TpuPlan:
+        start = time.perf_counter()
+        fun = policy_function(self.placed, spec, scope)
+        avals = [on(self.mesh, a) for a in self.placed.avals]
+        optimizer = None if self.request.optimizer is None else optax_update(self.request.optimizer)
+        step = training_step(self.placed, fun, avals, optimizer, lambda p, s: state_on(p, s, replicated(self.mesh)))
+        try:
+            with jax.numpy_dtype_promotion("standard"), mesh_context(self.mesh):
+                compiled = jax.jit(step.fn, donate_argnums=step.donate).lower(*step.args).compile()
+        except Exception as exc:  # noqa: BLE001 - libtpu's verdict, or why it could not compile
+            seconds = time.perf_counter() - start
+            text = str(exc)
+            if "RESOURCE_EXHAUSTED" in text:
+                return TpuPlan(False, required_bytes(text), None, None, None, None, round(seconds, 2))
+            return TpuPlan(None, None, None, None, None, None, round(seconds, 2), f"{type(exc).__name__}: "
+                           f"{first_line(exc)}")
+        stats = compiled.memory_analysis()
+        if stats is None:
+            return TpuPlan(None, None, None, None, None, None, round(time.perf_counter() - start, 2),
+                           "libtpu gave no memory analysis")
+        return TpuPlan(True, None, int(stats.argument_size_in_bytes), int(stats.output_size_in_bytes),
+                       int(stats.alias_size_in_bytes), int(stats.temp_size_in_bytes),
+                       round(time.perf_counter() - start, 2))
+

@@ -1,0 +1,129 @@
+"""`--tpu`: each policy's step compiled by libtpu for a TPU slice that is not here (the [tpu] extra;
+the tpu-target CI lane, where a missing libtpu fails instead of skipping). The verdict is libtpu's
+own HBM check; tests/test_tpus.py holds the rows a real v5e measured."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import pytest
+from test_cli import MODEL, cli
+
+from te_ckpt_audit import UsageError, audit, audit_target
+from te_ckpt_audit.gpus import Optimizer
+from te_ckpt_audit.tpus import TpuRequest, parse_tpu
+
+ROOT = Path(__file__).resolve().parent.parent
+LANE = os.environ.get("TE_CKPT_AUDIT_TPU_LANE") == "1"
+HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None
+needs_libtpu = pytest.mark.skipif(not HAS_LIBTPU and not LANE, reason="no libtpu here (the [tpu] extra)")
+MIB, GIB = 2**20, 2**30
+WIDE = {"d_in": 4096, "d_hidden": 16384, "d_out": 4096}  # bench/tpu_truth.py's MLP
+
+
+@pytest.fixture
+def model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "model.py").write_text(MODEL)
+    return tmp_path / "model.py"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _the_lane_has_libtpu() -> None:
+    if LANE and not HAS_LIBTPU:
+        pytest.fail("the tpu-target lane has no libtpu: install the [tpu] extra")
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    (["--tpu", "v5f"], "--tpu 'v5f' is not a TPU this tool knows (hint: did you mean v5p or v5e?)"),
+    (["--tpu", "v5e:2x"], "--tpu 'v5e:2x': '2x' is not a topology"),
+    (["--tpu", "v5e:2x2"], "--tpu 'v5e:2x2' has 4 chips and the mesh 1 devices"),
+    (["--tpu", "v5e", "--gpu", "h100"], "--tpu and --gpu both name the step's target"),
+    (["--tpu", "v5e", "--peak-budget", "1GiB"], "--peak-budget is about the step compiled for a GPU"),
+])
+def test_bad_tpu_names_and_topologies_are_one_line_and_exit_2(args: list[str], said: str, model: Path) -> None:
+    result = cli("model.py:loss", *args)
+    assert result.exit_code == 2, result.stderr
+    assert result.stderr.startswith(f"te-ckpt-audit: error: {said}") and result.stderr.count("\n") == 1
+
+
+@pytest.mark.skipif(HAS_LIBTPU, reason="libtpu is installed here")
+def test_without_libtpu_tpu_says_what_to_install() -> None:
+    with pytest.raises(UsageError, match=r"libtpu, which is not installed") as err:
+        audit_target("sample_models/mlp.py:loss", ["none"], tpu=TpuRequest(parse_tpu("v5e")))
+    assert "[tpu]" in err.value.hint
+
+
+def _matmul(w: jax.Array, x: jax.Array) -> jax.Array:
+    return jnp.sum(x @ w)
+
+
+@needs_libtpu
+def test_a_single_matmuls_plan_by_hand() -> None:
+    """value_and_grad of sum(x @ w) w.r.t. w: the arguments are w and x (4 MiB + 1 MiB, no padding
+    on a TPU's tiles), the gradient is w's shape, written into w's donated buffer."""
+    w, x = jax.ShapeDtypeStruct((1024, 1024), jnp.float32), jax.ShapeDtypeStruct((256, 1024), jnp.float32)
+    report = audit(_matmul, w, x, policies=["nothing_saveable"], params=0, tpu=TpuRequest(parse_tpu("v5e")))
+    plan = report.results[0].tpu_plan
+    assert plan is not None and plan.fits is True and plan.error is None
+    assert plan.argument_bytes == 5 * MIB and plan.alias_bytes == 4 * MIB
+    assert 4 * MIB <= (plan.output_bytes or 0) < 4 * MIB + 4096  # the gradient and the loss
+    assert report.tpu is not None and report.tpu.topology == "v5e:1x1" and report.tpu.libtpu
+
+
+def _chip(case: str) -> dict[str, Any]:
+    rows = (ROOT / "bench" / "data" / "tpu-v5e-chip.jsonl").read_text().splitlines()
+    return next(r for r in map(json.loads, rows) if r["case"] == case)
+
+
+@needs_libtpu
+def test_the_fit_is_the_chips_verdict_just_under_and_just_over_its_hbm() -> None:
+    """The wide MLP with AdamW at batch 65536 ran on the lent v5e (its plan 13.5 GiB) and at 98304
+    was refused, "18.00G" required: `--tpu v5e` gives the same plan, the same verdict and bytes."""
+    request = TpuRequest(parse_tpu("v5e"), Optimizer.ADAMW)
+    under = audit_target("sample_models/mlp.py:loss", ["nothing_saveable"], defines={**WIDE, "batch": 65536},
+                         tpu=request).results[0].tpu_plan
+    over = audit_target("sample_models/mlp.py:loss", ["nothing_saveable"], defines={**WIDE, "batch": 98304},
+                        tpu=request).results[0].tpu_plan
+    ran, refused = _chip("mlp nothing_saveable b65536"), _chip("mlp nothing_saveable b98304")
+    assert under is not None and under.fits is True
+    assert (under.argument_bytes, under.output_bytes, under.alias_bytes, under.temp_bytes) == tuple(
+        ran["plan"][f] for f in ("argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes",
+                                 "temp_size_in_bytes"))
+    assert under.plan_bytes is not None and under.plan_bytes < parse_tpu("v5e").model.usable_bytes
+    assert over is not None and over.fits is False and over.required_bytes == 18 * GIB
+    assert refused["verdict"] == "refused at compile" and "(18.00G)" in refused["refusal"]
+
+
+@needs_libtpu
+def test_a_mesh_of_four_chips_compiles_on_a_slice_of_four(model: Path) -> None:
+    result = cli("model.py:loss", "-D", "batch=16", "--mesh", "data=4", "--tpu", "v5e", "-p", "none",
+                 "-f", "json")
+    assert result.exit_code == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["tpu"]["topology"] == "v5e:2x2" and doc["tpu"]["chips"] == 4
+    assert doc["results"][0]["tpu_plan"]["fits"] is True
+
+
+@needs_libtpu
+def test_every_format_names_the_tpu_and_stderr_stays_clean(model: Path, tmp_path: Path) -> None:
+    import jsonschema
+
+    from te_ckpt_audit.records import JSON_SCHEMA
+
+    for fmt in ("table", "markdown", "html", "json"):
+        out = tmp_path / f"r.{fmt}"
+        result = cli("model.py:loss", "--tpu", "v5e", "-p", "none", "-p", "nothing_saveable", "-f", fmt,
+                     "-o", str(out))
+        assert result.exit_code == 0, result.stderr
+        assert result.stderr.splitlines() == [f"te-ckpt-audit: report written to {out}"]  # libtpu said nothing
+        text = out.read_text()
+        assert "v5e:1x1" in text and "libtpu" in text
+        if fmt == "json":
+            jsonschema.validate(json.loads(text), JSON_SCHEMA)
