@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 import time
@@ -155,6 +156,67 @@ def deviceless(name: str, target: str, policy: str, defines: dict[str, Any], top
     return row
 
 
+V5E_CLOCK_HZ = 1.5e9  # an assumption to test: a 4096^3 bf16 GEMM's cycles at 197 TFLOP/s imply about 1.5 GHz
+
+
+def estimated_cycles(hlo_text: str) -> int:
+    """libtpu's own per-kernel estimates in a compiled module (each instruction's backend_config
+    `estimated_cycles`), summed over one step: a while loop's body times its trip count, read from
+    the constant its condition compares with. A study for the time estimate (issue 47, part b)."""
+    from te_ckpt_audit._gpu._hlo_kernels import parse_module
+
+    comps, entry = parse_module(hlo_text)
+
+    def cycles_of(inst: Any) -> int:
+        found = re.findall(r'"estimated_cycles":"(\d+)"', inst.attrs)
+        return sum(int(c) for c in found)
+
+    def trip(cond: str) -> int:
+        """The largest integer constant of the loop's condition (a scan's `i < N`)."""
+        block = re.search(rf"^%?{re.escape(cond)} .*?^}}", hlo_text, re.MULTILINE | re.DOTALL)
+        found = re.findall(r"constant\((\d+)\)", block.group(0)) if block else []
+        return max((int(v) for v in found), default=1)
+
+    def walk(comp: str, seen: tuple[str, ...] = ()) -> int:
+        total = 0
+        for inst in comps.get(comp, []):
+            if inst.opcode == "while":
+                body, cond = inst.attr("body"), inst.attr("condition")
+                if body and body not in seen:
+                    total += trip(cond or "") * walk(body, (*seen, body))
+            elif inst.opcode in ("call", "conditional", "async-start") and inst.attr("to_apply") not in seen:
+                called = inst.attr("to_apply") or inst.attr("calls")
+                total += cycles_of(inst) + (walk(called, (*seen, called)) if called else 0)
+            else:
+                total += cycles_of(inst)
+        return total
+
+    return walk(entry)
+
+
+def cycles_rows(chip: Path, topology: str) -> list[dict[str, Any]]:
+    """Each point that ran on the chip, compiled here again: libtpu's summed cycles against the
+    measured seconds per step."""
+    import jax
+    from jax.experimental import topologies
+
+    topo = topologies.get_topology_desc(platform="tpu", topology_name=topology, chip_config_name="default",
+                                        chips_per_host_bounds=(1, 1, 1), num_slices=1)
+    out = []
+    for r in map(json.loads, chip.read_text().splitlines()):
+        if r.get("verdict") != "ran":
+            continue
+        fn, args, donate = step_of(r["target"], r["policy"], r["defines"])
+        text = jax.jit(fn, donate_argnums=donate).lower(*_placed(args, topo.devices[0])).compile().as_text() or ""
+        cycles = estimated_cycles(text)
+        row = {"case": r["case"], "cycles": cycles, "estimated_seconds": cycles / V5E_CLOCK_HZ,
+               "measured_seconds": r["seconds_per_step"]}
+        print(f"{r['case']:34s} {cycles / V5E_CLOCK_HZ:8.4f} s estimated  {r['seconds_per_step']:8.4f} s measured  "
+              f"ratio {r['seconds_per_step'] * V5E_CLOCK_HZ / max(cycles, 1):.3f}", flush=True)
+        out.append(row)
+    return out
+
+
 def table(chip: Path, here: Path) -> str:
     """The Markdown table docs/guide/tpu.md shows: each point's plan on the chip and deviceless,
     both verdicts, and the measured seconds per step."""
@@ -192,6 +254,8 @@ def main() -> None:
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--table", nargs=2, type=Path, metavar=("CHIP", "DEVICELESS"),
                        help="print the Markdown table of two files of rows")
+    where.add_argument("--cycles", type=Path, metavar="CHIP",
+                       help="libtpu's summed cycle estimates of each point that ran, against its measured time")
     where.add_argument("--on-chip", action="store_true", help="compile and run on this machine's TPU")
     where.add_argument("--deviceless", metavar="TOPOLOGY", help="compile here for TOPOLOGY (v5e:1x1), no TPU")
     parser.add_argument("--cases", default="llama,gpt,mlp", help="comma-separated: " + ", ".join(CASES))
@@ -200,6 +264,11 @@ def main() -> None:
     ns = parser.parse_args()
     if ns.table:
         print(table(*ns.table))
+        return
+    if ns.cycles:
+        rows = cycles_rows(ns.cycles, "v5e:1x1")
+        if ns.out is not None:
+            ns.out.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
         return
     if ns.out is None:
         parser.error("--out is required with --on-chip and --deviceless")
