@@ -1,5 +1,5 @@
 """The audit's records: what one target's trace holds and what each policy keeps, recomputes and
-offloads; `AuditReport.to_dict()` is the versioned JSON document (schema ``te-ckpt-audit/7``)."""
+offloads; `AuditReport.to_dict()` is the versioned JSON document (schema ``te-ckpt-audit/8``)."""
 
 from __future__ import annotations
 
@@ -533,7 +533,7 @@ class AuditReport(Shown):
         return f"of {self.target!r}: {len(self.results)} policies ({policies}), {len(self.equations)} equations"
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON document (schema ``te-ckpt-audit/7``): plain, ordered, deterministic."""
+        """The JSON document (schema ``te-ckpt-audit/8``): plain, ordered, deterministic."""
         return {"schema": SCHEMA, **_plain(self)}
 
 
