@@ -217,6 +217,48 @@ def cycles_rows(chip: Path, topology: str) -> list[dict[str, Any]]:
     return out
 
 
+def kernel_rows(steps: int = 20) -> list[dict[str, Any]]:
+    """On the chip: single-kernel programs (GEMMs of several shapes and dtypes, elementwise and
+    reduction kernels over several sizes), each compiled and run, its libtpu estimated_cycles (the
+    chip's own compile) against its measured seconds (median of `steps` after 3): which kinds of
+    kernel libtpu's cycle count misjudges, and by how much."""
+    import jax
+    import jax.numpy as jnp
+
+    def gemm(m: int, k: int, n: int, dtype: Any) -> tuple[str, Any, tuple[Any, ...]]:
+        return (f"gemm {m}x{k}x{n} {jnp.dtype(dtype).name}", lambda a, b: a @ b,
+                (jnp.ones((m, k), dtype), jnp.ones((k, n), dtype)))
+
+    def unary(n: int, dtype: Any) -> tuple[str, Any, tuple[Any, ...]]:
+        return (f"tanh {n} {jnp.dtype(dtype).name}", jnp.tanh, (jnp.ones((n // 1024, 1024), dtype),))
+
+    def reduce(n: int) -> tuple[str, Any, tuple[Any, ...]]:
+        return (f"sum-rows {n} float32", lambda x: x.sum(axis=1), (jnp.ones((n // 4096, 4096), jnp.float32),))
+
+    cases = [*(gemm(m, k, n, d) for m, k, n in ((1024, 1024, 1024), (4096, 4096, 4096), (8192, 8192, 8192),
+                                                 (16384, 4096, 16384), (65536, 4096, 1024))
+               for d in (jnp.bfloat16, jnp.float32)),
+             *(unary(n, d) for n in (2**22, 2**26, 2**28) for d in (jnp.bfloat16, jnp.float32)),
+             *(reduce(n) for n in (2**22, 2**26, 2**28))]
+    rows = []
+    for name, fn, args in cases:
+        compiled = jax.jit(fn).lower(*args).compile()
+        cycles = estimated_cycles(compiled.as_text() or "")
+        for _ in range(3):
+            jax.block_until_ready(compiled(*args))
+        times = []
+        for _ in range(steps):
+            begin = time.perf_counter()
+            jax.block_until_ready(compiled(*args))
+            times.append(time.perf_counter() - begin)
+        seconds = statistics.median(times)
+        rows.append({"case": name, "cycles": cycles, "seconds": seconds, "device": jax.devices()[0].device_kind,
+                     "libtpu": _libtpu()})
+        print(f"{name:34s} {cycles:>12d} cycles {seconds * 1e3:9.3f} ms  {cycles / seconds / 1e9:6.3f} G cycles/s",
+              flush=True)
+    return rows
+
+
 def table(chip: Path, here: Path) -> str:
     """The Markdown table docs/guide/tpu.md shows: each point's plan on the chip and deviceless,
     both verdicts, and the measured seconds per step."""
@@ -254,6 +296,8 @@ def main() -> None:
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--table", nargs=2, type=Path, metavar=("CHIP", "DEVICELESS"),
                        help="print the Markdown table of two files of rows")
+    where.add_argument("--kernels", action="store_true",
+                       help="on the chip: single kernels' estimated cycles against their measured time")
     where.add_argument("--cycles", type=Path, metavar="CHIP",
                        help="libtpu's summed cycle estimates of each point that ran, against its measured time")
     where.add_argument("--on-chip", action="store_true", help="compile and run on this machine's TPU")
@@ -264,6 +308,11 @@ def main() -> None:
     ns = parser.parse_args()
     if ns.table:
         print(table(*ns.table))
+        return
+    if ns.kernels:
+        rows = kernel_rows()
+        if ns.out is not None:
+            ns.out.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
         return
     if ns.cycles:
         rows = cycles_rows(ns.cycles, "v5e:1x1")
