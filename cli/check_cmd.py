@@ -92,7 +92,8 @@ def check(
     meshes = [t.mesh.devices for t in cfg.targets if t.mesh is not None and t.shardings is ShardingSource.COMPILED]
     # JAX reads its device count once: enough for the largest mesh, before the first target
     gpus = [t.gpu.model for t in cfg.targets if t.gpu is not None]
-    process.prepare(emulate_gpu, max(meshes, default=0), gpus[0] if gpus else None)
+    process.prepare(emulate_gpu, max(meshes, default=0), gpus[0] if gpus else None,
+                    tpu=any(t.tpu is not None for t in cfg.targets))
     targets = [t if t.gpu is None else dataclasses.replace(t, gpu=_in_this_environment(t.gpu)) for t in cfg.targets]
     runs: list[Run] = []
     jobs = default_jobs() if any(t.gpu is not None for t in targets) else 1

@@ -29,6 +29,8 @@
     donate = [0]                                  # its donated arguments (like --donate)
     time = true                                   # estimate each step's time (like --time)
     network_gbps = 400                            # Gb/s per GPU between hosts (like --network-gbps)
+    tpu = "v5e"                                   # or a TPU slice instead of a GPU (like --tpu; "v5e:2x4"):
+                                                  # with optimizer and fit (libtpu's verdict), no other GPU key
 
 `gpu`, `gpu_config`, `optimizer`, `gpus_per_host`, `mem_fraction`, `fit`, `time` and
 `network_gbps` may also sit in [tool.te-ckpt-audit] itself, for every target that does not set
@@ -60,20 +62,20 @@ from .gpus import GpuRequest
 from .records import Budget, MeshAxis, MeshSpec, Scope, ShardingSource
 from .sizes import budget_size, percent_limit
 from .specs import PolicyLike
-from .tpus import TpuRequest
+from .tpus import TpuRequest, parse_tpu
 
 MAX_DEFINE = 4096  # characters in one -D value: no size or flag is longer
 
 _GPU_KEYS = {"gpu", "gpu_config", "optimizer", "gpus_per_host", "mem_fraction", "fit", "time", "network_gbps"}
 _TOP_KEYS = {"targets", "baseline", "tolerance", *_GPU_KEYS}
 _TARGET_KEYS = {"target", "inputs", "defines", "policies", "scope", "budget", "budgets", "max_recompute", "mesh",
-                "shardings", "peak_budget", "peak_budgets", "step", "donate", "params", *_GPU_KEYS}
+                "shardings", "peak_budget", "peak_budgets", "step", "donate", "params", "tpu", *_GPU_KEYS}
 _SECTION = "te-ckpt-audit"  # [tool.te-ckpt-audit]
 # What `check --help` and the docs list: each table's keys, in the order the docstring shows them
 SECTION_KEYS = ("baseline", "tolerance", "targets", *sorted(_GPU_KEYS))
 TARGET_KEYS = ("target", "inputs", "defines", "policies", "scope", "budget", "budgets", "max_recompute", "mesh",
                "shardings", "params", "gpu", "gpu_config", "optimizer", "gpus_per_host", "mem_fraction", "fit",
-               "peak_budget", "peak_budgets", "step", "donate", "time", "network_gbps")
+               "peak_budget", "peak_budgets", "step", "donate", "time", "network_gbps", "tpu")
 assert set(SECTION_KEYS) == _TOP_KEYS and set(TARGET_KEYS) == _TARGET_KEYS
 _AXIS_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -290,9 +292,12 @@ def load_config(path: str | Path = "pyproject.toml") -> Config:
 
 def _with_defaults(target: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
     """A target's table with [tool.te-ckpt-audit]'s GPU keys where it sets none of its own; `gpu`
-    and `gpu_config` are one choice, so a target's either one replaces the section's both."""
+    and `gpu_config` are one choice, so a target's either one replaces the section's both, and a
+    target's `tpu` all but `optimizer` and `fit`."""
     if "gpu" in target or "gpu_config" in target:
         defaults = {k: v for k, v in defaults.items() if k not in ("gpu", "gpu_config")}
+    if "tpu" in target:  # a TPU target takes of the section's GPU keys only those a TPU has
+        defaults = {k: v for k, v in defaults.items() if k in ("optimizer", "fit")}
     return {**defaults, **target}
 
 
@@ -344,10 +349,36 @@ def _target(raw: Any, i: int, p: Path) -> TargetConfig:
         max_recompute=None if max_recompute is None else _number(max_recompute, "max_recompute", where, p),
         mesh=None if mesh is None else mesh_spec(mesh, f"{p}: {where}.mesh"),
         shardings=shardings,
-        gpu=_gpu(raw, where, p),
+        gpu=_gpu({k: v for k, v in raw.items() if k not in _TPU_KEYS} if "tpu" in raw else raw, where, p),
         peak=_peak_gate(raw, where, p),
         params=_params(raw, where, p),
+        tpu=_tpu(raw, where, p, None if mesh is None else mesh_spec(mesh, f"{p}: {where}.mesh").devices),
     )
+
+
+_TPU_KEYS = {"tpu", "optimizer", "fit"}  # a TPU target's keys: its slice, the update, the gate on libtpu's verdict
+
+
+def _tpu(raw: Mapping[str, Any], where: str, p: Path, devices: int | None) -> TpuRequest | None:
+    """A target's TPU slice: `tpu = "v5e"` (from the mesh's devices) or `"v5e:2x4"` (like --tpu)."""
+    if "tpu" not in raw:
+        return None
+    if "gpu" in raw or "gpu_config" in raw:
+        raise UsageError(f"{p}: {where} has both tpu and a GPU", "give one of them")
+    extra = sorted(set(raw) & (_GPU_KEYS | {"peak_budget", "peak_budgets", "step", "donate"}) - _TPU_KEYS)
+    if extra:
+        raise UsageError(f"{p}: {where}.{extra[0]} is about the step compiled for a GPU", "drop it for a TPU target")
+    name, optimizer = raw["tpu"], raw.get("optimizer")
+    if not isinstance(name, str):
+        raise UsageError(f"{p}: {where}.tpu must be a string", 'e.g. tpu = "v5e" (`te-ckpt-audit tpus`)')
+    try:
+        chosen = None if optimizer is None else gpus.Optimizer(optimizer)
+        return TpuRequest(parse_tpu(name, devices or 1), chosen)
+    except ValueError:
+        raise UsageError(f"{p}: {where}.optimizer {optimizer!r} is not one of sgd, adam, adamw, adafactor",
+                         'e.g. optimizer = "adamw"') from None
+    except UsageError as err:
+        raise UsageError(f"{p}: {where}.{err.message}", err.hint) from None
 
 
 def _size(value: object, key: str, where: str, p: Path) -> int:

@@ -111,3 +111,18 @@ def test_a_misspelled_table_is_an_error_not_a_gate_switched_off(tmp_path, name: 
 def test_other_tools_tables_are_left_alone(tmp_path) -> None:
     cfg = load_config(_write(tmp_path, "[tool.ruff]\nline-length = 9\n[tool.pytest]\nx = 1\n" + GOOD))
     assert len(cfg.targets) == 1
+
+
+def test_a_target_may_name_a_tpu_slice_with_its_optimizer_and_fit(tmp_path) -> None:
+    from te_ckpt_audit.gpus import Optimizer
+
+    text = GOOD.replace("max_recompute = 50", 'max_recompute = 50\ntpu = "v5e"\noptimizer = "adamw"\nfit = true\n'
+                        'mesh = { data = 8 }')
+    (t,) = load_config(_write(tmp_path, '[tool.te-ckpt-audit]\ngpu = "h100"\n' + text.split("\n", 3)[3])).targets
+    assert t.tpu is not None and t.tpu.target.topology == "v5e:2x4" and t.tpu.optimizer is Optimizer.ADAMW
+    assert t.gpu is None and t.peak.fit  # the section's gpu is not the TPU target's
+    for extra, said in (('gpu = "h100"', "has both tpu and a GPU"), ("mem_fraction = 0.5", ".mem_fraction is about"),
+                        ('tpu = "v5e:2x2"', "has 4 chips and the mesh 8 devices")):
+        bad = text.replace('tpu = "v5e"\n', "") + "\n" + extra if extra.startswith("tpu") else text + "\n" + extra
+        with pytest.raises(UsageError, match=said):
+            load_config(_write(tmp_path, bad))

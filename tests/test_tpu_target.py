@@ -127,3 +127,21 @@ def test_every_format_names_the_tpu_and_stderr_stays_clean(model: Path, tmp_path
         assert "v5e:1x1" in text and "libtpu" in text
         if fmt == "json":
             jsonschema.validate(json.loads(text), JSON_SCHEMA)
+
+
+@needs_libtpu
+def test_check_gates_a_tpu_target_on_libtpus_verdict(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`tpu = "v5e"` with `fit = true` in [tool.te-ckpt-audit]: the step the chip refused fails CI."""
+    monkeypatch.chdir(tmp_path)
+    target = ROOT / "sample_models" / "mlp.py"
+    for batch, code in ((65536, 0), (98304, 1)):
+        defines = ", ".join(f"{k} = {v}" for k, v in {**WIDE, "batch": batch}.items())
+        (tmp_path / "pyproject.toml").write_text(
+            f'[tool.te-ckpt-audit]\n[[tool.te-ckpt-audit.targets]]\ntarget = "{target}:loss"\n'
+            f'defines = {{ {defines} }}\npolicies = ["nothing_saveable"]\ntpu = "v5e"\noptimizer = "adamw"\n'
+            "fit = true\n")
+        result = cli("check", "-f", "json")
+        assert result.exit_code == code, result.stderr
+        doc = json.loads(result.stdout)
+        assert doc["targets"][0]["report"]["tpu"]["topology"] == "v5e:1x1"
+        assert [v["figure"] for v in doc["targets"][0]["violations"]] == (["does not fit"] if code else [])
