@@ -339,6 +339,7 @@ def _target(raw: Any, i: int, p: Path) -> TargetConfig:
     except ValueError:
         hint = 'e.g. shardings = "abstract"'
         raise UsageError(f"{p}: {where}.shardings must be compiled or abstract", hint) from None
+    placed = None if mesh is None else mesh_spec(mesh, f"{p}: {where}.mesh")  # parsed once: the audit's and the slice's
     return TargetConfig(
         target=target,
         inputs=inputs,
@@ -347,12 +348,12 @@ def _target(raw: Any, i: int, p: Path) -> TargetConfig:
         scope=scope,
         budgets=tuple(budgets),
         max_recompute=None if max_recompute is None else _number(max_recompute, "max_recompute", where, p),
-        mesh=None if mesh is None else mesh_spec(mesh, f"{p}: {where}.mesh"),
+        mesh=placed,
         shardings=shardings,
         gpu=_gpu({k: v for k, v in raw.items() if k not in _TPU_KEYS} if "tpu" in raw else raw, where, p),
         peak=_peak_gate(raw, where, p),
         params=_params(raw, where, p),
-        tpu=_tpu(raw, where, p, None if mesh is None else mesh_spec(mesh, f"{p}: {where}.mesh").devices),
+        tpu=_tpu(raw, where, p, None if placed is None else placed.devices),
     )
 
 
