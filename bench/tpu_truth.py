@@ -62,6 +62,9 @@ CASES: dict[str, list[tuple[str, str, str, dict[str, Any]]]] = {
           for b in (8192, 32768, 49152)),
     ],
 }
+# `recommend --tpu v5e --maximize throughput` on the GPT (bench/data/tpu-v5e-search.json): the
+# points it compiled are run on the chip (`--on-chip --from-search`), its pick against the fastest
+SEARCH_TARGET = "sample_models/gpt.py:loss"
 FIELDS = ("argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes", "temp_size_in_bytes",
           "generated_code_size_in_bytes")
 
@@ -217,6 +220,133 @@ def cycles_rows(chip: Path, topology: str) -> list[dict[str, Any]]:
     return out
 
 
+def time_rows(chip: Path) -> list[dict[str, Any]]:
+    """Each point that ran on the chip, estimated by te-ckpt-audit itself (`--tpu v5e --optimizer
+    adamw --time`, through the library), against its measured seconds per step. The 1st, 3rd, ...
+    rows are the ones `_steptime.TPU_EFFICIENCY` was fitted on (the median of measured over
+    unscaled estimate); the others are held out."""
+    from te_ckpt_audit import audit_target
+    from te_ckpt_audit._gpu._steptime import TPU_EFFICIENCY
+    from te_ckpt_audit.gpus import Optimizer
+    from te_ckpt_audit.tpus import TpuRequest, parse_tpu
+
+    request = TpuRequest(parse_tpu("v5e"), Optimizer.ADAMW, time=True)
+    ran = [r for r in map(json.loads, chip.read_text().splitlines()) if r.get("verdict") == "ran"]
+    out = []
+    for i, r in enumerate(ran):
+        result = audit_target(r["target"], [r["policy"]], defines=r["defines"], tpu=request).results[0]
+        time = result.time
+        assert time is not None and time.seconds is not None, (r["case"], time)
+        row = {"case": r["case"], "estimated_seconds": time.seconds, "measured_seconds": r["seconds_per_step"],
+               "unscaled_seconds": time.seconds / TPU_EFFICIENCY, "fitted": i % 2 == 0,
+               "error": time.seconds / r["seconds_per_step"] - 1}
+        print(f"{r['case']:34s} {time.seconds:8.4f} s estimated {r['seconds_per_step']:8.4f} s measured "
+              f"{100 * row['error']:+6.1f}% {'(fitted)' if row['fitted'] else ''}", flush=True)
+        out.append(row)
+    fitted = statistics.median(r["measured_seconds"] / r["unscaled_seconds"] for r in out if r["fitted"])
+    held = sorted(abs(r["error"]) for r in out if not r["fitted"])
+    print(f"constant from the fitted rows: {fitted:.3f} (the estimate's: {TPU_EFFICIENCY}); held out: "
+          f"median {100 * statistics.median(held):.1f}%, worst {100 * held[-1]:.1f}% over {len(held)} rows")
+    return out
+
+
+def kind_rows(profile: Path, topology: str = "v5e:1x1") -> list[dict[str, Any]]:
+    """Each profiled point compiled here again (the chip's program: the same plan, the same
+    instruction names), its kernels (te-ckpt-audit's reader) joined with the chip's measured time
+    per kernel: measured over libtpu's estimate (cycles at the clock), by kind of kernel."""
+    import jax
+    from jax.experimental import topologies
+
+    from te_ckpt_audit._gpu._hlo_kernels import step_kernels
+    from te_ckpt_audit.tpus import tpu_model
+
+    clock = tpu_model("v5e").clock_hz
+    topo = topologies.get_topology_desc(platform="tpu", topology_name=topology, chip_config_name="default",
+                                        chips_per_host_bounds=(1, 1, 1), num_slices=1)
+    out = []
+    for r in map(json.loads, profile.read_text().splitlines()):
+        fn, args, donate = step_of(r["target"], r["policy"], r["defines"])
+        text = jax.jit(fn, donate_argnums=donate).lower(*_placed(args, topo.devices[0])).compile().as_text() or ""
+        measured = {name: ns for name, (_, ns) in r["lines"]["XLA Ops"].items()}
+        kinds: dict[str, list[float]] = {}
+        for k in {k.name: k for k in step_kernels(text)}.values():
+            pair = kinds.setdefault(k.kind.value, [0.0, 0.0])
+            pair[0] += measured.get(k.name, 0.0) / 1e9
+            pair[1] += k.cycles * k.runs / clock
+        module = sum(ns for _, ns in r["lines"]["XLA Modules"].values()) / 1e9
+        row = {"case": r["case"], "module_seconds": module,
+               "kinds": {kind: {"measured_seconds": m, "libtpu_seconds": e} for kind, (m, e) in kinds.items()}}
+        said = "; ".join(f"{kind} {m:.4f} s measured / {e:.4f} s libtpu = {m / e if e else 0:.2f}"
+                         for kind, (m, e) in kinds.items())
+        print(f"{r['case']:34s} step {module:.4f} s; {said}", flush=True)
+        out.append(row)
+    return out
+
+
+def time_table(rows: Path) -> str:
+    """The Markdown table of predicted against measured seconds per step (README, docs/guide/tpu.md)."""
+    data = [json.loads(line) for line in rows.read_text().splitlines()]
+    out = ["| point | estimated s/step | measured s/step | error | |", "|---|---:|---:|---:|---|"]
+    for r in data:
+        out.append(f"| {r['case']} | {r['estimated_seconds']:.4f} | {r['measured_seconds']:.4f} | "
+                   f"{100 * r['error']:+.1f}% | {'fitted' if r['fitted'] else 'held out'} |")
+    held = sorted(abs(r["error"]) for r in data if not r["fitted"])
+    out.append(f"\nHeld out ({len(held)} rows): median {100 * statistics.median(held):.1f}%, worst "
+               f"{100 * held[-1]:.1f}%.")
+    return "\n".join(out)
+
+
+COST_POINT = ("sample_models/llama.py:loss", "as-is", {**LLAMA, "remat": "full", "per_device_batch": 8})
+
+
+def cost_rows(runs: int = 3) -> list[dict[str, Any]]:
+    """What `--time` costs on a TPU: one policy's `--tpu v5e --optimizer adamw` run as a whole
+    process, with and without `--time`, alternately, `runs` times each; the medians and their
+    ratio (the time estimate reads the memory compile's own program: no compile of its own)."""
+    import os
+    import subprocess
+
+    target, policy, defines = COST_POINT
+    base = [sys.executable, "-m", "cli", target, "-p", policy, "--tpu", "v5e", "--optimizer", "adamw",
+            "-f", "json", *(f"-D{k}={v}" for k, v in defines.items())]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    seconds: dict[str, list[float]] = {"plain": [], "time": []}
+    for _ in range(runs):
+        for name, extra in (("plain", []), ("time", ["--time"])):
+            begin = time.perf_counter()
+            subprocess.run([*base, *extra], check=True, capture_output=True, env=env, cwd=ROOT)
+            seconds[name].append(time.perf_counter() - begin)
+    plain, timed = statistics.median(seconds["plain"]), statistics.median(seconds["time"])
+    print(f"--tpu v5e: {plain:.1f} s; with --time: {timed:.1f} s; ratio {timed / plain:.2f} (medians of {runs})")
+    return [{"point": target, "policy": policy, "defines": defines, "runs": seconds, "plain_median": plain,
+             "time_median": timed, "ratio": timed / plain}]
+
+
+def truth_table(chip: Path, here: Path, times: Path) -> str:
+    """Every point: the chip's verdict and plan against the deviceless compile's, and where it ran
+    its measured seconds per step against te-ckpt-audit's estimate (README, "Runs that happened")."""
+    def rows(path: Path) -> dict[str, dict[str, Any]]:
+        return {r["case"]: r for r in map(json.loads, path.read_text().splitlines())}
+
+    measured, predicted, timed = rows(chip), rows(here), rows(times)
+    out = ["| point | chip | te-ckpt-audit | plan bytes | s/step, chip | estimate | error |",
+           "|---|---|---|---|---:|---:|---:|"]
+    for case, m in measured.items():
+        p, t = predicted.get(case, {}), timed.get(case)
+        ran = m["verdict"] == "ran"
+        said = "fits" if p.get("verdict") == "compiled" else "does not fit"
+        same = ("equal" if p.get("plan") == m.get("plan") else "differ") if ran else (
+            "same required" if _required(m) == _required(p) else "differ")
+        time = ("-", "-", "-") if t is None else (f"{t['measured_seconds']:.4f}", f"{t['estimated_seconds']:.4f}",
+                                                  f"{100 * t['error']:+.1f}%{'' if t['fitted'] else ' (held out)'}")
+        out.append(f"| {case} | {'ran' if ran else 'refused'} | {said} | {same} | {' | '.join(time)} |")
+    return "\n".join(out)
+
+
+def _required(row: dict[str, Any]) -> str:
+    return (row.get("refusal") or "").split("temporaries (")[-1].split(")")[0]
+
+
 def kernel_rows(steps: int = 20) -> list[dict[str, Any]]:
     """On the chip: single-kernel programs (GEMMs of several shapes and dtypes, elementwise and
     reduction kernels over several sizes), each compiled and run, its libtpu estimated_cycles (the
@@ -259,6 +389,63 @@ def kernel_rows(steps: int = 20) -> list[dict[str, Any]]:
     return rows
 
 
+PROFILED = ("llama full b4", "llama full b16", "llama minimal b4", "llama minimal b7", "gpt nothing_saveable b8",
+            "gpt checkpoint_dots b4", "mlp nothing_saveable b8192", "mlp everything_saveable b8192")
+
+
+def profile_row(name: str, target: str, policy: str, defines: dict[str, Any], out: Path,
+                steps: int = 3) -> dict[str, Any]:
+    """On the chip: one point's step traced by the profiler, each kernel's measured time per step
+    (the device plane's per-op events, summed by name and divided by the steps traced) and the
+    compiled module's text (gzipped beside the rows), for the kernel-by-kernel comparison with
+    libtpu's estimated_cycles."""
+    import gzip
+    import tempfile
+
+    import jax
+    import jax.numpy as jnp
+    from jax.profiler import ProfileData
+
+    fn, args, donate = step_of(target, policy, defines)
+    device = jax.devices()[0]
+    compiled = jax.jit(fn, donate_argnums=donate).lower(*_placed(args, device)).compile()
+    hlo = out / (name.replace(" ", "_") + ".hlo.txt.gz")
+    hlo.write_bytes(gzip.compress((compiled.as_text() or "").encode()))
+    values = list(jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), args))
+    trained = [i for i in donate if i != len(args) - 1]
+
+    def step() -> None:
+        loss, params, state = compiled(*values)
+        jax.block_until_ready((loss, params, state))
+        values[trained[0]], values[-1] = params, state
+
+    for _ in range(3):
+        step()
+    with tempfile.TemporaryDirectory() as trace:
+        begin = time.perf_counter()
+        with jax.profiler.trace(trace):
+            for _ in range(steps):
+                step()
+        wall = (time.perf_counter() - begin) / steps
+        data = ProfileData.from_file(str(next(Path(trace).rglob("*.xplane.pb"))))
+        planes = {pl.name: [ln.name for ln in pl.lines] for pl in data.planes}
+    lines: dict[str, dict[str, list[float]]] = {}
+    for plane in data.planes:
+        if not plane.name.startswith("/device:"):
+            continue
+        for line in plane.lines:
+            found = lines.setdefault(f"{plane.name}|{line.name}", {})
+            for event in line.events:  # an op's event is named by its instruction's text: its name leads
+                name = event.name.split(" ", 1)[0].lstrip("%") if line.name == "XLA Ops" else event.name[:80]
+                count_ns = found.setdefault(name, [0, 0.0])
+                count_ns[0] += 1
+                count_ns[1] += event.duration_ns
+    return {"case": name, "target": target, "policy": policy, "defines": defines, "steps": steps,
+            "traced_wall_seconds_per_step": wall, "device": device.device_kind, "libtpu": _libtpu(),
+            "hlo": hlo.name, "planes": planes, "lines": {k: {n: [c / steps, ns / steps] for n, (c, ns) in v.items()}
+                                       for k, v in lines.items()}}
+
+
 def table(chip: Path, here: Path) -> str:
     """The Markdown table docs/guide/tpu.md shows: each point's plan on the chip and deviceless,
     both verdicts, and the measured seconds per step."""
@@ -298,30 +485,63 @@ def main() -> None:
                        help="print the Markdown table of two files of rows")
     where.add_argument("--kernels", action="store_true",
                        help="on the chip: single kernels' estimated cycles against their measured time")
+    where.add_argument("--estimate", type=Path, metavar="CHIP",
+                       help="te-ckpt-audit's own --tpu --time estimate of each point that ran, against its time")
+    where.add_argument("--cost", action="store_true",
+                       help="whole processes: --tpu v5e against --tpu v5e --time, medians of 3 and their ratio")
+    where.add_argument("--kinds", type=Path, metavar="PROFILE",
+                       help="the profiled points' measured kernel time by kind against libtpu's estimates")
+    where.add_argument("--truth-table", nargs=3, type=Path, metavar=("CHIP", "DEVICELESS", "TIME"),
+                       help="the README's table: every point's verdicts, plans and times")
+    where.add_argument("--time-table", type=Path, metavar="ROWS", help="print the Markdown table of --estimate's rows")
     where.add_argument("--cycles", type=Path, metavar="CHIP",
                        help="libtpu's summed cycle estimates of each point that ran, against its measured time")
     where.add_argument("--on-chip", action="store_true", help="compile and run on this machine's TPU")
+    where.add_argument("--profile", type=Path, metavar="DIR",
+                       help="on the chip: trace the profiled points, per-kernel times and HLO into DIR")
     where.add_argument("--deviceless", metavar="TOPOLOGY", help="compile here for TOPOLOGY (v5e:1x1), no TPU")
     parser.add_argument("--cases", default="llama,gpt,mlp", help="comma-separated: " + ", ".join(CASES))
+    parser.add_argument("--from-search", type=Path, metavar="JSON",
+                        help="with --on-chip: the points of a `recommend --maximize throughput -f json` of the GPT")
     parser.add_argument("--only", default="", help="run only the cases whose name contains this")
     parser.add_argument("--out", type=Path, help="JSON lines, appended")
     ns = parser.parse_args()
     if ns.table:
         print(table(*ns.table))
         return
-    if ns.kernels:
-        rows = kernel_rows()
-        if ns.out is not None:
-            ns.out.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
+    if ns.time_table:
+        print(time_table(ns.time_table))
         return
-    if ns.cycles:
-        rows = cycles_rows(ns.cycles, "v5e:1x1")
-        if ns.out is not None:
-            ns.out.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
+    if ns.truth_table:
+        print(truth_table(*ns.truth_table))
         return
+    if ns.profile:
+        ns.profile.mkdir(parents=True, exist_ok=True)
+        cases = {c[0]: c for group in CASES.values() for c in group}
+        with (ns.profile / "profile.jsonl").open("a") as f:
+            for name in (n for n in PROFILED if ns.only in n):
+                row = profile_row(*cases[name], out=ns.profile)
+                f.write(json.dumps(row, sort_keys=True) + "\n")
+                f.flush()
+                print(f"{name:34s} traced {row['traced_wall_seconds_per_step']:.4f} s/step, "
+                      f"{sum(len(v) for v in row['lines'].values())} kernels", flush=True)
+        return
+    studies = {"kernels": lambda: kernel_rows(), "cost": lambda: cost_rows(), "kinds": lambda: kind_rows(ns.kinds),
+               "estimate": lambda: time_rows(ns.estimate), "cycles": lambda: cycles_rows(ns.cycles, "v5e:1x1")}
+    for flag, study in studies.items():
+        if getattr(ns, flag):
+            rows = study()
+            if ns.out is not None:
+                ns.out.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
+            return
     if ns.out is None:
         parser.error("--out is required with --on-chip and --deviceless")
     done = {json.loads(line)["case"] for line in ns.out.read_text().splitlines()} if ns.out.exists() else set()
+    if ns.from_search is not None:
+        points = json.loads(ns.from_search.read_text())["throughput"]["points"]
+        CASES["search"] = [(f"gpt {p['policy']} b{p['value']}", SEARCH_TARGET, p["policy"],
+                            {**GPT, "batch": p["value"]}) for p in points]
+        ns.cases = "search"
     for group in ns.cases.split(","):
         for name, target, policy, defines in CASES[group]:
             if ns.only not in name or name in done:  # a rerun appends only what is missing

@@ -194,7 +194,8 @@ class GpuOptions:
                                      ("--calibrate", calibrate is not None))
                      if on]
             if given:
-                hint = "add --gpu NAME (`te-ckpt-audit gpus` lists them)"
+                hint = "add --gpu NAME (`te-ckpt-audit gpus` lists them)" + (
+                    " or --tpu NAME" if given[0] in ("--time", "--optimizer", "--fit") else "")
                 raise UsageError(f"{given[0]} is about the step compiled for a GPU", hint)
             return cls(None, peak)
         # the values are checked where they are made (GpuEnvironment, GpuRequest), named by their flags here
@@ -529,7 +530,8 @@ Time = Annotated[
     typer.Option(
         "--time",
         help="With --gpu: also estimate each policy's seconds per step on the GPUs, from XLA's own cost models "
-        "of the compiled step (one more compile per policy, beside the memory ones).",
+        "of the compiled step (one more compile per policy, beside the memory ones). With --tpu: from libtpu's "
+        "own per-kernel cycle estimates, in the same compile.",
     ),
 ]
 Calibrate = Annotated[

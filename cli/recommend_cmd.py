@@ -17,10 +17,12 @@ from te_ckpt_audit import (
     throughput_keyword,
 )
 from te_ckpt_audit.config import files_read
+from te_ckpt_audit.errors import UsageError
 from te_ckpt_audit.gpus import DEFAULT_GPUS_PER_HOST
 from te_ckpt_audit.render import format_bytes, render_recommend_html, render_recommend_json, render_recommend_text
 from te_ckpt_audit.render.recommend import no_best_words
 from te_ckpt_audit.sizes import budget_size, count_at_least_one, positive_bytes
+from te_ckpt_audit.tpus import TpuRequest, parse_tpu
 
 from . import options as opt
 from . import process
@@ -62,24 +64,24 @@ Budget = Annotated[
         "--budget",
         metavar="SIZE",
         help="Device memory for activations (B, KB, MB, GB, KiB, MiB, GiB), per device with --mesh. "
-        "With --gpu it only bounds which points are compiled (default: the GPU's usable memory).",
+        "With --gpu or --tpu it only bounds which points are compiled (default: the device's usable memory).",
         show_default=False,
     ),
 ]
 MaxCompiles = Annotated[
     int | None,
-    typer.Option("--max-compiles", metavar="N", help="With --gpu: compile at most N points (policy, and batch with "
-                 "--maximize throughput). Default: 8.", show_default=False),
+    typer.Option("--max-compiles", metavar="N", help="With --gpu or --tpu: compile at most N points (policy, and "
+                 "batch with --maximize throughput). Default: 8.", show_default=False),
 ]
 Maximize = Annotated[
     str | None,
     typer.Option(
         "--maximize",
         metavar="DEFINE|throughput[:KEYWORD]",
-        help="With --gpu: DEFINE: also find the largest value of this inputs keyword (e.g. batch) whose step "
+        help="With --gpu or --tpu: DEFINE: also find the largest value of this inputs keyword (e.g. batch) whose step "
         "fits under the recommended policy, by compiled peak. throughput: the policy and batch (the inputs "
         "keyword batch, or KEYWORD) whose compiled step fits with the most estimated throughput per GPU "
-        "(--time's estimate; each point compiled).",
+        "(--time's estimate; each point compiled; on a TPU, libtpu's verdict and cycle estimates).",
         show_default=False,
     ),
 ]
@@ -129,6 +131,7 @@ def recommend(
     params: opt.Params = None,
     debug: opt.Debug = False,
     emulate_gpu: opt.EmulateGpu = None,
+    tpu: opt.TpuName = None,
 ) -> int:
     """Find the checkpoint policy whose activation bytes fit --budget with the least recompute.
 
@@ -138,21 +141,27 @@ def recommend(
     settings and the Pareto frontier. With --gpu, the winner is the least-recompute frontier point
     whose training step, compiled for that GPU, fits its usable memory (points compiled in order of
     recompute, --jobs at a time, until one fits); with --maximize throughput, the policy and batch whose
-    compiled step fits with the most estimated throughput. Exit codes: 0 something
+    compiled step fits with the most estimated throughput. With --tpu, the same on a TPU slice
+    (libtpu's verdict, its cycle estimates). Exit codes: 0 something
     fits, 1 nothing fits (the closest is shown), 2 usage or bad input, 3 the target failed to load or
     trace, 4 internal error.
     """
     size = None if budget is None else positive_bytes(budget_size(budget))  # fails before the user's code runs
-    on_gpu = GpuOptions.parse(gpu, gpu_config, gpus_per_host, optimizer, mem_fraction, False, None, compile_cache(),
-                              jobs=jobs, cluster=cluster, time=timed or throughput_keyword(maximize) is not None,
+    if tpu is not None and (gpu is not None or gpu_config is not None):
+        raise UsageError("--tpu and --gpu both name the step's target", "give one of them")
+    wants_time = timed or throughput_keyword(maximize) is not None
+    on_gpu = GpuOptions.parse(gpu, gpu_config, gpus_per_host, None if tpu else optimizer, mem_fraction, False, None,
+                              compile_cache(), jobs=jobs, cluster=cluster, time=wants_time and tpu is None,
                               network_gbps=network_gbps, calibrate=calibrate)
     count_at_least_one(max_evals, "max_evals", 64)
     what = TargetOptions.parse(target, inputs, define, scope, params)
     where = MeshOptions.parse(mesh, ShardingSource.COMPILED)
+    on_tpu = None if tpu is None else TpuRequest(parse_tpu(tpu, where.devices or 1), optimizer, wants_time)
     written = output
     check_report_destination(written)
     refuse_overwriting(written, files_read(what.target, what.inputs, (), on_gpu.request))
-    process.prepare(emulate_gpu, where.devices, None if on_gpu.request is None else on_gpu.request.model)
+    process.prepare(emulate_gpu, where.devices, None if on_gpu.request is None else on_gpu.request.model,
+                    tpu=on_tpu is not None)
     compiling_on = process.running(on_gpu.jobs, on_gpu.cluster)  # here, worker processes or a cluster
     with stdout_kept_for_the_report(), progress_on_stderr() as progress, compiling_on as pool:
         rec = recommend_target(
@@ -173,17 +182,18 @@ def recommend(
             executor=pool,
             jobs=on_gpu.jobs,
             capture=process.xla_log_kept_off_stderr,
+            tpu=on_tpu,
         )
     emit(renderer(format)(rec), written)
     if rec.throughput is not None:
         if rec.throughput.best is None:
-            say(f"{PROG}: {no_best_words(rec.throughput, rec.gpu.name if rec.gpu else 'GPU')}")
+            say(f"{PROG}: {no_best_words(rec.throughput, rec.device_name or 'GPU')}")
             return ExitCode.CHECK_FAILED
         return ExitCode.OK
     if rec.recommended is None:
         closest = rec.closest
         near = f"; closest: {closest.policy} at {format_bytes(closest.activation_bytes)}" if closest else ""
-        limit = f"the {rec.gpu.name}" if rec.gpu is not None else format_bytes(rec.budget_bytes)
+        limit = f"the {rec.device_name}" if rec.device_name is not None else format_bytes(rec.budget_bytes)
         say(f"{PROG}: nothing fits {limit}{near}")
         return ExitCode.CHECK_FAILED
     return ExitCode.OK

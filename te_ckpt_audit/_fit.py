@@ -24,23 +24,25 @@ from .errors import AuditError, UsageError, first_line
 from .gpus import GpuRequest
 from .records import Candidate, Maximized, Recommendation, Trial
 from .specs import resolve_policy
+from .tpus import TpuRequest
 
 DEFAULT_MAX_COMPILES = 8
 
 
 def fit_on_gpu(
-    session: Session, rec: Recommendation, request: GpuRequest, max_compiles: int = DEFAULT_MAX_COMPILES,
+    session: Session, rec: Recommendation, request: GpuRequest | TpuRequest, max_compiles: int = DEFAULT_MAX_COMPILES,
     progress: Progress = quiet, executor: concurrent.futures.Executor | None = None, jobs: int = 1,
     capture: LogCapture | None = None,
 ) -> Recommendation:
-    """`rec` with its frontier compiled for `request`'s GPU as far as needed: `recommended` is the
-    least-recompute point whose peak fits the usable memory, `closest` (when none does) the compiled
-    point with the smallest peak. Points are compiled in order of recompute, `jobs` at a time (in
-    `executor`'s processes), until one fits: a policy that keeps fewer activation bytes can peak
-    higher, so no point is skipped on the assumption that it would not."""
+    """`rec` with its frontier compiled for `request`'s GPU (or TPU slice) as far as needed:
+    `recommended` is the least-recompute point whose peak fits the usable memory (on a TPU: that
+    libtpu takes), `closest` (when none does) the compiled point with the smallest peak. Points are
+    compiled in order of recompute, `jobs` at a time (in `executor`'s processes), until one fits:
+    a policy that keeps fewer activation bytes can peak higher, so no point is skipped on the
+    assumption that it would not."""
     if max_compiles < 1:
         raise UsageError(f"$max_compiles$ {max_compiles} must be at least 1", "e.g. $max_compiles$ 8")
-    session.compiler(request, capture)  # what the machine lacks, or a target with no loss: before any compile
+    session.prepare(request, capture)  # what the machine lacks, or a target with no loss: before any compile
     order = sorted((c for c in rec.frontier if c.error is None), key=lambda c: (c.recompute_flops, -c.activation_bytes))
     compiled: dict[str, Candidate] = {}
     best: Candidate | None = None
@@ -66,8 +68,8 @@ def fit_on_gpu(
         closest=closest,
         frontier=tuple(shown(c) for c in rec.frontier),
         evaluated=tuple(shown(c) for c in rec.evaluated),
-        gpu=session.gpu_info(request),
         compiles=len(compiled),
+        **session.target_info(request),  # type: ignore[arg-type]
     )
 
 
@@ -76,7 +78,7 @@ def _peak_bytes(c: Candidate) -> int:
 
 
 def largest_fitting(
-    build: Callable[[int], Session], define: str, start: int, policy: str, request: GpuRequest,
+    build: Callable[[int], Session], define: str, start: int, policy: str, request: GpuRequest | TpuRequest,
     max_compiles: int = DEFAULT_MAX_COMPILES, progress: Progress = quiet, capture: LogCapture | None = None,
 ) -> Maximized:
     """The largest value of the inputs keyword `define` whose step fits under `policy`: doubling

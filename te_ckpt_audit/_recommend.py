@@ -53,6 +53,7 @@ from .records import (
 )
 from .sizes import MAX_JOBS, count_at_least_one, positive_bytes, size_arg
 from .specs import PolicySpec, names_spec, resolve_policy, spellable
+from .tpus import TpuRequest
 
 # Presets a subset of names is combined with (`save_only_these_names:...+BASE`): TE-aware where the
 # model has TE GEMMs, JAX's own where it has none (the same policies there, with JAX's names).
@@ -489,6 +490,7 @@ def recommend_target(
     executor: concurrent.futures.Executor | None = None,
     jobs: int = 1,
     capture: LogCapture | None = None,
+    tpu: TpuRequest | None = None,
 ) -> Recommendation:
     """Load `file.py:fn` and its example inputs, trace once, and `recommend`. `budget` is a size
     as the command line takes it ("6GiB", or bytes; `budget_bytes`, bytes, says the same). With
@@ -499,23 +501,29 @@ def recommend_target(
     (`"throughput:KEYWORD"`), the frontier's policy and `batch` (KEYWORD) whose step fits with the
     most estimated throughput (`_throughput`), its one answer; `max_compiles` 8 by default. `params`
     names the trained arguments (the first by default); `executor` and `jobs`: compile that many
-    points at once in its worker processes; `capture` keeps XLA's log lines off stderr. Bad
-    arguments fail before the target's code runs."""
+    points at once in its worker processes; `capture` keeps XLA's log lines off stderr. With `tpu`
+    (a TpuRequest) instead of `gpu`, the same on a TPU slice: libtpu's verdict is the fit, its
+    cycle estimates the time. Bad arguments fail before the target's code runs."""
     check_target_arg(target)
     placement: MeshSpec | None = mesh_arg(mesh)
     gpu_arg(gpu)
+    if tpu is not None and not isinstance(tpu, TpuRequest):
+        raise UsageError(f"$tpu$ wants a TpuRequest, not {type(tpu).__name__}", 'tpu=TpuRequest(parse_tpu("v5e"))')
+    if gpu is not None and tpu is not None:
+        raise UsageError("$gpu$ and $tpu$ both name the step's target", "give one of them")
+    on: GpuRequest | TpuRequest | None = gpu if gpu is not None else tpu
     if budget is not None and budget_bytes is not None:
         raise UsageError("$budget$ and $budget_bytes$ both give the budget", "give one of them")
-    if budget is None and budget_bytes is None and gpu is None:
-        raise UsageError("recommend needs $budget$, or $gpu$ (its usable memory)", "e.g. $budget$='6GiB'")
-    if maximize is not None and gpu is None:
-        raise UsageError(f"$maximize$ {maximize} finds what fits a GPU", "add $gpu$")
+    if budget is None and budget_bytes is None and on is None:
+        raise UsageError("recommend needs $budget$, or $gpu$ or $tpu$ (its usable memory)", "e.g. $budget$='6GiB'")
+    if maximize is not None and on is None:
+        raise UsageError(f"$maximize$ {maximize} finds what fits a GPU or a TPU", "add $gpu$ or $tpu$")
     if budget is not None:
         limit = size_arg(budget, "budget")
     elif budget_bytes is not None:
         limit = positive_bytes(budget_bytes, "budget_bytes")
     else:
-        limit = positive_bytes(gpu.usable_bytes)  # type: ignore[union-attr]
+        limit = positive_bytes(gpu.usable_bytes if gpu is not None else tpu.target.model.usable_bytes)  # type: ignore[union-attr]
     count_at_least_one(max_evals, "max_evals", 64)
     count_at_least_one(jobs, "jobs", 2, MAX_JOBS)
     keyword = throughput_keyword(maximize)
@@ -531,23 +539,23 @@ def recommend_target(
         )
 
     session = session_with({})
-    start = 0 if maximize is None or gpu is None else _start_of(session, keyword or maximize, keyword is not None)
+    start = 0 if maximize is None or on is None else _start_of(session, keyword or maximize, keyword is not None)
     rec = recommend(
         session, limit, allow_offload=allow_offload, max_evals=max_evals, presets=presets, progress=progress,
     )
-    if gpu is None:
+    if on is None:
         return rec
     if keyword is not None:  # one question, one search: no memory pick compiled beside it, one compile limit
-        gpu = dataclasses.replace(gpu, time=True)  # throughput is the step's estimated time
+        on = dataclasses.replace(on, time=True)  # throughput is the step's estimated time
         policies = spread([c.policy for c in rec.frontier if c.error is None], max(2, max_compiles // 4))
-        fastest = target_search(lambda v: session_with({keyword: str(v)}), session, policies, keyword, start, gpu,
+        fastest = target_search(lambda v: session_with({keyword: str(v)}), session, policies, keyword, start, on,
                                 max_compiles=max_compiles, progress=progress, executor=executor, jobs=jobs,
                                 capture=capture)
-        return dataclasses.replace(rec, throughput=fastest, gpu=session.gpu_info(gpu))
-    rec = fit_on_gpu(session, rec, gpu, max_compiles, progress, executor, jobs, capture)
+        return dataclasses.replace(rec, throughput=fastest, **session.target_info(on))  # type: ignore[arg-type]
+    rec = fit_on_gpu(session, rec, on, max_compiles, progress, executor, jobs, capture)
     if maximize is None or rec.recommended is None:
         return rec
-    found = largest_fitting(lambda v: session_with({maximize: str(v)}), maximize, start, rec.recommended.policy, gpu,
+    found = largest_fitting(lambda v: session_with({maximize: str(v)}), maximize, start, rec.recommended.policy, on,
                              max_compiles, progress, capture)
     return dataclasses.replace(rec, maximized=found)
 

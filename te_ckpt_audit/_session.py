@@ -60,6 +60,7 @@ from .records import (
     ShardingSource,
     StepTime,
     TeKind,
+    TpuInfo,
     TpuPlan,
     Trained,
 )
@@ -123,6 +124,7 @@ class Session:
         self.emulated_device = emulated_device()
         self._analysed: dict[PolicySpec, _Analysed] = {}  # keyed by the frozen spec
         self._compilers: dict[GpuRequest, Compiler] = {}
+        self._tpu_compilers: dict[TpuRequest, TpuCompiler] = {}
 
     # --- building one ---------------------------------------------------------------------------
 
@@ -284,18 +286,33 @@ class Session:
             self._compilers[request] = Compiler(self._traced, request, self.gpu_mesh, capture)
         return self._compilers[request]
 
+    def prepare(self, request: GpuRequest | TpuRequest, capture: LogCapture | None = None) -> None:
+        """Whatever the target's compiler needs and lacks (libtpu, a loss to train), said before any compile."""
+        if isinstance(request, TpuRequest):
+            self.tpu_compiler(request, capture)
+        else:
+            self.compiler(request, capture)
+
     def compiled(
         self,
         specs: Sequence[PolicySpec],
-        request: GpuRequest,
+        request: GpuRequest | TpuRequest,
         progress: Progress = quiet,
         executor: concurrent.futures.Executor | None = None,
         capture: LogCapture | None = None,
     ) -> dict[str, Compiled]:
-        """Each policy's training step on `request`'s GPU, by spec text: its peak per device and,
-        where the request asks, its time; with `executor` (processes: a compile needs a process of
-        its own to run in parallel), several at once, each worker's program checked against this
-        process's."""
+        """Each policy's training step on `request`'s GPU or TPU slice, by spec text: its peak per
+        device (a TPU's: libtpu's plan, its verdict) and, where the request asks, its time; with
+        `executor` (processes: a compile needs a process of its own to run in parallel), several
+        GPU steps at once, each worker's program checked against this process's."""
+        if isinstance(request, TpuRequest):
+            on_tpu = self.tpu_compiler(request, capture)
+            out_tpu = {}
+            for spec in specs:
+                with user_code(self._traced.target or "the function"):
+                    plan, time = self._tpu_plan(on_tpu, spec, progress, capture)
+                out_tpu[spec.text] = Compiled(plan.peak(), time)
+            return out_tpu
         compiler = self.compiler(request, capture)
 
         def here(spec: PolicySpec) -> Compiled:
@@ -371,9 +388,13 @@ class Session:
                 r, peak=found[s.text].peak, time=self.timed(r.forward_flops, r.recompute_flops, found[s.text].time))
                 for s, r in zip(specs, rows, strict=True)]
         if on_tpu is not None and tpu is not None:
-            rows = [r if r.error is not None else dataclasses.replace(r, tpu_plan=self._tpu_plan(on_tpu, s, progress,
-                                                                                              capture))
-                    for s, r in zip(specs, rows, strict=True)]
+            planned = []
+            for s, r in zip(specs, rows, strict=True):
+                if r.error is None:
+                    plan, time = self._tpu_plan(on_tpu, s, progress, capture)
+                    r = dataclasses.replace(r, tpu_plan=plan, time=self.timed(r.forward_flops, r.recompute_flops, time))
+                planned.append(r)
+            rows = planned
         report = self.report_of(rows, gpu)
         return report if tpu is None else dataclasses.replace(report, tpu=tpu_info(tpu, self.gpu_mesh))
 
@@ -383,11 +404,13 @@ class Session:
         if self.own_step:
             raise UsageError(f"{self._traced.target} is a training step of its own", "--tpu compiles te-ckpt-audit's")
         check_loss(self._traced)
-        with capture() if capture is not None else contextlib.nullcontext():
-            return TpuCompiler(self._traced, request, self.gpu_mesh)
+        if request not in self._tpu_compilers:
+            with capture() if capture is not None else contextlib.nullcontext():
+                self._tpu_compilers[request] = TpuCompiler(self._traced, request, self.gpu_mesh)
+        return self._tpu_compilers[request]
 
     def _tpu_plan(self, compiler: TpuCompiler, spec: PolicySpec, progress: Progress,
-                  capture: LogCapture | None) -> TpuPlan:
+                  capture: LogCapture | None) -> tuple[TpuPlan, StepTime | None]:
         progress(f"compiling {spec.text} for {compiler.request.target.topology} (libtpu)")
         with capture() if capture is not None else contextlib.nullcontext():
             return compiler.plan(spec, self.resolved_scope(spec))
@@ -460,6 +483,12 @@ class Session:
         """The mesh a GPU step is laid on: the audit's (`mesh`), else the one the model made over
         the machine's devices (None: one GPU)."""
         return step_mesh(self._traced, None if self.mesh is None else spec_of(self.mesh))
+
+    def target_info(self, request: GpuRequest | TpuRequest) -> dict[str, GpuInfo | TpuInfo]:
+        """A record's field naming what `request` compiled for: {"gpu": ...} or {"tpu": ...}."""
+        if isinstance(request, TpuRequest):
+            return {"tpu": tpu_info(request, self.gpu_mesh)}
+        return {"gpu": self.gpu_info(request)}
 
     def gpu_info(self, request: GpuRequest) -> GpuInfo:
         """`request`'s GPU and environment, for the mesh this trace's step is laid on."""

@@ -35,6 +35,7 @@ from .errors import AuditError, UsageError, first_line
 from .gpus import GpuRequest
 from .records import PeakMemory, Point, StepTime, Throughput
 from .specs import resolve_policy
+from .tpus import TpuRequest
 
 THROUGHPUT = "throughput"  # `--maximize throughput`
 DEFAULT_MAX_COMPILES = 8  # points (each the memory compiles and the time compile of one step): ~1 min on a small model
@@ -187,7 +188,7 @@ def spread(items: Sequence[str], most: int) -> list[str]:
 
 def target_search(
     build: Callable[[int], Session], first: Session, policies: Sequence[str], keyword: str, start: int,
-    request: GpuRequest, *, max_compiles: int = DEFAULT_MAX_COMPILES, progress: Progress = quiet,
+    request: GpuRequest | TpuRequest, *, max_compiles: int = DEFAULT_MAX_COMPILES, progress: Progress = quiet,
     executor: concurrent.futures.Executor | None = None, jobs: int = 1, capture: LogCapture | None = None,
 ) -> Throughput:
     """`search` over a target's inputs keyword: `build(value)` traces it with that value (`first`
@@ -201,7 +202,7 @@ def target_search(
                          f"{keyword}={start}, so it is not a batch and the search would favour its largest value",
                          "name the inputs keyword that sets the batch, e.g. $maximize$ throughput:batch")
     sessions[2 * start] = probe
-    first.compiler(timed, capture)  # what the machine lacks, or a target with no loss: before any compile
+    first.prepare(timed, capture)  # what the machine lacks, or a target with no loss: before any compile
 
     def evaluate(batch: Sequence[tuple[str, int]]) -> list[Point]:
         found: dict[tuple[str, int], Point] = {}
@@ -222,4 +223,7 @@ def target_search(
                 found[(name, value)] = point_of(name, value, steps[spec.text].peak, steps[spec.text].time)
         return [found[w] for w in batch]
 
-    return search(evaluate, policies, start, keyword, keyword, max_compiles=max_compiles, jobs=jobs)
+    found = search(evaluate, policies, start, keyword, keyword, max_compiles=max_compiles, jobs=jobs)
+    if isinstance(request, TpuRequest):
+        return dataclasses.replace(found, device="chip", estimator="libtpu's cycle estimates")
+    return found

@@ -36,6 +36,7 @@ class TpuModel:
     chips_per_host: int
     dimensions: int  # of its topology: 2 (v5e, v6e: 4x4) or 3 (v4, v5p: 2x2x2)
     source: str
+    clock_hz: float = 1.5e9  # the TensorCore's: libtpu's estimated cycles are its (CLOCKS says whence)
 
 
 def _usable_like_v5e(hbm: int) -> int:
@@ -56,6 +57,14 @@ CATALOG: dict[str, TpuModel] = {
                  1228e9, 2400e9 / 8, 4, 3, CLOUD.format("v4")),
     )
 }
+# The clock each chip's bf16 peak implies of its matrix units (peak / (MXUs x 128 x 128 x 2 FLOPs),
+# v6e's 256 x 256): v5e 4 MXUs, v5p 2 TensorCores x 4, v6e 4 of 256 x 256; v4's 1050 MHz is its
+# paper's (Jouppi et al., ISCA 2023). On the v5e, a 8192^3 bf16 GEMM's estimated cycles at this clock
+# came within 4% of its measured time (bench/data/tpu-v5e-kernels.jsonl).
+CLOCKS = {"v5e": 197e12 / (4 * 128 * 128 * 2), "v5p": 459e12 / (8 * 128 * 128 * 2),
+          "v6e": 918e12 / (4 * 256 * 256 * 2), "v4": 1.05e9}
+CATALOG = {name: dataclasses.replace(m, clock_hz=CLOCKS[name]) for name, m in CATALOG.items()}
+CLOCK_SOURCE = "the bf16 peak over the matrix units' multiply-adds per cycle (v4: its paper)"
 ALIASES = {"v5litepod": "v5e", "v5lite": "v5e", "trillium": "v6e"}
 
 
@@ -92,11 +101,19 @@ class TpuTarget:
 @dataclasses.dataclass(frozen=True, slots=True)
 class TpuRequest:
     """What compiling for a TPU asks (`audit(..., tpu=TpuRequest(parse_tpu("v5e")))`): the slice,
-    and the optax update the step adds (None: the loss's gradients alone, as --gpu without
-    --optimizer)."""
+    the optax update the step adds (None: the loss's gradients alone, as --gpu without
+    --optimizer), and whether to estimate the step's time."""
 
     target: TpuTarget
     optimizer: Optimizer | None = None
+    time: bool = False  # also estimate each step's time from libtpu's own per-kernel cycles (the same compile)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.target, TpuTarget):
+            raise UsageError(f"$tpu$ wants a TpuTarget (parse_tpu(\"v5e\")), not {type(self.target).__name__}",
+                             'tpu=TpuRequest(parse_tpu("v5e"))')
+        if type(self.time) is not bool:
+            raise UsageError(f"$time$ is True or False, not {self.time!r}", "time=True")
 
 
 def parse_tpu(text: str, chips: int | None = None) -> TpuTarget:

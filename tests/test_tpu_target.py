@@ -4,6 +4,7 @@ own HBM check; tests/test_tpus.py holds the rows a real v5e measured."""
 
 from __future__ import annotations
 
+import html
 import importlib.util
 import json
 import os
@@ -145,3 +146,118 @@ def test_check_gates_a_tpu_target_on_libtpus_verdict(tmp_path: Path, monkeypatch
         doc = json.loads(result.stdout)
         assert doc["targets"][0]["report"]["tpu"]["topology"] == "v5e:1x1"
         assert [v["figure"] for v in doc["targets"][0]["violations"]] == (["does not fit"] if code else [])
+
+
+def _scan_loss(w: jax.Array, x: jax.Array, layers: int) -> jax.Array:
+    """`layers` residual layers of one weight under one lax.scan: a TPU while loop with no known
+    trip count, the same body whatever the count."""
+    def layer(h: jax.Array, _: None) -> tuple[jax.Array, None]:
+        return h + jnp.tanh(h @ w), None
+
+    h, _ = jax.lax.scan(layer, x, None, length=layers)
+    return jnp.sum(h)
+
+
+def _scan_time(layers: int) -> Any:
+    w = jax.ShapeDtypeStruct((512, 512), jnp.bfloat16)
+    x = jax.ShapeDtypeStruct((8192, 512), jnp.bfloat16)
+    report = audit(_scan_loss, w, x, layers, policies=["nothing_saveable"], params=0,
+                   tpu=TpuRequest(parse_tpu("v5e"), time=True))
+    time = report.results[0].time
+    assert time is not None and time.seconds is not None and time.error is None, time
+    return time
+
+
+@needs_libtpu
+def test_a_scan_of_8_layers_is_estimated_twice_a_scan_of_4() -> None:
+    """libtpu's loops carry no known trip count: the estimate reads it from the loop's condition,
+    so the layers' kernels count 8 times in one and 4 in the other, the rest (the step around the
+    loops) once in each."""
+    four, eight = _scan_time(4), _scan_time(8)
+    assert eight.seconds == pytest.approx(2 * four.seconds, rel=0.05)
+    assert eight.kernels > four.kernels
+    assert four.device == "chip" and four.hardware == "v5e" and four.estimator == "libtpu's cycle estimates"
+    assert four.peak_flops == parse_tpu("v5e").model.bf16_flops
+    assert any(k.runs == 8 for k in eight.costliest) and not any(k.runs == 8 for k in four.costliest)
+
+
+@needs_libtpu
+def test_a_mesh_of_four_chips_adds_ici_collective_time() -> None:
+    """The sample MLP's batch split over 4 chips: each chip's gradients are all-reduced over ICI,
+    which the estimate times; one chip alone has no collective."""
+    def time_of(*args: str) -> dict[str, Any]:
+        result = cli(str(ROOT / "sample_models" / "mlp.py") + ":loss", "-D", "batch=64", "-p", "nothing_saveable",
+                     "--tpu", "v5e", "--time", "-f", "json", *args)
+        assert result.exit_code == 0, result.stderr
+        return json.loads(result.stdout)["results"][0]["time"]
+
+    one, four = time_of(), time_of("--mesh", "data=4")
+    assert one["communication_seconds"] == 0 and one["devices"] == 1
+    assert four["communication_seconds"] > 0 and four["devices"] == 4
+    assert four["seconds"] >= four["compute_seconds"]
+
+
+@needs_libtpu
+def test_a_step_that_does_not_fit_gets_no_time_and_says_why() -> None:
+    request = TpuRequest(parse_tpu("v5e"), Optimizer.ADAMW, time=True)
+    result = audit_target("sample_models/mlp.py:loss", ["nothing_saveable"], defines={**WIDE, "batch": 98304},
+                          tpu=request).results[0]
+    assert result.tpu_plan is not None and result.tpu_plan.fits is False
+    assert result.time is not None and result.time.seconds is None
+    assert result.time.error == "the step does not fit the chip's HBM"
+
+
+@needs_libtpu
+def test_time_on_a_tpu_is_named_per_chip_in_every_format(model: Path, tmp_path: Path) -> None:
+    import jsonschema
+
+    from te_ckpt_audit.records import JSON_SCHEMA
+
+    for fmt in ("table", "markdown", "html", "json"):
+        out = tmp_path / f"t.{fmt}"
+        result = cli("model.py:loss", "--tpu", "v5e", "--time", "-p", "nothing_saveable", "-f", fmt, "-o", str(out))
+        assert result.exit_code == 0, result.stderr
+        text = html.unescape(out.read_text())
+        if fmt == "json":
+            doc = json.loads(text)
+            jsonschema.validate(doc, JSON_SCHEMA)
+            time = doc["results"][0]["time"]
+            assert (time["device"], time["hardware"], time["estimator"]) == ("chip", "v5e", "libtpu's cycle estimates")
+            assert time["model"].startswith("libtpu's estimated cycles") and time["seconds"] > 0
+        else:
+            assert "Step time on 1 x v5e: an estimate from libtpu's cycle estimates" in text
+            assert "per chip" in text and "per GPU" not in text and "XLA's cost models" not in text
+
+
+@needs_libtpu
+def test_recommend_on_a_tpu_picks_the_least_recompute_that_libtpu_takes() -> None:
+    """The wide MLP at batch 49152 with AdamW: saving everything needs more HBM than the v5e has
+    (the chip refused it), so the pick is a policy that recomputes, and it fits by libtpu's verdict."""
+    mlp = str(ROOT / "sample_models" / "mlp.py") + ":loss"
+    result = cli("recommend", mlp, *(f"-D{k}={v}" for k, v in WIDE.items()), "-D", "batch=49152",
+                 "--tpu", "v5e", "--optimizer", "adamw", "-f", "json")
+    assert result.exit_code == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["tpu"]["topology"] == "v5e:1x1" and doc["gpu"] is None
+    pick = doc["recommended"]
+    assert pick["peak"]["fits"] is True and pick["recompute_flops"] > 0
+    refused = [c for c in doc["frontier"] if c["peak"] is not None and c["peak"]["fits"] is False]
+    assert all(c["recompute_flops"] < pick["recompute_flops"] for c in refused) and refused
+    assert all(c["peak"]["needed_bytes"] > parse_tpu("v5e").model.usable_bytes for c in refused)
+
+
+@needs_libtpu
+def test_maximize_throughput_on_a_tpu_searches_policy_and_batch_per_chip() -> None:
+    result = cli("recommend", str(ROOT / "sample_models" / "mlp.py") + ":loss", "-D", "batch=4096",
+                 "--tpu", "v5e", "--maximize", "throughput", "--max-compiles", "4", "-f", "json")
+    assert result.exit_code == 0, result.stderr
+    doc = json.loads(result.stdout)
+    t = doc["throughput"]
+    assert (t["device"], t["estimator"]) == ("chip", "libtpu's cycle estimates") and len(t["points"]) == 4
+    best = t["best"]
+    assert best["fits"] and best["throughput"] == max(p["throughput"] for p in t["points"] if p["fits"])
+    assert best["throughput"] == pytest.approx(best["value"] / best["seconds"])
+    text = cli("recommend", str(ROOT / "sample_models" / "mlp.py") + ":loss", "-D", "batch=4096",
+               "--tpu", "v5e", "--maximize", "throughput", "--max-compiles", "4")
+    assert "batch/s/chip" in text.stdout and "libtpu's cycle estimates" in text.stdout
+    assert "TPU: v5e:1x1 (1 x v5e)" in text.stdout

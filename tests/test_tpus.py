@@ -76,3 +76,65 @@ def test_the_deviceless_compile_gives_the_chips_plan_and_its_verdict_on_every_po
             refused += 1
             assert measured["refusal"] == predicted["refusal"], case
     assert 0 < refused < len(chip)  # points on both sides of the chip's line
+
+
+_TPU_LOOP = """HloModule step
+
+%cond (p: (s32[], f32[8,128])) -> pred[] {{
+  %p = (s32[], f32[8,128]{{1,0}}) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %n = s32[] constant({layers})
+  ROOT %lt = pred[] compare(%i, %n), direction=LT
+}}
+
+%body (p: (s32[], f32[8,128])) -> (s32[], f32[8,128]) {{
+  %p = (s32[], f32[8,128]{{1,0}}) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %h = f32[8,128]{{1,0}} get-tuple-element(%p), index=1
+  %t = f32[8,128]{{1,0}} tanh(%h), backend_config={{"window_config":{{"estimated_cycles":"3000"}}}}
+  %one = s32[] constant(1)
+  %j = s32[] add(%i, %one), backend_config={{"window_config":{{"estimated_cycles":"0"}}}}
+  ROOT %r = (s32[], f32[8,128]{{1,0}}) tuple(%j, %t)
+}}
+
+ENTRY %main (x: f32[8,128]) -> f32[8,128] {{
+  %x = f32[8,128]{{1,0}} parameter(0)
+  %e = f32[8,128]{{1,0}} exponential(%x), backend_config={{"window_config":{{"estimated_cycles":"1500"}}}}
+  %zero = s32[] constant(0)
+  %init = (s32[], f32[8,128]{{1,0}}) tuple(%zero, %e)
+  %w = (s32[], f32[8,128]{{1,0}}) while(%init), condition=%cond, body=%body
+  ROOT %out = f32[8,128]{{1,0}} get-tuple-element(%w), index=1
+}}
+"""
+
+
+@pytest.mark.parametrize("layers", [4, 8])
+def test_a_tpu_loops_trips_come_from_its_condition_and_each_kernel_from_libtpus_cycles(layers: int) -> None:
+    """libtpu writes no known_trip_count: the loop's trips are the constant its condition compares
+    with; each kernel costs its estimated cycles at the chip's clock, times the one constant."""
+    from te_ckpt_audit._gpu import _steptime as steptime
+    from te_ckpt_audit._gpu._hlo_kernels import step_kernels
+
+    kernels = step_kernels(_TPU_LOOP.format(layers=layers))
+    by_name = {k.name: k for k in kernels}
+    assert (by_name["t"].runs, by_name["t"].cycles) == (layers, 3000)
+    assert (by_name["e"].runs, by_name["e"].cycles) == (1, 1500)
+    chip = tpu_model("v5e")
+    time = steptime.tpu_estimate(kernels, chip, 1, 0.5)
+    cycles = 1500 + layers * 3000
+    assert time.seconds == pytest.approx(cycles / chip.clock_hz * steptime.TPU_EFFICIENCY)
+    assert time.communication_seconds == 0 and time.compile_seconds == 0.5
+    assert (time.device, time.hardware) == ("chip", "v5e")
+
+
+def test_an_all_reduce_over_ici_moves_twice_its_share_of_the_buffer() -> None:
+    from te_ckpt_audit._gpu import _steptime as steptime
+    from te_ckpt_audit._gpu._hlo_kernels import Kernel
+    from te_ckpt_audit.records import KernelKind
+
+    chip = tpu_model("v5e")
+    reduce = Kernel("ar", KernelKind.COLLECTIVE, 0, 2**30, group=4, collective="all-reduce")
+    gather = Kernel("ag", KernelKind.COLLECTIVE, 0, 2**30, group=4, collective="all-gather")
+    assert steptime.ici_seconds(reduce, chip) == pytest.approx(2 * 3 / 4 * 2**30 / chip.ici_bandwidth)
+    assert steptime.ici_seconds(gather, chip) == pytest.approx(3 / 4 * 2**30 / chip.ici_bandwidth)
+    assert steptime.ici_seconds(Kernel("one", KernelKind.COLLECTIVE, 0, 2**30, group=1), chip) == 0

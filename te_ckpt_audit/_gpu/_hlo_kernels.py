@@ -2,13 +2,15 @@
 estimate (`_steptime`) costs.
 
 Each instruction of the entry computation (and of the loops, calls and branches it runs) that
-launches work is one kernel, run as many times as the loops around it turn (`known_trip_count`):
+launches work is one kernel, run as many times as the loops around it turn (`known_trip_count`;
+libtpu gives none: the constant the loop's condition compares with):
 a fusion (its FLOPs those of the dots and elementwise ops inside it, its bytes its operands and
 results, except where it updates or reads a slice of a buffer in place: then the slice's); a cuBLAS
 or TE GEMM; fused attention (cuDNN's, TE's); a copy between host and device; a collective.
 Instructions that launch nothing (parameters, tuples, bitcasts, constants) are left out. Each
 kernel carries XLA's own estimate where the compile collected it (`reification_cost`, compile
-option `xla_gpu_collect_cost_model_stats`) and the source it came from (its `op_name` metadata).
+option `xla_gpu_collect_cost_model_stats`; libtpu's `estimated_cycles`, which every TPU compile
+writes) and the source it came from (its `op_name` metadata).
 The module is the partitioned one: its shapes are one device's.
 """
 
@@ -155,8 +157,8 @@ def _instruction(line: str) -> Inst | None:
         return None
     end = _balanced(rest, op.end() - 1)
     inside = rest[op.end():end - 1]
-    if op.group(1) == "parameter":  # its number, which the fusion's operand list is in the order of
-        return Inst(m.group(1), type_text, "parameter", [inside.strip()], rest[end:])
+    if op.group(1) in ("parameter", "constant"):  # its number (the fusion's operands are in its order), its value
+        return Inst(m.group(1), type_text, op.group(1), [inside.strip()], rest[end:])
     operands = []
     for part in _split_top(inside):
         names = re.findall(r"%([\w.\-]+)", part)
@@ -262,6 +264,7 @@ class Kernel:
     asynchronous: bool = False  # a collective that starts here and is waited for later (its `waits_for`)
     waits_for: str = ""  # not a kernel: where the schedule waits for the asynchronous collective named
     loop: tuple[str, ...] = ()  # the while loops around it, outermost first (the schedule's order is theirs)
+    cycles: int = 0  # libtpu's estimate of one run, in the chip's cycles (`estimated_cycles`; 0 elsewhere)
 
 
 class _Reader:
@@ -369,7 +372,7 @@ class _Reader:
         if code == "while":
             body = inst.attr("body")
             if body:
-                yield from self.kernels(body, runs * _trip_count(inst), (*loop, inst.name))
+                yield from self.kernels(body, runs * self.trip_count(inst), (*loop, inst.name))
             return
         if code == "call":
             target = inst.attr("to_apply") or inst.attr("calls")
@@ -395,6 +398,31 @@ class _Reader:
             if inst.operands and inst.operands[0]:
                 yield Kernel(inst.name, COLLECTIVE, 0, 0, runs=runs, waits_for=inst.operands[0])
             return
+        for k in self._kernel(comp, inst, runs):
+            yield dataclasses.replace(k, cycles=_cycles(inst)) if k.kind is not COLLECTIVE else k
+
+    def trip_count(self, inst: Inst) -> int:
+        """A while loop's trips: XLA:GPU's `known_trip_count`, else (libtpu gives none) the largest
+        integer its condition compares with (a scan's `i < N`), else 1."""
+        known = _trip_count(inst)
+        if known > 1 or "known_trip_count" in inst.attrs:
+            return known
+        cond = inst.attr("condition") or ""
+        found = [int(m.group(1)) for i in self._called(cond) if i.opcode == "constant"
+                 and (m := re.fullmatch(r"(-?\d+)", i.operands[0].strip() if i.operands else "")) is not None]
+        return max([1, *found])
+
+    def _called(self, comp: str, depth: int = 0) -> list[Inst]:
+        """The instructions of `comp` and of the computations its fusions call."""
+        out = list(self.comps.get(comp, []))
+        if depth < 4:
+            for i in self.comps.get(comp, []):
+                if i.opcode == "fusion" and i.attr("calls"):
+                    out += self._called(i.attr("calls") or "", depth + 1)
+        return out
+
+    def _kernel(self, comp: str, inst: Inst, runs: int) -> Iterator[Kernel]:
+        code = inst.opcode
         base = code.removesuffix("-start")
         costs = _xla_costs(inst)
         source = _source(inst)
@@ -557,6 +585,15 @@ def _attention_flops(ins: list[str], target: str, attrs: str) -> int:
     if "causal" in attrs:
         factor /= 2
     return int(forward * factor)
+
+
+_CYCLES = re.compile(r'"estimated_cycles":"(\d+)"')
+
+
+def _cycles(inst: Inst) -> int:
+    """libtpu's estimate of a kernel's cycles (its backend_config's `window_config`), 0 where none."""
+    found = _CYCLES.search(inst.attrs)
+    return int(found.group(1)) if found else 0
 
 
 def _trip_count(inst: Inst) -> int:

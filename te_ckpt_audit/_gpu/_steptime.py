@@ -35,6 +35,7 @@ from pathlib import Path
 from .._profile import Profile
 from ..gpus import BF16, F32, F64, FP8, GpuModel
 from ..records import Calibration, KernelKind, KernelTime, StepTime
+from ..tpus import TpuModel
 from . import _hlo_kernels
 from ._hlo_kernels import Kernel
 
@@ -119,6 +120,47 @@ def timed(kernel: Kernel, gpu: GpuModel) -> Timed:
                  max(floor, max(costs.values())) * slower, picked_name if picked >= floor else ROOFLINE)
 
 
+# --- TPUs ---------------------------------------------------------------------------------------
+# What a TPU step's kernels take of libtpu's estimate (its cycles at the chip's clock): the one
+# constant, fitted on the v5e's 1st, 3rd, ... rows of bench/data/tpu-v5e-time.jsonl (the others are
+# held out: docs/guide/tpu.md). libtpu's cost model judges every kind of kernel slow, memory-bound
+# ones most (the chip's profile: about 2.2x; GEMMs 1.1-1.6x).
+TPU_EFFICIENCY = 0.741
+LIBTPU = "libtpu"
+TPU_METHOD = (f"libtpu's estimated cycles per kernel at the chip's clock, x {TPU_EFFICIENCY} (fitted on a v5e); "
+              "loops x trip count; collectives over ICI in the scheduled order")
+
+
+def ici_seconds(kernel: Kernel, chip: TpuModel) -> float:
+    """A collective's bytes over the chip's ICI links, as a ring moves them (an all-reduce sends
+    2 (n-1)/n of its buffer, the others (n-1)/n, a permute all of it)."""
+    n = max(kernel.group, 1)
+    if n == 1:
+        return 0.0
+    share = 1.0 if kernel.collective == "collective-permute" else (n - 1) / n * (
+        2 if kernel.collective == "all-reduce" else 1)
+    return kernel.bytes * share / chip.ici_bandwidth
+
+
+def tpu_timed(kernel: Kernel, chip: TpuModel) -> Timed:
+    if kernel.kind is KernelKind.COLLECTIVE:
+        seconds = ici_seconds(kernel, chip)
+        return Timed(kernel, seconds, seconds, seconds, ROOFLINE)
+    seconds = kernel.cycles / chip.clock_hz * TPU_EFFICIENCY
+    return Timed(kernel, seconds, seconds, seconds, LIBTPU)
+
+
+def tpu_estimate(kernels: Iterable[Kernel], chip: TpuModel, devices: int, compile_seconds: float) -> StepTime:
+    """A TPU step's time from the kernels libtpu compiled (`tpu_timed`), in its scheduled order."""
+    found = _step([tpu_timed(k, chip) for k in kernels], chip.bf16_flops, devices, compile_seconds, TPU_METHOD)
+    return dataclasses.replace(found, device="chip", hardware=chip.name, estimator="libtpu's cycle estimates")
+
+
+def tpu_failed(why: str, chip: TpuModel, devices: int) -> StepTime:
+    return dataclasses.replace(_failed(why, chip.bf16_flops, devices, TPU_METHOD), device="chip", hardware=chip.name,
+                               estimator="libtpu's cycle estimates")
+
+
 MEASURED = "profile"  # a kernel's basis where the profile measured it
 
 
@@ -157,16 +199,19 @@ def estimate(kernels: Iterable[Kernel], gpu: GpuModel, devices: int, compile_sec
     """The step's time from its kernels, in XLA's scheduled order (`elapsed`); with `profile`,
     calibrated by it (`calibrated`). Model FLOPs, recompute and tokens are the caller's to set."""
     rows = [timed(k, gpu) for k in kernels]
+    peak = gpu.dense_flops(BF16)
     if profile is not None:
-        uncalibrated = _step(rows, gpu, devices, compile_seconds)
+        uncalibrated = _step(rows, peak, devices, compile_seconds, METHOD)
         rows, calibration = calibrated(rows, profile)
-        found = _step(rows, gpu, devices, compile_seconds)
-        return dataclasses.replace(found, calibration=dataclasses.replace(
+        found = _step(rows, peak, devices, compile_seconds, METHOD)
+        return dataclasses.replace(found, hardware=gpu.name, calibration=dataclasses.replace(
             calibration, estimated_seconds=uncalibrated.seconds or 0.0))
-    return _step(rows, gpu, devices, compile_seconds)
+    return dataclasses.replace(_step(rows, peak, devices, compile_seconds, METHOD), hardware=gpu.name)
 
 
-def _step(rows: list[Timed], gpu: GpuModel, devices: int, compile_seconds: float) -> StepTime:
+def _step(rows: list[Timed], peak: float, devices: int, compile_seconds: float, method: str) -> StepTime:
+    """The step of timed kernels: `peak` the utilisations' denominator (one device's dense BF16
+    FLOP/s), `method` what timed them."""
     work = [t for t in rows if not t.kernel.waits_for]
     compute = [t for t in work if t.kernel.kind is not KernelKind.COLLECTIVE]
     talk = [t for t in work if t.kernel.kind is KernelKind.COLLECTIVE]
@@ -180,7 +225,7 @@ def _step(rows: list[Timed], gpu: GpuModel, devices: int, compile_seconds: float
     costliest = sorted(work, key=lambda t: -t.seconds * t.kernel.runs)[:COSTLIEST]
     if not all(math.isfinite(x) for x in (computing, communicating, total(compute, "high"))):
         # every input is bounded where it comes in; should a sum still overflow, no figure is shown
-        return failed("the estimate is not finite: a kernel's time overflowed", gpu, devices)
+        return _failed("the estimate is not finite: a kernel's time overflowed", peak, devices, method)
     return StepTime(
         seconds=computing + exposed,
         seconds_low=total(compute, "low") + exposed,
@@ -192,11 +237,11 @@ def _step(rows: list[Timed], gpu: GpuModel, devices: int, compile_seconds: float
         hlo_flops=sum(t.kernel.flops * t.kernel.runs for t in work),
         model_flops=0,
         recompute_flops=0,
-        peak_flops=gpu.dense_flops(BF16),
+        peak_flops=peak,
         tokens=None,
         devices=devices,
         costliest=tuple(_row(t) for t in costliest),
-        model=METHOD,
+        model=method,
         compile_seconds=round(compile_seconds, 2),
         gemm_seconds=total((t for t in compute if t.kernel.kind is KernelKind.GEMM), "seconds"),
         attention_seconds=total((t for t in compute if t.kernel.kind is KernelKind.ATTENTION), "seconds"),
@@ -264,8 +309,11 @@ def _row(t: Timed) -> KernelTime:
 
 
 def failed(why: str, gpu: GpuModel, devices: int) -> StepTime:
-    return StepTime(None, None, None, 0.0, 0.0, 0.0, 0, 0, 0, 0, gpu.dense_flops(BF16), None, devices, (), METHOD,
-                    0.0, why)
+    return dataclasses.replace(_failed(why, gpu.dense_flops(BF16), devices, METHOD), hardware=gpu.name)
+
+
+def _failed(why: str, peak: float, devices: int, method: str) -> StepTime:
+    return StepTime(None, None, None, 0.0, 0.0, 0.0, 0, 0, 0, 0, peak, None, devices, (), method, 0.0, why)
 
 
 # --- the cache's entries ---------------------------------------------------------------------------
@@ -334,6 +382,9 @@ def from_plain(raw: Mapping[str, object]) -> StepTime | None:
             attention_seconds=number("attention_seconds"),
             calibration=optional("calibration", _calibration),  # type: ignore[arg-type]
             examples=optional("examples", _count),  # type: ignore[arg-type]
+            device=str(raw.get("device", "GPU")) if raw.get("device", "GPU") in ("GPU", "chip") else "GPU",
+            hardware=str(raw.get("hardware") or ""),
+            estimator=str(raw.get("estimator") or "XLA's cost models"),
         )
     except _Invalid:
         return None

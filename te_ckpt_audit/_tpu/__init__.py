@@ -1,5 +1,6 @@
 """`--tpu`: each policy's training step compiled by libtpu for a TPU slice that is not here
-(`jax.experimental.topologies`, the `[tpu]` extra), its memory plan per chip and libtpu's verdict.
+(`jax.experimental.topologies`, the `[tpu]` extra), its memory plan per chip and libtpu's verdict,
+and (`--time`) its time from the same compile's kernels (`_steptime.tpu_estimate`).
 
 The verdict is libtpu's own HBM check, the chip's: on the lent v5e it refused exactly the steps
 the deviceless compile refused, with the same required bytes (bench/tpu_truth.py). The step is
@@ -16,13 +17,15 @@ from typing import Any
 import jax
 
 from .._apply import policy_function
+from .._gpu import _steptime as steptime
 from .._gpu._compiler import _optimizer as optax_update  # the same update the GPU step adds
+from .._gpu._hlo_kernels import step_kernels
 from .._gpu._placement import gpu_mesh, on, rehomed, replicated
 from .._mesh import mesh_context
 from .._step import state_on, training_step
 from .._trace import Traced
 from ..errors import UsageError, first_line
-from ..records import MeshSpec, Scope, TpuInfo, TpuPlan
+from ..records import MeshSpec, Scope, StepTime, TpuInfo, TpuPlan
 from ..specs import PolicySpec
 from ..tpus import TpuRequest, TpuTarget
 
@@ -81,7 +84,21 @@ class TpuCompiler:
         self.mesh = gpu_mesh(topology, mesh)  # the helpers lay a trace on any topology's devices
         self.placed = rehomed(traced, topology) if mesh is not None else traced
 
-    def plan(self, spec: PolicySpec, scope: Scope) -> TpuPlan:
+    def plan(self, spec: PolicySpec, scope: Scope) -> tuple[TpuPlan, StepTime | None]:
+        """libtpu's plan and verdict for the policy's step; with the request's `time`, its time
+        from the same compile's kernels (none where the step does not fit)."""
+        plan, text = self._compiled(spec, scope)
+        if not self.request.time:
+            return plan, None
+        model, chips = self.request.target.model, self.request.target.chips
+        if plan.fits is not True or text is None:
+            why = ("the step does not fit the chip's HBM" if plan.fits is False
+                   else plan.error or "libtpu gave no program")
+            return plan, steptime.tpu_failed(why, model, chips)
+        kernels = step_kernels(text, chips, model.chips_per_host)
+        return plan, steptime.tpu_estimate(kernels, model, chips, plan.compile_seconds)
+
+    def _compiled(self, spec: PolicySpec, scope: Scope) -> tuple[TpuPlan, str | None]:
         start = time.perf_counter()
         fun = policy_function(self.placed, spec, scope)
         avals = [on(self.mesh, a) for a in self.placed.avals]
@@ -94,14 +111,14 @@ class TpuCompiler:
             seconds = time.perf_counter() - start
             text = str(exc)
             if "RESOURCE_EXHAUSTED" in text:
-                return TpuPlan(False, required_bytes(text), None, None, None, None, round(seconds, 2))
+                return TpuPlan(False, required_bytes(text), None, None, None, None, round(seconds, 2)), None
             return TpuPlan(None, None, None, None, None, None, round(seconds, 2), f"{type(exc).__name__}: "
-                           f"{first_line(exc)}")
+                           f"{first_line(exc)}"), None
         stats = compiled.memory_analysis()
         if stats is None:
             return TpuPlan(None, None, None, None, None, None, round(time.perf_counter() - start, 2),
-                           "libtpu gave no memory analysis")
+                           "libtpu gave no memory analysis"), None
         return TpuPlan(True, None, int(stats.argument_size_in_bytes), int(stats.output_size_in_bytes),
                        int(stats.alias_size_in_bytes), int(stats.temp_size_in_bytes),
-                       round(time.perf_counter() - start, 2))
+                       round(time.perf_counter() - start, 2)), compiled.as_text() if self.request.time else None
 

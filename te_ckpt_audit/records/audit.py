@@ -1,5 +1,5 @@
 """The audit's records: what one target's trace holds and what each policy keeps, recomputes and
-offloads; `AuditReport.to_dict()` is the versioned JSON document (schema ``te-ckpt-audit/8``)."""
+offloads; `AuditReport.to_dict()` is the versioned JSON document (schema ``te-ckpt-audit/9``)."""
 
 from __future__ import annotations
 
@@ -231,6 +231,15 @@ class TpuPlan:
             return None
         return a + o - al + t
 
+    def peak(self) -> PeakMemory:
+        """The plan as the searches compare steps (`--maximize throughput`, `recommend`): the plan
+        per chip where it fits, the bytes libtpu found required where refused; `fits` its verdict."""
+        if self.fits is None:
+            return PeakMemory.not_compiled(self.error or "libtpu could not compile the step", self.compile_seconds)
+        shown = self.plan_bytes if self.fits else self.required_bytes
+        return PeakMemory(shown, shown, self.argument_bytes, self.output_bytes, self.alias_bytes, self.temp_bytes,
+                          self.fits, False, self.required_bytes, self.compile_seconds)
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class TpuInfo:
@@ -314,6 +323,9 @@ class StepTime:
     attention_seconds: float = 0.0  # fused attention's (the rest: memory-bound kernels and host copies)
     calibration: Calibration | None = None  # --calibrate: what the measured profile did
     examples: int | None = None  # examples per step, all GPUs, where tokens are not known (the inputs' batch)
+    device: str = "GPU"  # what one device of the target is called: "GPU", "chip" (a TPU's)
+    hardware: str = ""  # the catalog's name of that device: h100-sxm, v5e
+    estimator: str = "XLA's cost models"  # what timed the kernels, in a few words (`model` says it in full)
 
     @property
     def mfu(self) -> float | None:
@@ -533,7 +545,7 @@ class AuditReport(Shown):
         return f"of {self.target!r}: {len(self.results)} policies ({policies}), {len(self.equations)} equations"
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON document (schema ``te-ckpt-audit/8``): plain, ordered, deterministic."""
+        """The JSON document (schema ``te-ckpt-audit/9``): plain, ordered, deterministic."""
         return {"schema": SCHEMA, **_plain(self)}
 
 

@@ -1,4 +1,4 @@
-"""The JSON Schema (draft 2020-12) of the audit's JSON document, ``te-ckpt-audit/8``: what
+"""The JSON Schema (draft 2020-12) of the audit's JSON document, ``te-ckpt-audit/9``: what
 `AuditReport.to_dict()` gives, plus the hotspots and each warning's words that the JSON renderer
 adds. The tests validate every sample model's document against it."""
 
@@ -194,6 +194,7 @@ JSON_SCHEMA: dict[str, Any] = {
                             attention_seconds=_SECONDS, mfu=_OPT_NUMBER, hfu=_OPT_NUMBER,
                             tokens_per_second_per_gpu=_OPT_NUMBER, tflops_per_gpu=_OPT_NUMBER,
                             examples={"oneOf": [{"type": "null"}, _INT]}, examples_per_second_per_gpu=_OPT_NUMBER,
+                            device={"enum": ["GPU", "chip"]}, hardware=_STR, estimator=_STR,
                             calibration={"oneOf": [{"type": "null"}, _object(
                                 profile=_STR, instructions=_INT, measured=_INT, missing=_INT,
                                 ratios=_array({"type": "array", "prefixItems": [_enum(KernelKind),

@@ -1,5 +1,5 @@
 """What `recommend` found: every candidate policy it analysed, the Pareto frontier and the winner;
-`Recommendation.to_dict()` is the JSON document (schema ``te-ckpt-audit-recommend/8``)."""
+`Recommendation.to_dict()` is the JSON document (schema ``te-ckpt-audit-recommend/9``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import enum
 from typing import Any
 
 from ._display import Shown
-from .audit import AuditReport, GpuInfo, MeshSpec, PeakMemory, StepTime, _plain
+from .audit import AuditReport, GpuInfo, MeshSpec, PeakMemory, StepTime, TpuInfo, _plain
 from .schemas import MAXTEXT_RECOMMEND, RECOMMEND
 
 
@@ -133,6 +133,8 @@ class Throughput:
     max_compiles: int
     bounded: bool = False  # the compile limit stopped the search before it found every edge
     saturated: tuple[str, ...] = ()  # policies whose climb stopped short of the memory edge: 2x batch, < 2% gain
+    device: str = "GPU"  # what the throughput is per: "GPU", or "chip" (a TPU's)
+    estimator: str = "XLA's cost models"  # what timed the steps
 
     @property
     def frontier(self) -> tuple[Point, ...]:
@@ -175,13 +177,24 @@ class Recommendation(Shown):
     presets: tuple[str, ...] = ()  # the named policies searched, in the order a frontier lists them
     to_name: tuple[NameToAdd, ...] = ()  # a model without checkpoint names: what to name for finer choices
     throughput: Throughput | None = None  # --maximize throughput
+    tpu: TpuInfo | None = None  # --tpu: `fits` is libtpu's verdict on the slice (its plan per chip in `peak`)
+
+    @property
+    def usable_bytes(self) -> int | None:
+        """The usable memory of one device compiled for (None: nothing compiled)."""
+        return self.gpu.usable_bytes if self.gpu is not None else (None if self.tpu is None else self.tpu.usable_bytes)
+
+    @property
+    def device_name(self) -> str | None:
+        """What the points were compiled for (a GPU's name, a TPU slice's topology), None if nothing."""
+        return self.gpu.name if self.gpu is not None else (None if self.tpu is None else self.tpu.topology)
 
     @property
     def fits(self) -> bool:
         return self.recommended is not None
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON document (schema ``te-ckpt-audit-recommend/8``): plain, ordered, deterministic."""
+        """The JSON document (schema ``te-ckpt-audit-recommend/9``): plain, ordered, deterministic."""
         return {
             "schema": RECOMMEND,
             "target": self.target,
@@ -204,6 +217,7 @@ class Recommendation(Shown):
             "presets": list(self.presets),
             "to_name": [{**_plain(n), "code": n.code()} for n in self.to_name],
             "throughput": None if self.throughput is None else self.throughput.to_dict(),
+            "tpu": _plain(self.tpu),
         }
 
 

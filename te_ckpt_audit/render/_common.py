@@ -562,23 +562,42 @@ def timed(report: AuditReport) -> bool:
     return any(r.time is not None for r in report.results)
 
 
+def _first_time(report: AuditReport) -> StepTime | None:
+    return next((r.time for r in report.results if r.time is not None), None)
+
+
+def time_columns(report: AuditReport, headers: tuple[str, ...] = TIME_HEADERS) -> list[Column]:
+    """The time columns, each "per GPU" named by the report's own device ("per chip" on a TPU)."""
+    t = _first_time(report)
+    device = "GPU" if t is None else t.device
+    return [dataclasses.replace(TIME_COLUMNS[h], header=h.replace("per GPU", f"per {device}")) for h in headers]
+
+
 def time_title(report: AuditReport) -> str:
-    gpu = report.gpu.name if report.gpu is not None else "the GPU"
-    devices = next((r.time.devices for r in report.results if r.time is not None), 1)
-    return f"Step time on {devices} x {gpu}: an estimate from XLA's cost models of the compiled step"
+    t = _first_time(report)
+    hardware = (t.hardware if t is not None and t.hardware else None) or (
+        report.gpu.name if report.gpu is not None else "the GPU")
+    devices = 1 if t is None else t.devices
+    return f"Step time on {devices} x {hardware}: an estimate from {_estimator(report)} of the compiled step"
+
+
+def _estimator(report: AuditReport) -> str:
+    t = _first_time(report)
+    return "XLA's cost models" if t is None else t.estimator
 
 
 def time_notes(report: AuditReport) -> list[str]:
     """How the estimate was made, and each policy's failure."""
-    method = next((r.time.model for r in report.results if r.time is not None), "")
+    t = _first_time(report)
+    method, device = ("", "GPU") if t is None else (t.model, t.device)
     notes = [f"Estimate, not a measurement. Method: {method}. MFU: the model's FLOPs (3 x forward, recompute "
-             "left out) over the GPUs' dense BF16 peak; HFU: recompute included. 'exposed comm': what the "
+             f"left out) over the {device}s' dense BF16 peak; HFU: recompute included. 'exposed comm': what the "
              "collectives add beyond the compute, in XLA's schedule."]
     for r in report.results:
         if r.time is not None and r.time.error:
             notes.append(f"{r.policy}: no estimate: {r.time.error}")
         elif r.time is not None and r.time.seconds_low is not None and r.time.seconds_high is not None:
-            notes.append(f"{r.policy}: {_range(r.time)} over XLA's cost models; "
+            notes.append(f"{r.policy}: {_range(r.time)} over {r.time.estimator}; "
                          f"{format_seconds(r.time.compute_seconds)} computing, "
                          f"{format_seconds(r.time.communication_seconds)} in collectives, "
                          f"{format_seconds(r.time.exposed_communication_seconds)} of it exposed")
@@ -608,7 +627,8 @@ def kernels_shown(report: AuditReport) -> tuple[PolicyResult | None, tuple[str, 
 
 def kernels_title(result: PolicyResult, others: tuple[str, ...]) -> str:
     also = "; the other policies' kernels: --format json or html" if others else ""
-    return f"Costliest kernels under {result.policy}, the fastest (of one step, per GPU){also}"
+    device = "GPU" if result.time is None else result.time.device
+    return f"Costliest kernels under {result.policy}, the fastest (of one step, per {device}){also}"
 
 
 def costliest_rows(t: StepTime) -> list[list[str]]:

@@ -36,8 +36,6 @@ from ._common import (
     GPU_HEADERS,
     HOTSPOT_TITLES,
     KERNEL_HEADERS,
-    TIME_COLUMNS,
-    TIME_HEADERS,
     TPU_COLUMNS,
     TPU_HEADERS,
     costliest_rows,
@@ -46,13 +44,14 @@ from ._common import (
     format_flops,
     format_percent,
     format_seconds,
-    fraction_words,
     gpu_notes,
     gpu_title,
     hotspot_key,
     hotspots,
     kernels_shown,
+    kernels_title,
     peak_range,
+    time_columns,
     time_notes,
     time_title,
     timed,
@@ -64,7 +63,7 @@ from ._common import (
 )
 from ._text import printable
 from .plot import PlotPoint, recommendation_points, report_points
-from .recommend import answered, maxtext_block, no_best_words, python_snippet, rate_unit
+from .recommend import answered, compiled_for_words, maxtext_block, no_best_words, python_snippet, rate_unit
 
 MAX_EQUATIONS = 2000  # rows of the marks table; a note says how many more there are
 TOP_MODULES = 15
@@ -479,14 +478,14 @@ def _tpu_table(report: AuditReport) -> list[str]:
 
 def _time_table(report: AuditReport) -> list[str]:
     """The step time per policy (an estimate), what it means, and each policy's costliest kernels."""
-    shown = [COLUMNS["policy"], *(TIME_COLUMNS[h] for h in TIME_HEADERS)]
+    shown = [COLUMNS["policy"], *time_columns(report)]
     out = [f"<h2>{_e(time_title(report))}</h2>", _html_table([c.header for c in shown],
            [[c.cell(report, r) for c in shown] for r in report.results], [c.numeric for c in shown])]
     out += [f'<p class="meta">{_e(n)}</p>' for n in time_notes(report)]
     fastest, others = kernels_shown(report)
     numeric = [False, False, True, True, False, False]
     if fastest is not None and fastest.time is not None:
-        out += [f"<h3>Costliest kernels under {_e(fastest.policy)}, the fastest (of one step, per GPU)</h3>",
+        out += [f"<h3>{_e(kernels_title(fastest, ()))}</h3>",
                 _html_table(list(KERNEL_HEADERS), costliest_rows(fastest.time), numeric)]
     for r in report.results:  # the others folded: one click each, not a page of near-identical tables
         if r.policy in others and r.time is not None:
@@ -509,12 +508,9 @@ def _recommendation(rec: Recommendation) -> list[str]:
     budget = format_bytes(rec.budget_bytes) + (" per device" if rec.mesh is not None else "")
     body = [f'<p class="meta">budget {_e(budget)} · {counted(len(rec.evaluated), "policy")} analysed (at most '
             f"{rec.max_evals}), each by JAX's own linearization</p>"]
-    if rec.gpu is not None:
-        compiled = ("each point of the search compiled" if rec.throughput is not None
-                    else f"{counted(rec.compiles, 'policy')} compiled")
-        body.append(f'<p class="meta">GPU {_e(rec.gpu.name)}: {_e(format_bytes(rec.gpu.usable_bytes))} usable at '
-                    f'{_e(fraction_words(rec.gpu))}; {_e(compiled)} (XLA:GPU, no autotuning); fits: the compiled '
-                    "peak</p>")
+    compiled_for = compiled_for_words(rec)
+    if compiled_for is not None:
+        body.append(f'<p class="meta">{_e(compiled_for)}</p>')
     if shown is not None:
         cls, word = ("win", "Recommended") if rec.recommended is not None else ("miss", "Nothing fits; closest")
         host = f" · host {format_bytes(shown.host_bytes)}" if shown.host_bytes else ""
@@ -535,7 +531,7 @@ def _recommendation(rec: Recommendation) -> list[str]:
         f"<td class=\"num\">{_e(format_bytes(c.host_bytes))}</td>"
         f"<td class=\"num\">{_e(format_flops(c.recompute_flops))}</td>"
         f"<td class=\"num\">{_e(format_percent(c.recompute_percent))}</td><td>{'yes' if c.fits else 'no'}</td>"
-        + (f"<td class=\"num\">{_e(_peak_cell(c.peak))}</td>" if rec.gpu is not None else "")
+        + (f"<td class=\"num\">{_e(_peak_cell(c.peak))}</td>" if rec.device_name is not None else "")
         + (f"<td class=\"num\">{_e(_time_cell(c.time))}</td>" if timed_any else "") + "</tr>"
         for c in rec.frontier
     )
@@ -547,7 +543,7 @@ def _recommendation(rec: Recommendation) -> list[str]:
                     "import checkpoint_name</code>), and recommend can save, recompute or offload each:</p>"
                     "<table><thead><tr><th>activation</th><th>where</th><th>line</th><th>add</th></tr></thead>"
                     f"<tbody>{named}</tbody></table>")
-    peak_head = "<th>peak per device</th>" if rec.gpu is not None else ""
+    peak_head = "<th>peak per device</th>" if rec.device_name is not None else ""
     peak_head += "<th>s/step (estimate)</th>" if timed_any else ""
     body.append("<h2>Pareto frontier</h2><table><thead><tr><th></th><th>policy</th><th>activation</th><th>host</th>"
                 f"<th>recompute</th><th>% of forward</th><th>fits</th>{peak_head}</tr></thead><tbody>{rows}</tbody>"
@@ -555,7 +551,7 @@ def _recommendation(rec: Recommendation) -> list[str]:
     if rec.throughput is not None:
         t = rec.throughput
         paste = None if t.best is None else f"--policy {t.best.policy} -D {t.keyword}={t.best.value}"
-        body += throughput_section(t, paste, None if rec.gpu is None else rec.gpu.usable_bytes, "policy")
+        body += throughput_section(t, paste, rec.usable_bytes, "policy")
     return body
 
 

@@ -14,8 +14,6 @@ from ._common import (
     KERNEL_HEADERS,
     PER_DEVICE,
     QUANTIZATION_HEADERS,
-    TIME_COLUMNS,
-    TIME_HEADERS,
     TPU_COLUMNS,
     TPU_HEADERS,
     compiled_errors,
@@ -33,6 +31,7 @@ from ._common import (
     quantizes,
     shown_columns,
     standin_note,
+    time_columns,
     time_notes,
     time_title,
     timed,
@@ -152,7 +151,7 @@ def _tpu_section(report: AuditReport) -> list[str]:
 
 def _time_section(report: AuditReport) -> list[str]:
     """The step time per policy (an estimate), what it means, then each policy's costliest kernels."""
-    shown = [COLUMNS["policy"], *(TIME_COLUMNS[h] for h in TIME_HEADERS)]
+    shown = [COLUMNS["policy"], *time_columns(report)]
     lines = [f"### {md_text(time_title(report))}", ""]
     lines += md_table([c.header for c in shown], [[c.cell(report, r) for c in shown] for r in report.results],
                       [c.numeric for c in shown])

@@ -159,15 +159,12 @@ def render_recommend_text(rec: Recommendation, width: int | None = None) -> str:
            "each by JAX's own linearization"]
     if rec.skipped_names:
         out.append(f"names a spec cannot spell, left out: {', '.join(rec.skipped_names)}")
-    if rec.gpu is not None:
-        compiled = ("each point below compiled (XLA:GPU, no autotuning)" if rec.throughput is not None else
-                    f"{counted(rec.compiles, 'policy')} compiled (XLA:GPU, no autotuning), in order of recompute")
-        out.append(f"GPU: {rec.gpu.name}, {format_bytes(rec.gpu.usable_bytes)} usable of "
-                   f"{format_bytes(rec.gpu.memory_bytes)} at {fraction_words(rec.gpu)}; {compiled}; "
-                   "fits: the compiled peak per device")
+    line = compiled_for_words(rec)
+    if line is not None:
+        out.append(line)
     shown = answered(rec)
     if shown is not None and rec.recommended is None:
-        out.append(f"nothing fits the {'GPU' if rec.gpu is not None else 'budget'}; the closest candidate:")
+        out.append(f"nothing fits the {rec.device_name or 'budget'}; the closest candidate:")
     if shown is not None:
         out += [
             "",
@@ -196,7 +193,7 @@ def render_recommend_text(rec: Recommendation, width: int | None = None) -> str:
         mark = "*" if c.policy == winner_policy(rec) else " "
         host = f"  host {format_bytes(c.host_bytes)}" if c.host_bytes else ""
         fit = "" if c.fits else "  over budget"
-        if rec.gpu is not None:
+        if rec.device_name is not None:
             fit = f"  peak {_peak(c)}" if c.peak is not None else "" if rec.throughput else "  (not compiled)"
             fit += f", {_time(c)}" if c.time is not None else ""
         figures = f" {mark} {format_bytes(c.activation_bytes):>10}  {format_flops(c.recompute_flops):>12}" \
@@ -227,9 +224,27 @@ def answered(rec: Recommendation) -> Candidate | None:
     return None if rec.throughput is not None else (rec.recommended or rec.closest)
 
 
-def no_best_words(t: Throughput, gpu: str = "the GPU") -> str:
+def compiled_for_words(rec: Recommendation) -> str | None:
+    """What the points were compiled for, its memory and what "fits" means there; None: nothing compiled."""
+    how = ("each point below compiled" if rec.throughput is not None else
+           f"{counted(rec.compiles, 'policy')} compiled")
+    order = "" if rec.throughput is not None else ", in order of recompute"
+    if rec.gpu is not None:
+        return (f"GPU: {rec.gpu.name}, {format_bytes(rec.gpu.usable_bytes)} usable of "
+                f"{format_bytes(rec.gpu.memory_bytes)} at {fraction_words(rec.gpu)}; {how} (XLA:GPU, no autotuning)"
+                f"{order}; fits: the compiled peak per device")
+    if rec.tpu is not None:
+        return (f"TPU: {rec.tpu.topology} ({rec.tpu.chips} x {rec.tpu.name}), {format_bytes(rec.tpu.usable_bytes)} "
+                f"usable of {format_bytes(rec.tpu.hbm_bytes)} per chip; {how} (libtpu {rec.tpu.libtpu}){order}; "
+                "fits: libtpu's verdict, the chip's own HBM check (peak: its plan per chip, or what a refused "
+                "step requires)")
+    return None
+
+
+def no_best_words(t: Throughput, gpu: str | None = None) -> str:
     """Why a throughput search has no pick, as it failed: a step that fits but could not be timed
     is a failure of the time estimate, not of memory (an A100 without XLA's cost tables)."""
+    gpu = gpu or f"the {t.device}"
     untimed = [p for p in t.points if p.fits and p.seconds is None]
     if untimed:
         why = f": {untimed[0].error}" if untimed[0].error else ""
@@ -241,8 +256,8 @@ def no_best_words(t: Throughput, gpu: str = "the GPU") -> str:
 
 
 def rate_unit(t: Throughput) -> str:
-    """What a point's throughput counts, per second per GPU: "tokens/s/GPU", "batch/s/GPU"."""
-    return f"{t.unit}/s/GPU"
+    """What a point's throughput counts, per second per device: "tokens/s/GPU", "batch/s/chip"."""
+    return f"{t.unit}/s/{t.device}"
 
 
 def _rate(p: Point) -> str:
@@ -253,7 +268,7 @@ def throughput_lines(t: Throughput, paste: str | None, policy_word: str) -> list
     """`--maximize throughput` for a terminal: the winner and what to paste, the frontier of
     throughput against peak, and every point compiled (each an estimate, none interpolated)."""
     unit = rate_unit(t)
-    out = [f"Fastest that fits (--maximize throughput; step times are estimates from XLA's cost models, "
+    out = [f"Fastest that fits (--maximize throughput; step times are estimates from {t.estimator}, "
            f"{counted(len(t.points), 'point')} compiled of at most {t.max_compiles}):"]
     if t.best is None:
         out.append(f"  {no_best_words(t)}")
@@ -292,7 +307,7 @@ def _time(c: Candidate) -> str:
     if t is None or t.seconds is None:
         return f"no estimate: {t.error}" if t is not None and t.error else "n/a"
     mfu = "" if t.mfu is None else f", MFU {100 * t.mfu:.1f}%"
-    return f"{format_seconds(t.seconds)} per step (estimate, XLA's cost models{mfu})"
+    return f"{format_seconds(t.seconds)} per step (estimate, {t.estimator}{mfu})"
 
 
 def _peak(c: Candidate) -> str:

@@ -29,7 +29,6 @@ from ._common import (
     KERNEL_HEADERS,
     MARK_SYMBOLS,
     OUTCOME_WORDS,
-    TIME_COLUMNS,
     TIME_TERMINAL,
     TPU_COLUMNS,
     TPU_HEADERS,
@@ -50,6 +49,7 @@ from ._common import (
     producer_headers,
     shown_columns,
     standin_note,
+    time_columns,
     time_notes,
     time_title,
     timed,
@@ -124,6 +124,11 @@ def _fixed(table: Table, header: str, cells: list[str], justify: str = "right") 
     header = _stack(header, max(map(len, cells), default=0))
     table.add_column(header, justify=justify, no_wrap=True)  # type: ignore[arg-type]
     return _width(header, cells)
+
+
+def _named(columns: list[Column], width: int) -> tuple[tuple[str, ...], int, dict[str, Column]]:
+    """`_comparison`'s headers, width and columns for columns made for one report."""
+    return tuple(c.header for c in columns), width, {c.header: c for c in columns}
 
 
 def _comparison(report: AuditReport, title: str, headers: tuple[str, ...], width: int,
@@ -301,7 +306,7 @@ def _sections(report: AuditReport, view: TableView) -> list[list[RenderableType]
         ])
     if timed(report):
         sections.append([
-            _comparison(report, time_title(report), TIME_TERMINAL, width, TIME_COLUMNS),
+            _comparison(report, time_title(report), *_named(time_columns(report, TIME_TERMINAL), width)),
             *(Text(note, style="dim") for note in time_notes(report)),
         ])
         fastest, others = kernels_shown(report)
