@@ -55,6 +55,12 @@ CASES: dict[str, list[tuple[str, str, str, dict[str, Any]]]] = {
         *((f"gpt checkpoint_dots b{b}", "sample_models/gpt.py:loss", "checkpoint_dots", {**GPT, "batch": b})
           for b in (2, 4, 8, 12)),
     ],
+    "neighbours": [  # around the GPT search's points (bench/data/tpu-v5e-search.json): the measured best of the space
+        *((f"gpt everything_saveable b{b}", "sample_models/gpt.py:loss", "everything_saveable", {**GPT, "batch": b})
+          for b in (2, 5, 6)),
+        *((f"gpt nothing_saveable b{b}", "sample_models/gpt.py:loss", "nothing_saveable", {**GPT, "batch": b})
+          for b in (6, 10, 12)),
+    ],
     "mlp": [
         *((f"mlp nothing_saveable b{b}", "sample_models/mlp.py:loss", "nothing_saveable", {**MLP, "batch": b})
           for b in (8192, 65536, 98304)),
@@ -296,7 +302,7 @@ def time_table(rows: Path) -> str:
     return "\n".join(out)
 
 
-COST_POINT = ("sample_models/llama.py:loss", "as-is", {**LLAMA, "remat": "full", "per_device_batch": 8})
+COST_POINT = ("sample_models/gpt.py:loss", "nothing_saveable", {**GPT, "batch": 4})
 
 
 def cost_rows(runs: int = 3) -> list[dict[str, Any]]:
