@@ -172,7 +172,7 @@ def estimated_cycles(hlo_text: str) -> int:
     """libtpu's own per-kernel estimates in a compiled module (each instruction's backend_config
     `estimated_cycles`), summed over one step: a while loop's body times its trip count, read from
     the constant its condition compares with. A study for the time estimate (issue 47, part b)."""
-    from te_ckpt_audit._gpu._hlo_kernels import parse_module
+    from te_ckpt_audit._target._kernels import parse_module
 
     comps, entry = parse_module(hlo_text)
 
@@ -232,7 +232,7 @@ def time_rows(chip: Path) -> list[dict[str, Any]]:
     rows are the ones `_steptime.TPU_EFFICIENCY` was fitted on (the median of measured over
     unscaled estimate); the others are held out."""
     from te_ckpt_audit import audit_target
-    from te_ckpt_audit._gpu._steptime import TPU_EFFICIENCY
+    from te_ckpt_audit._target._steptime import TPU_EFFICIENCY
     from te_ckpt_audit.gpus import Optimizer
     from te_ckpt_audit.tpus import TpuRequest, parse_tpu
 
@@ -263,7 +263,7 @@ def kind_rows(profile: Path, topology: str = "v5e:1x1") -> list[dict[str, Any]]:
     import jax
     from jax.experimental import topologies
 
-    from te_ckpt_audit._gpu._hlo_kernels import step_kernels
+    from te_ckpt_audit._target._kernels import step_kernels
     from te_ckpt_audit.tpus import tpu_model
 
     clock = tpu_model("v5e").clock_hz

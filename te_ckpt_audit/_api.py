@@ -11,9 +11,9 @@ from typing import Any
 import jax
 
 from ._args import check_target_arg, gpu_arg, mesh_arg, tpu_arg
-from ._gpu._compiler import LogCapture
 from ._progress import Progress, quiet
 from ._session import Session
+from ._target._gpu import LogCapture
 from ._trained import ALL, ParamsLike
 from .baselines import audit_key
 from .config import DefinesLike, TargetConfig

@@ -28,8 +28,6 @@ from ._analysis import Analysis, analyse_policy, failed
 from ._apply import resolve_scope
 from ._compile import compiled_memory
 from ._emulated import emulated_device
-from ._gpu import Compiled, Compiler, gpu_info, peaks_in_workers, step_info, step_mesh
-from ._gpu._compiler import LogCapture, check_loss
 from ._loading import anchored, load_inputs, load_target, user_code
 from ._mesh import (
     build_abstract_mesh,
@@ -43,7 +41,8 @@ from ._mesh import (
 )
 from ._progress import Progress, quiet
 from ._step import trained_paths
-from ._tpu import TpuCompiler, tpu_info
+from ._target import Compiled, Compiler, TpuCompiler, gpu_info, peaks_in_workers, step_info, step_mesh, tpu_info
+from ._target._gpu import LogCapture, check_loss
 from ._trace import Traced, trace
 from ._trained import ALL, ParamsLike
 from ._warnings import NOTHING, warnings_for

@@ -28,9 +28,9 @@ import concurrent.futures
 import dataclasses
 from collections.abc import Callable, Sequence
 
-from ._gpu._compiler import LogCapture
 from ._progress import Progress, quiet
 from ._session import Session
+from ._target._gpu import LogCapture
 from .errors import AuditError, UsageError, first_line
 from .gpus import GpuRequest
 from .records import PeakMemory, Point, StepTime, Throughput

@@ -35,11 +35,11 @@ from typing import Any
 import jax
 
 from . import _jax_compat as jc
-from ._gpu._compiler import LogCapture
 from ._loading import user_code
 from ._mesh import cpu_devices
 from ._progress import Progress, quiet
 from ._session import Session
+from ._target._gpu import LogCapture
 from ._throughput import THROUGHPUT, point_of, search
 from ._trace import trace
 from .errors import TargetError, UsageError, first_line

@@ -112,8 +112,8 @@ ENTRY %main (x: f32[8,128]) -> f32[8,128] {{
 def test_a_tpu_loops_trips_come_from_its_condition_and_each_kernel_from_libtpus_cycles(layers: int) -> None:
     """libtpu writes no known_trip_count: the loop's trips are the constant its condition compares
     with; each kernel costs its estimated cycles at the chip's clock, times the one constant."""
-    from te_ckpt_audit._gpu import _steptime as steptime
-    from te_ckpt_audit._gpu._hlo_kernels import step_kernels
+    from te_ckpt_audit._target import _steptime as steptime
+    from te_ckpt_audit._target._kernels import step_kernels
 
     kernels = step_kernels(_TPU_LOOP.format(layers=layers))
     by_name = {k.name: k for k in kernels}
@@ -128,8 +128,8 @@ def test_a_tpu_loops_trips_come_from_its_condition_and_each_kernel_from_libtpus_
 
 
 def test_an_all_reduce_over_ici_moves_twice_its_share_of_the_buffer() -> None:
-    from te_ckpt_audit._gpu import _steptime as steptime
-    from te_ckpt_audit._gpu._hlo_kernels import Kernel
+    from te_ckpt_audit._target import _steptime as steptime
+    from te_ckpt_audit._target._kernels import Kernel
     from te_ckpt_audit.records import KernelKind
 
     chip = tpu_model("v5e")

@@ -26,9 +26,9 @@ from _gpu_lane import cli, compiles
 from _gpu_lane import stack as _stack
 
 from te_ckpt_audit import UsageError, audit, audit_target
-from te_ckpt_audit._gpu import Compiled
-from te_ckpt_audit._gpu._cache import CompileCache, Measured
 from te_ckpt_audit._jax_compat import saved_residuals
+from te_ckpt_audit._target import Compiled
+from te_ckpt_audit._target._cache import CompileCache, Measured
 from te_ckpt_audit.baselines import audit_key
 from te_ckpt_audit.gating import check
 from te_ckpt_audit.gpus import (
@@ -336,13 +336,13 @@ class _FakeSession:
         self.peaks_by_policy, self.usable, self.asked = peaks, usable, []
         self.devices = 1
 
-    def compiler(self, *_: Any) -> None:
+    def prepare(self, *_: Any) -> None:
         return None
 
-    def gpu_info(self, request: GpuRequest) -> Any:
-        from te_ckpt_audit._gpu import gpu_info
+    def target_info(self, request: GpuRequest) -> dict[str, Any]:
+        from te_ckpt_audit._target import gpu_info
 
-        return gpu_info(request)
+        return {"gpu": gpu_info(request)}
 
     def timed(self, *_: Any) -> None:
         return None
@@ -569,7 +569,7 @@ def test_a_run_that_fits_at_its_own_fraction_is_said_to(tmp_path: Path) -> None:
 def test_needed_bytes_is_the_plan_without_xla_remat_and_unbounded(tmp_path: Path) -> None:
     """Finding 8: needed_bytes was below the rematerialized peak on one step and above the
     remat-off plan on another; now it is one compile by its definition."""
-    from te_ckpt_audit._gpu._compiler import UNBOUNDED
+    from te_ckpt_audit._target._gpu import UNBOUNDED
 
     model = model_of_config(_small_gpu(tmp_path, 300))
     request = GpuRequest(model, environment=GpuEnvironment(1.0, FractionSource.GIVEN))

@@ -472,6 +472,28 @@ def tpu_notes(report: AuditReport) -> list[str]:
     return notes
 
 
+# --- the compiled step, one section per target ---------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Section:
+    """One table of a report after its policies: a title, the columns beside the policy, notes."""
+
+    title: str
+    columns: tuple[Column, ...]
+    notes: tuple[str, ...]
+
+
+def target_sections(report: AuditReport, gpu_headers: tuple[str, ...] = GPU_HEADERS) -> list[Section]:
+    """The compiled step's sections, one per target the report holds (its GPU's peak, its TPU
+    slice's plan and verdict): every format lays them out alike; `gpu_headers` the GPU columns a
+    format has room for."""
+    found = [(report.gpu, gpu_title, tuple(COLUMNS[h] for h in gpu_headers), gpu_notes),
+             (report.tpu, tpu_title, tuple(TPU_COLUMNS[h] for h in TPU_HEADERS), tpu_notes)]
+    return [Section(title(report), columns, tuple(notes(report))) for info, title, columns, notes in found
+            if info is not None]
+
+
 # --- the step's time (--time): an estimate, labelled as one --------------------------------------
 
 TIME_HEADERS = ("s/step (estimate)", "range", "FLOP/s per GPU", "MFU", "HFU", "throughput per GPU", "exposed comm")

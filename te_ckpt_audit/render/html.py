@@ -33,30 +33,25 @@ from ..records import (
 )
 from ._common import (
     COLUMNS,
-    GPU_HEADERS,
     HOTSPOT_TITLES,
     KERNEL_HEADERS,
-    TPU_COLUMNS,
-    TPU_HEADERS,
+    Section,
     costliest_rows,
     counted,
     format_bytes,
     format_flops,
     format_percent,
     format_seconds,
-    gpu_notes,
-    gpu_title,
     hotspot_key,
     hotspots,
     kernels_shown,
     kernels_title,
     peak_range,
+    target_sections,
     time_columns,
     time_notes,
     time_title,
     timed,
-    tpu_notes,
-    tpu_title,
     trained_note,
     warning_message,
     winner_policy,
@@ -414,8 +409,9 @@ def _policies_table(report: AuditReport) -> list[str]:
     out = ["<h2>Policies</h2><table><thead><tr><th>policy</th><th>activation</th><th>host</th>"
            f"<th>recompute</th><th>% of forward</th>{'<th>error</th>' if failed else ''}</tr></thead>"
            f"<tbody>{rows}</tbody></table>"]
-    return out + (_gpu_table(report) if report.gpu is not None else []) + (
-        _tpu_table(report) if report.tpu is not None else []) + (_time_table(report) if timed(report) else [])
+    for section in target_sections(report):
+        out += _section_table(report, section)
+    return out + (_time_table(report) if timed(report) else [])
 
 
 def warnings_section(report: AuditReport) -> list[str]:
@@ -454,26 +450,18 @@ def _peak_cell(peak: PeakMemory | None) -> str:
     return peak_range(peak)
 
 
-def _gpu_table(report: AuditReport) -> list[str]:
-    """The compiled peak per device beside the residuals, then what it means."""
-    shown = [COLUMNS[h] for h in ("policy", *GPU_HEADERS)]
+def _section_table(report: AuditReport, section: Section) -> list[str]:
+    """A compiled step's table (a GPU's peak per device, a TPU's plan per chip), then what it means."""
+    shown = [COLUMNS["policy"], *section.columns]
     head = "".join(f"<th>{_e(c.header)}</th>" for c in shown)
     rows = "".join(
         "<tr>" + "".join(f"<td{NUM if c.numeric else ''}>{_e(c.cell(report, r))}</td>" for c in shown)
         + "</tr>"
         for r in report.results
     )
-    notes = "".join(f'<p class="meta">{_e(n)}</p>' for n in gpu_notes(report))
-    return [f"<h2>{_e(gpu_title(report))}</h2>",
+    notes = "".join(f'<p class="meta">{_e(n)}</p>' for n in section.notes)
+    return [f"<h2>{_e(section.title)}</h2>",
             f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table></div>{notes}']
-
-
-def _tpu_table(report: AuditReport) -> list[str]:
-    """libtpu's plan and verdict per policy, then what they mean."""
-    shown = [COLUMNS["policy"], *(TPU_COLUMNS[h] for h in TPU_HEADERS)]
-    return [f"<h2>{_e(tpu_title(report))}</h2>", _html_table([c.header for c in shown],
-            [[c.cell(report, r) for c in shown] for r in report.results], [c.numeric for c in shown]),
-            *(f'<p class="meta">{_e(n)}</p>' for n in tpu_notes(report))]
 
 
 def _time_table(report: AuditReport) -> list[str]:

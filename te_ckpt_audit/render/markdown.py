@@ -14,14 +14,11 @@ from ._common import (
     KERNEL_HEADERS,
     PER_DEVICE,
     QUANTIZATION_HEADERS,
-    TPU_COLUMNS,
-    TPU_HEADERS,
+    Section,
     compiled_errors,
     costliest_rows,
     format_bytes,
     format_flops,
-    gpu_notes,
-    gpu_title,
     hotspot_key,
     hotspots,
     kernels_shown,
@@ -31,12 +28,11 @@ from ._common import (
     quantizes,
     shown_columns,
     standin_note,
+    target_sections,
     time_columns,
     time_notes,
     time_title,
     timed,
-    tpu_notes,
-    tpu_title,
     trained_note,
     warning_message,
 )
@@ -118,10 +114,8 @@ def render_markdown(report: AuditReport, top: int = 10, by: HotspotKey | None = 
         lines += [f"> XLA columns: {COMPILED_NOTE}", ""]
         lines += [f"> {md_text(f'{policy}: not compiled: {why}')}" for policy, why in compiled_errors(report)]
         lines += [""] if compiled_errors(report) else []
-    if report.gpu is not None:
-        lines += _gpu_section(report)
-    if report.tpu is not None:
-        lines += _tpu_section(report)
+    for section in target_sections(report, shown_columns(report, GPU_HEADERS)):
+        lines += _section(report, section)
     if timed(report):
         lines += _time_section(report)
     if top:
@@ -140,13 +134,13 @@ def render_markdown(report: AuditReport, top: int = 10, by: HotspotKey | None = 
     return "\n".join(lines)
 
 
-def _tpu_section(report: AuditReport) -> list[str]:
-    """libtpu's plan and verdict per policy, then what they mean."""
-    shown = [COLUMNS["policy"], *(TPU_COLUMNS[h] for h in TPU_HEADERS)]
-    lines = [f"### {md_text(tpu_title(report))}", ""]
+def _section(report: AuditReport, section: Section) -> list[str]:
+    """A compiled step's table (a GPU's peak, a TPU's plan), then what it means."""
+    shown = [COLUMNS["policy"], *section.columns]
+    lines = [f"### {md_text(section.title)}", ""]
     lines += md_table([c.header for c in shown], [[c.cell(report, r) for c in shown] for r in report.results],
                       [c.numeric for c in shown])
-    return [*lines, "", *(f"> {md_text(note)}" for note in tpu_notes(report)), ""]
+    return [*lines, "", *(f"> {md_text(note)}" for note in section.notes), ""]
 
 
 def _time_section(report: AuditReport) -> list[str]:
@@ -163,11 +157,3 @@ def _time_section(report: AuditReport) -> list[str]:
         lines += [*md_table(list(KERNEL_HEADERS), rows, [False, False, True, True, False, False]), ""]
     return lines
 
-
-def _gpu_section(report: AuditReport) -> list[str]:
-    """The compiled step's table, then what it means."""
-    shown = [COLUMNS[h] for h in ("policy", *shown_columns(report, GPU_HEADERS))]
-    lines = [f"### {md_text(gpu_title(report))}", ""]
-    lines += md_table([c.header for c in shown], [[c.cell(report, r) for c in shown] for r in report.results],
-                      [c.numeric for c in shown])
-    return [*lines, "", *(f"> {md_text(note)}" for note in gpu_notes(report)), ""]

@@ -30,15 +30,11 @@ from ._common import (
     MARK_SYMBOLS,
     OUTCOME_WORDS,
     TIME_TERMINAL,
-    TPU_COLUMNS,
-    TPU_HEADERS,
     Column,
     compiled_errors,
     costliest_rows,
     format_bytes,
     format_flops,
-    gpu_notes,
-    gpu_title,
     hotspot_key,
     hotspots,
     kernels_shown,
@@ -49,12 +45,11 @@ from ._common import (
     producer_headers,
     shown_columns,
     standin_note,
+    target_sections,
     time_columns,
     time_notes,
     time_title,
     timed,
-    tpu_notes,
-    tpu_title,
     trained_note,
     warning_message,
 )
@@ -292,17 +287,10 @@ def _sections(report: AuditReport, view: TableView) -> list[list[RenderableType]
                 *(Text(f"{p}: not compiled: {why}", style="yellow") for p, why in compiled_errors(report)),
             ]
         )
-    if report.gpu is not None:
-        sections.append(
-            [
-                _comparison(report, gpu_title(report), GPU_TERMINAL, width),
-                *(Text(note, style="dim") for note in gpu_notes(report)),
-            ]
-        )
-    if report.tpu is not None:
+    for section in target_sections(report, GPU_TERMINAL):
         sections.append([
-            _comparison(report, tpu_title(report), TPU_HEADERS, width, TPU_COLUMNS),
-            *(Text(note, style="dim") for note in tpu_notes(report)),
+            _comparison(report, section.title, *_named(list(section.columns), width)),
+            *(Text(note, style="dim") for note in section.notes),
         ])
     if timed(report):
         sections.append([

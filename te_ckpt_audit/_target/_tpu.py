@@ -17,10 +17,6 @@ from typing import Any
 import jax
 
 from .._apply import policy_function
-from .._gpu import _steptime as steptime
-from .._gpu._compiler import _optimizer as optax_update  # the same update the GPU step adds
-from .._gpu._hlo_kernels import step_kernels
-from .._gpu._placement import gpu_mesh, on, rehomed, replicated
 from .._mesh import mesh_context
 from .._step import state_on, training_step
 from .._trace import Traced
@@ -28,6 +24,10 @@ from ..errors import UsageError, first_line
 from ..records import MeshSpec, Scope, StepTime, TpuInfo, TpuPlan
 from ..specs import PolicySpec
 from ..tpus import TpuRequest, TpuTarget
+from . import _steptime as steptime
+from ._gpu import _optimizer as optax_update  # the same update the GPU step adds
+from ._kernels import step_kernels
+from ._placement import gpu_mesh, on, rehomed, replicated
 
 INSTALL_HINT = 'install the [tpu] extra: pip install -e ".[tpu]" (jax[tpu]: libtpu, Linux x86-64)'
 _REQUIRED = re.compile(r"HLO temporaries \(([\d.]+)([KMGT]?)\)")

@@ -39,7 +39,7 @@ from ..records import CompileProgress, GpuInfo, MeshSpec, PeakMemory, Scope, Ste
 from ..specs import AsIs, PolicySpec
 from . import _steptime as steptime
 from ._cache import CompileCache, Measured
-from ._hlo_kernels import step_kernels
+from ._kernels import step_kernels
 from ._machine import INSTALL_HINT, check_available, versions
 from ._placement import gpu_mesh, on, rehomed, replicated, step_mesh
 

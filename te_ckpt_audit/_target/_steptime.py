@@ -36,8 +36,8 @@ from .._profile import Profile
 from ..gpus import BF16, F32, F64, FP8, GpuModel
 from ..records import Calibration, KernelKind, KernelTime, StepTime
 from ..tpus import TpuModel
-from . import _hlo_kernels
-from ._hlo_kernels import Kernel
+from . import _kernels
+from ._kernels import Kernel
 
 SOL = "sol"
 ROOFLINE = "roofline"
@@ -298,7 +298,7 @@ def revision() -> str:
     """A hash of the estimate's own code (this module and the kernel reader): cached estimates are
     keyed by it, so a change to either makes them again."""
     h = hashlib.sha256()
-    for module in (__file__, _hlo_kernels.__file__):
+    for module in (__file__, _kernels.__file__):
         h.update(Path(module).read_bytes())
     return h.hexdigest()
 
