@@ -133,10 +133,12 @@ def audit(
     gate = GateOptions.parse(budget, max_recompute, baseline, tolerance, require_baseline, save_baseline_to)
     if tpu is not None and (gpu is not None or gpu_config is not None):
         raise UsageError("--tpu and --gpu both name the step's target", "give one of them")
-    on_tpu = None if tpu is None else TpuRequest(parse_tpu(tpu, where.devices or 1), optimizer, timed)
+    on_tpu = None if tpu is None else TpuRequest(parse_tpu(tpu, where.devices or 1), optimizer, timed, step,
+                                                 tuple(donate or ()))
     on_gpu = GpuOptions.parse(
         gpu, gpu_config, gpus_per_host, None if on_tpu else optimizer, mem_fraction, fit and not on_tpu, peak_budget,
-        compile_cache(), step, donate, jobs, cluster, timed and not on_tpu, network_gbps, calibrate,
+        compile_cache(), step and not on_tpu, None if on_tpu else donate, jobs, cluster, timed and not on_tpu,
+        network_gbps, calibrate,
     )
     peak = on_gpu.peak if on_tpu is None else PeakGate(fit)  # --fit: libtpu's verdict on the slice
     out = OutputOptions(format, None if output is None else Path(output), top, by, equations)

@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 
 from te_ckpt_audit import UsageError
-from te_ckpt_audit.gating import check
+from te_ckpt_audit.gating import PeakGate, check
 from te_ckpt_audit.gpus import DEFAULT_GPUS_PER_HOST
 from te_ckpt_audit.maxtext import (
     REMAT_POLICIES,
@@ -27,6 +27,7 @@ from te_ckpt_audit.maxtext import (
     resolved,
 )
 from te_ckpt_audit.render import render_maxtext_recommend_json, render_maxtext_recommend_text
+from te_ckpt_audit.tpus import TpuRequest, parse_tpu
 
 from . import options as opt
 from . import process
@@ -116,6 +117,7 @@ def maxtext(
     output: opt.Output = None,
     debug: opt.Debug = False,
     version: opt.Version = False,
+    tpu: opt.TpuName = None,
 ) -> int:
     """Audit MaxText's own train step under each remat_policy: what the loss it differentiates
     keeps for the backward pass, and (--gpu) the step compiled for GPUs (no GPU needed): the peak
@@ -123,17 +125,25 @@ def maxtext(
 
     The step is MaxText's: its model, abstract train state and `train_step`, built as its
     ahead-of-time compile builds them, traced on this machine's CPUs and laid on the GPU topology
-    of its mesh (compile_topology_num_slices=N: N hosts of 8 GPUs). Exit codes: 0 ok, 1 a check
-    failed, 2 usage or bad input, 3 MaxText failed to build the step, 4 internal error.
+    of its mesh (compile_topology_num_slices=N: N hosts of 8 GPUs), or (--tpu v5e, with MaxText's
+    compile_topology=v5e-256) compiled by libtpu for that TPU slice: its plan per chip, libtpu's
+    verdict and (--time) its time. Exit codes: 0 ok, 1 a check failed, 2 usage or bad input, 3
+    MaxText failed to build the step, 4 internal error.
     """
-    run = MaxTextRun(config, tuple(settings or ()))
+    run = MaxTextRun(config, tuple(settings or ()), tpu=tpu)
+    if tpu is not None and (gpu is not None or gpu_config is not None):
+        raise UsageError("--tpu and --gpu both name the step's target", "give one of them")
+    if tpu is not None and recommend:
+        raise UsageError("maxtext --recommend searches on a GPU so far; on a TPU, compile the policies it would try",
+                         "drop --recommend and give --policy (repeat it) with --tpu")
     if recommend and gpu is None and gpu_config is None:
         raise UsageError("maxtext --recommend compiles MaxText's train step for a GPU", "add --gpu h100")
     compiled = gpu is not None or gpu_config is not None  # MaxText's own step, its state donated
-    on_gpu = GpuOptions.parse(gpu, gpu_config, DEFAULT_GPUS_PER_HOST, None, mem_fraction, fit, peak_budget,
-                              compile_cache(), step=compiled, donate=[0] if compiled else None,
-                              time=timed or maximize is not None,  # throughput is the estimate's
+    on_gpu = GpuOptions.parse(gpu, gpu_config, DEFAULT_GPUS_PER_HOST, None, mem_fraction, fit and tpu is None,
+                              peak_budget, compile_cache(), step=compiled, donate=[0] if compiled else None,
+                              time=(timed or maximize is not None) and tpu is None,  # throughput is the estimate's
                               network_gbps=network_gbps, calibrate=calibrate)
+    peak = on_gpu.peak if tpu is None else PeakGate(fit)  # --fit on a TPU: libtpu's verdict on the slice
     policies = list(policy or ["as-is"])
     if "all" in policies:
         policies = ["as-is", *REMAT_POLICIES]
@@ -148,7 +158,7 @@ def maxtext(
     if recommend and timed and maximize is None:
         raise UsageError("maxtext --recommend searches by memory; --time is for the policies it compiles",
                          "drop --recommend and give --policy, or search by time: --maximize throughput")
-    if recommend and on_gpu.peak.active:
+    if recommend and peak.active:
         raise UsageError("--recommend searches what fits the GPU itself", "drop --fit, --peak-budget")
     if recommend and policy and maximize is None:
         raise UsageError("--recommend searches MaxText's remat policies itself",
@@ -163,7 +173,9 @@ def maxtext(
                                     for i, p in enumerate(chain)]
                        + ([] if profile is None else [("the profile --calibrate reads", Path(profile.source))]))
     run = process.in_a_child(resolved, run)  # MaxText's own values, before this process sets its devices
-    process.prepare(None, run.devices, None if on_gpu.request is None else on_gpu.request.model)
+    on_tpu = None if tpu is None else TpuRequest(parse_tpu(tpu, run.devices), None, timed)
+    process.prepare(None, run.devices, None if on_gpu.request is None else on_gpu.request.model,
+                    tpu=on_tpu is not None)
     if recommend:
         assert on_gpu.request is not None
         with stdout_kept_for_the_report(), progress_on_stderr() as progress:
@@ -176,7 +188,7 @@ def maxtext(
         return ExitCode.OK if found.chosen is not None else ExitCode.CHECK_FAILED
     with stdout_kept_for_the_report(), progress_on_stderr() as progress:
         report = audit_maxtext(run, policies, on_gpu.request, progress=progress,
-                               capture=process.xla_log_kept_off_stderr)
-    gate = check(report, peak=on_gpu.peak)
-    emit(renderer(out.format, table_view(out))(report, gate if on_gpu.peak.active else None), out.output)
+                               capture=process.xla_log_kept_off_stderr, tpu=on_tpu)
+    gate = check(report, peak=peak)
+    emit(renderer(out.format, table_view(out))(report, gate if peak.active else None), out.output)
     return report_gate([gate], None)

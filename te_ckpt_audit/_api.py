@@ -74,7 +74,7 @@ def audit(
                          "audit(fn, *args); audit_target('model.py:loss') takes a target's text")
     gpu_arg(gpu)
     specs = None if policies is None else _some(parse_policies(policies, getattr(fn, "__name__", "fn")))
-    own = gpu is not None and gpu.step
+    own = (gpu is not None and gpu.step) or (tpu is not None and tpu.step)
     session = Session.of_function(fn, *args, scope=Scope(scope), mesh=mesh, params=params, own_step=own)
     chosen = (AS_IS,) if own and specs is None else (default_policies(session) if specs is None else specs)
     return session.report(chosen, compile=compile, gpu=gpu, tpu=tpu_arg(tpu))
@@ -115,7 +115,7 @@ def audit_target(
     placement = mesh_arg(mesh)
     gpu_arg(gpu)
     specs = None if policies is None else _some(parse_policies(policies, target))  # bad specs fail before it runs
-    own = gpu is not None and gpu.step
+    own = (gpu is not None and gpu.step) or (tpu is not None and tpu.step)
     session = Session.of_target(
         target, inputs=inputs, defines=defines, scope=Scope(scope), mesh=placement,
         shardings=ShardingSource(shardings), params=params, own_step=own, progress=progress,

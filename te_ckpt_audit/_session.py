@@ -400,9 +400,13 @@ class Session:
     def tpu_compiler(self, request: TpuRequest, capture: LogCapture | None = None) -> TpuCompiler:
         """The compiler of this trace's training step for `request`'s TPU slice: libtpu missing, a
         target with no loss or a slice of another size than the mesh are said before any work."""
-        if self.own_step:
-            raise UsageError(f"{self._traced.target} is a training step of its own", "--tpu compiles te-ckpt-audit's")
-        check_loss(self._traced)
+        if request.step != self.own_step:
+            if request.step:
+                raise UsageError(f"{self._traced.target} was not traced as a training step of its own",
+                                 "build the session with own_step=True")
+            raise UsageError(f"{self._traced.target} is a training step of its own", "compile it with step=True")
+        if not request.step:
+            check_loss(self._traced)
         if request not in self._tpu_compilers:
             with capture() if capture is not None else contextlib.nullcontext():
                 self._tpu_compilers[request] = TpuCompiler(self._traced, request, self.gpu_mesh)

@@ -30,7 +30,7 @@ import os
 import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import jax
 
@@ -46,12 +46,14 @@ from .errors import TargetError, UsageError, first_line
 from .gpus import GpuRequest
 from .records import AuditReport, CompileProgress, MaxTextPoint, MaxTextRecommendation, PeakMemory, Point, PolicyResult
 from .specs import AsIs
+from .tpus import ALIASES, CATALOG, TpuRequest, tpu_model
 
 # MaxText's cuDNN flash attention through TE finds no fused backend without a GPU driver (TE falls
 # back to unfused attention, which keeps every S x S score); JAX's own cuDNN flash attention
 # compiles for the GPU target from here, with the same kernel's memory (its softmax statistics)
 TE_FLASH, JAX_FLASH = "cudnn_flash_te", "cudnn_flash_jax"
 CUDNN = "nvidia-cudnn-cu12>=9.10.2.21,<10"  # what jax-cuda12-plugin[with-cuda] 0.12.0.1 asks for
+Request = TypeVar("Request", GpuRequest, TpuRequest)
 GPUS_PER_SLICE = 8  # MaxText's accelerator map: "a3" (H100) is one host of 8 GPUs per slice
 INSTALL = "pip install --no-deps maxtext==0.2.5, then what its decoder imports (zoo/maxtext-requirements.txt)"
 
@@ -81,6 +83,7 @@ class MaxTextRun:
     config: str
     settings: tuple[str, ...] = ()
     resolved: tuple[str, ...] = ()  # `resolved`: MaxText's own values of the settings the tool sizes by, read first
+    tpu: str | None = None  # the TPU chip the step is compiled for (`--tpu v5e`): its slice is `compile_topology`
 
     def __post_init__(self) -> None:
         found = find_config(self.config)
@@ -108,7 +111,13 @@ class MaxTextRun:
 
     @property
     def devices(self) -> int:
-        return GPUS_PER_SLICE * self.slices
+        """The step's devices: 8 GPUs a host, or on a TPU the chips of `compile_topology`'s slice."""
+        if self.tpu is None:
+            return GPUS_PER_SLICE * self.slices
+        if self.slices != 1:
+            raise UsageError(f"compile_topology_num_slices={self.slices}: --tpu compiles for one slice",
+                             "compile_topology_num_slices=1")
+        return tpu_chips(self.tpu, self.value("compile_topology"))
 
     @property
     def target(self) -> str:
@@ -206,6 +215,24 @@ def _beside(config: Path, base: str) -> Path | None:
     return next((f / "configs" / base for f in _maxtext_folders() if (f / "configs" / base).is_file()), None)
 
 
+def tpu_chips(chip: str, topology: str | None) -> int:
+    """The chips of MaxText's `compile_topology` for a TPU (`v5e-256`: 256; v4 and v5p count
+    TensorCores, two a chip: `v5p-256` is 128 chips); a UsageError where it names no slice of `chip`.
+
+    >>> tpu_chips("v5e", "v5e-256"), tpu_chips("v5p", "v5p-256")
+    (256, 128)
+    """
+    model = tpu_model(chip)
+    found = re.fullmatch(r"(v\d\w*)-(\d{1,5})", (topology or "").strip())
+    named = tpu_model(found.group(1)) if found is not None and found.group(1) in (*CATALOG, *ALIASES) else None
+    if found is None or named != model:
+        raise UsageError(f"--tpu {model.name} compiles for MaxText's compile_topology, which "
+                         + (f"is {topology!r}, not a {model.name} slice" if topology else "the run leaves unset"),
+                         f"add compile_topology={model.name}-256 (MaxText's name of a {model.name} slice)")
+    cores = int(found.group(2))
+    return cores // 2 if model.dimensions == 3 else cores
+
+
 def resolved(run: MaxTextRun) -> MaxTextRun:
     """`run` with the settings the tool sizes the run by written in as MaxText resolves them (its
     config file, the `base_config` chain, its `M_` environment variables and the command line):
@@ -265,6 +292,8 @@ def _argv(run: MaxTextRun, remat_policy: str | None) -> list[str | None]:
     # compile_topology_num_slices is the config's own (`resolved` writes it in)
     ours = {"compile_topology": "a3", "skip_jax_distributed_system": "True", "enable_checkpointing": "False",
             "dataset_type": "synthetic"}
+    if run.tpu is not None:  # MaxText's own TPU slice name, as given
+        ours.pop("compile_topology")
     argv: list[str | None] = [None, run.config, *run.resolved, *run.settings]
     argv += [f"{k}={v}" for k, v in ours.items() if k not in given]
     if remat_policy is not None:
@@ -494,10 +523,10 @@ def _maxtext_sessions(run: MaxTextRun, remat_policy: str | None,
     return Session(traced, rebuild=rebuild, own_step=True), lost, loss
 
 
-def _its_own_step(gpu: GpuRequest) -> GpuRequest:
-    """`gpu` for MaxText's train step: a step of its own, compiled as it is, the state (argument 0)
-    donated as MaxText donates it."""
-    return dataclasses.replace(gpu, step=True, donate=(0,), optimizer=None)
+def _its_own_step(on: Request) -> Request:
+    """`on` (a GPU or TPU request) for MaxText's train step: a step of its own, compiled as it is,
+    the state (argument 0) donated as MaxText donates it."""
+    return dataclasses.replace(on, step=True, donate=(0,), optimizer=None)
 
 
 def audit_maxtext(
@@ -507,15 +536,18 @@ def audit_maxtext(
     *,
     progress: Progress = quiet,
     capture: LogCapture | None = None,
+    tpu: TpuRequest | None = None,
 ) -> AuditReport:
     """One row per MaxText `remat_policy` (`as-is`: the config's own): the residuals of the loss
     MaxText's step differentiates, under the decoder's checkpoints of that policy, and (with
-    `gpu`) the peak of MaxText's own train step compiled for it (its state donated), as one
-    report."""
+    `gpu`) the peak of MaxText's own train step compiled for it (its state donated), or (with
+    `tpu`, the run's `compile_topology` slice) libtpu's plan and verdict, as one report."""
     check_remat_policies(remat_policies)
+    if gpu is not None and tpu is not None:
+        raise UsageError("$gpu$ and $tpu$ both name the step's target", "give one of them")
     run = _sized(run)
-    if gpu is not None:
-        gpu = _its_own_step(gpu)
+    on: GpuRequest | TpuRequest | None = (_its_own_step(gpu) if gpu is not None else
+                                          None if tpu is None else _its_own_step(tpu))
     rows: list[PolicyResult] = []
     first: tuple[Session, AuditReport] | None = None
     for policy in dict.fromkeys(remat_policies):
@@ -524,7 +556,10 @@ def audit_maxtext(
         told = _named(progress, policy)
         with _te_told_maxtexts_axes():
             audited = loss.report([AsIs()], progress=told)
-            compiled = step.report([AsIs()], gpu=gpu, progress=told, capture=capture).results[0] if gpu else None
+            compiled = None
+            if on is not None:
+                target = {"gpu": on} if isinstance(on, GpuRequest) else {"tpu": on}
+                compiled = step.report([AsIs()], progress=told, capture=capture, **target).results[0]
         if first is not None and audited.equations != first[1].equations:
             raise TargetError(f"remat_policy={policy} traces another forward pass than {remat_policies[0]}",
                               "audit the policies one at a time")
@@ -534,9 +569,11 @@ def audit_maxtext(
         time = None if compiled is None else loss.timed(row.forward_flops, row.recompute_flops, compiled.time,
                                                           _tokens(run))
         rows.append(dataclasses.replace(row, policy=policy, peak=None if compiled is None else compiled.peak,
-                                        time=time))
+                                        tpu_plan=None if compiled is None else compiled.tpu_plan, time=time))
     assert first is not None
-    shell = first[0].report_of(rows, gpu)  # the GPU and the step are the step's; the rest the loss's
+    shell = first[0].report_of(rows, on if isinstance(on, GpuRequest) else None)  # the target's: the step's
+    if isinstance(on, TpuRequest):
+        shell = dataclasses.replace(shell, **first[0].target_info(on))  # type: ignore[arg-type]
     audited = first[1]
     # the target as the step was traced: the run, and the attention standing in for TE's, if any
     return dataclasses.replace(shell, equations=audited.equations, arguments=audited.arguments, te=audited.te,

@@ -107,13 +107,18 @@ class TpuRequest:
     target: TpuTarget
     optimizer: Optimizer | None = None
     time: bool = False  # also estimate each step's time from libtpu's own per-kernel cycles (the same compile)
+    step: bool = False  # the target already is a training step (MaxText's): compiled as it is (as-is only)
+    donate: tuple[int, ...] = ()  # with `step`: the positional arguments it donates
 
     def __post_init__(self) -> None:
         if not isinstance(self.target, TpuTarget):
             raise UsageError(f"$tpu$ wants a TpuTarget (parse_tpu(\"v5e\")), not {type(self.target).__name__}",
                              'tpu=TpuRequest(parse_tpu("v5e"))')
-        if type(self.time) is not bool:
-            raise UsageError(f"$time$ is True or False, not {self.time!r}", "time=True")
+        if type(self.time) is not bool or type(self.step) is not bool:
+            raise UsageError(f"$time$ and $step$ are True or False, not {self.time!r}, {self.step!r}", "time=True")
+        if self.step and self.optimizer is not None:
+            raise UsageError("$optimizer$ adds an update to the step te-ckpt-audit builds; $step$ brings its own",
+                             "drop one of them")
 
 
 def parse_tpu(text: str, chips: int | None = None) -> TpuTarget:

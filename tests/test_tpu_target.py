@@ -261,3 +261,32 @@ def test_maximize_throughput_on_a_tpu_searches_policy_and_batch_per_chip() -> No
                "--tpu", "v5e", "--maximize", "throughput", "--max-compiles", "4")
     assert "batch/s/chip" in text.stdout and "libtpu's cycle estimates" in text.stdout
     assert "TPU: v5e:1x1 (1 x v5e)" in text.stdout
+
+
+_OWN_STEP = """\
+import jax, jax.numpy as jnp
+
+
+def step(w, x):
+    grads = jax.grad(lambda w: jnp.mean(jnp.tanh(x @ w) ** 2))(w)
+    return w - 0.1 * grads
+
+
+def step_inputs():
+    return jax.ShapeDtypeStruct((1024, 1024), jnp.float32), jax.ShapeDtypeStruct((256, 1024), jnp.float32)
+"""
+
+
+@needs_libtpu
+def test_a_training_step_of_the_users_own_compiles_as_it_is_on_a_tpu(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--step --donate 0 --tpu v5e`: the user's step compiled by libtpu as it is (w donated and
+    written in place: its 4 MiB aliased), timed; a policy other than as-is is refused per row."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "own.py").write_text(_OWN_STEP)
+    result = cli("own.py:step", "--step", "--donate", "0", "--tpu", "v5e", "--time", "-f", "json")
+    assert result.exit_code == 0, result.stderr
+    row = json.loads(result.stdout)["results"][0]
+    plan = row["tpu_plan"]
+    assert plan["fits"] is True and plan["alias_bytes"] == 4 * MIB and plan["argument_bytes"] == 5 * MIB
+    assert row["time"]["seconds"] > 0 and row["time"]["device"] == "chip"

@@ -18,17 +18,18 @@ import jax
 
 from .._apply import policy_function
 from .._mesh import mesh_context
-from .._step import state_on, training_step
+from .._step import own_step, state_on, training_step
 from .._trace import Traced
 from ..errors import UsageError, first_line
 from ..records import MeshSpec, Scope, StepTime, TpuInfo, TpuPlan
-from ..specs import PolicySpec
+from ..specs import AsIs, PolicySpec
 from ..tpus import TpuRequest, TpuTarget
 from . import _steptime as steptime
 from ._gpu import _optimizer as optax_update  # the same update the GPU step adds
 from ._kernels import step_kernels
 from ._placement import gpu_mesh, on, rehomed, replicated
 
+OWN_STEP_AS_IS = "a training step of the target's own is compiled as it is: only as-is"
 INSTALL_HINT = 'install the [tpu] extra: pip install -e ".[tpu]" (jax[tpu]: libtpu, Linux x86-64)'
 _REQUIRED = re.compile(r"HLO temporaries \(([\d.]+)([KMGT]?)\)")
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
@@ -100,10 +101,13 @@ class TpuCompiler:
 
     def _compiled(self, spec: PolicySpec, scope: Scope) -> tuple[TpuPlan, str | None]:
         start = time.perf_counter()
+        if self.request.step and not isinstance(spec, AsIs):
+            return TpuPlan(None, None, None, None, None, None, 0.0, OWN_STEP_AS_IS), None
         fun = policy_function(self.placed, spec, scope)
         avals = [on(self.mesh, a) for a in self.placed.avals]
         optimizer = None if self.request.optimizer is None else optax_update(self.request.optimizer)
-        step = training_step(self.placed, fun, avals, optimizer, lambda p, s: state_on(p, s, replicated(self.mesh)))
+        step = (own_step(self.placed, fun, avals, self.request.donate) if self.request.step else
+                training_step(self.placed, fun, avals, optimizer, lambda p, s: state_on(p, s, replicated(self.mesh))))
         try:
             with jax.numpy_dtype_promotion("standard"), mesh_context(self.mesh):
                 compiled = jax.jit(step.fn, donate_argnums=step.donate).lower(*step.args).compile()
