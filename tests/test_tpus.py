@@ -4,6 +4,7 @@ measured against the deviceless compile of the same steps (bench/tpu_truth.py, b
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -138,3 +139,32 @@ def test_an_all_reduce_over_ici_moves_twice_its_share_of_the_buffer() -> None:
     assert steptime.ici_seconds(reduce, chip) == pytest.approx(2 * 3 / 4 * 2**30 / chip.ici_bandwidth)
     assert steptime.ici_seconds(gather, chip) == pytest.approx(3 / 4 * 2**30 / chip.ici_bandwidth)
     assert steptime.ici_seconds(Kernel("one", KernelKind.COLLECTIVE, 0, 2**30, group=1), chip) == 0
+
+
+@pytest.mark.parametrize(("chip", "topology", "chips"), [("v5e", "v5e-256", 256), ("v6e", "v6e-16", 16),
+                                                          ("v5p", "v5p-256", 128), ("v4", "v4-8", 4)])
+def test_maxtexts_compile_topology_names_the_tpu_slice(chip: str, topology: str, chips: int) -> None:
+    from te_ckpt_audit.maxtext import MaxTextRun, tpu_chips
+
+    assert tpu_chips(chip, topology) == chips
+    run = MaxTextRun("base.yml", (f"compile_topology={topology}", "compile_topology_num_slices=1"), tpu=chip)
+    assert run.devices == chips and parse_tpu(chip, run.devices).chips == chips
+
+
+@pytest.mark.parametrize(("settings", "said"), [
+    ((), "--tpu v5e compiles for MaxText's compile_topology, which the run leaves unset"),
+    (("compile_topology=a3",), "which is 'a3', not a v5e slice"),
+    (("compile_topology=v5p-8",), "which is 'v5p-8', not a v5e slice"),
+    (("compile_topology=v5e-256", "compile_topology_num_slices=2"), "--tpu compiles for one slice"),
+])
+def test_a_maxtext_run_on_a_tpu_needs_one_slice_of_that_chip(settings: tuple[str, ...], said: str) -> None:
+    from te_ckpt_audit.maxtext import MaxTextRun
+
+    with pytest.raises(UsageError, match=re.escape(said)):
+        _ = MaxTextRun("base.yml", settings, tpu="v5e").devices
+
+
+def test_maxtext_recommend_on_a_tpu_is_refused_with_what_to_do_instead() -> None:
+    result = cli("maxtext", "base.yml", "compile_topology=v5e-256", "--tpu", "v5e", "--recommend")
+    assert result.exit_code == 2
+    assert "maxtext --recommend searches on a GPU so far" in result.stderr and "--policy" in result.stderr
