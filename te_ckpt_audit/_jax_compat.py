@@ -81,6 +81,15 @@ LINEARIZE_HAS_STRUCTURED_RESIDUALS = JAX_VERSION >= (0, 11, 1)
 _VJPNode: Any = _ad.VJPNode if JAX_VERSION >= (0, 12, 0) else None  # type: ignore[attr-defined, unused-ignore]
 
 
+NEW_AUTODIFF_FLAGS = ("jax_remat3", "jax_custom_vjp3")  # JAX's new remat and custom_vjp (0.10+), off by default
+
+
+def new_autodiff_on() -> tuple[str, ...]:
+    """The flags of JAX's new remat implementation that are on (set by `JAX_REMAT3=1` or
+    `jax.config.update`), as JAX reads them: the audit models the old implementation only."""
+    return tuple(f for f in NEW_AUTODIFF_FLAGS if getattr(jax.config, f, False) is True)
+
+
 def scan_counts(params: Params) -> tuple[int, int]:
     """(number of consts, number of carry values) among a scan equation's inputs; the xs follow."""
     if SCAN_PARAMS_ARE_FLAT_TREES:

@@ -169,6 +169,11 @@ def trace(
     >>> [e.primitive for e in t.rows.equations()]
     ['sin', 'reduce_sum']
     """
+    on = jc.new_autodiff_on()
+    if on:  # its saved residuals are another implementation's: reading them as the old one's would be wrong
+        raise UsageError(f"{' and '.join(on)} is on (JAX's new remat): te-ckpt-audit does not yet read what it "
+                         "saves, and its figures would be wrong", "audit with it off: unset JAX_REMAT3 and "
+                         "JAX_CUSTOM_VJP3 (the audit reads what the current remat saves)")
     found = unbindable(fn, tuple(args))
     if found is not None:  # the arguments are the mistake, not the function's code
         raise UsageError(f"{target or 'the function'} cannot take the {len(args)} argument(s) given: {found[0]}",

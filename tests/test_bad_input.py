@@ -655,3 +655,25 @@ def test_the_library_names_parameters_and_the_command_line_names_flags() -> None
                           "--budget", "1KiB", "--gpu", "h100", "--max-compiles", "0"],
                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert run.returncode == 2 and "--max-compiles must be at least 1" in run.stderr, run.stderr
+
+
+@pytest.mark.parametrize("flag", ["jax_remat3", "jax_custom_vjp3"])
+def test_jaxs_new_remat_is_refused_rather_than_read_wrong(flag: str, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under JAX's new remat (`JAX_REMAT3=1`) the audit's figures were wrong (the forward pass
+    16.4 kFLOP of 16.8 MFLOP) and its named policies errors: until it reads what the new remat
+    saves, one clear line, exit 2, never a wrong table."""
+    import jax
+
+    if not hasattr(jax.config, flag):
+        pytest.skip(f"this jax has no {flag}")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "model.py").write_text(MODEL)
+    jax.config.update(flag, True)
+    try:
+        result = cli("model.py:loss", "-p", "checkpoint_dots")
+    finally:
+        jax.config.update(flag, False)
+    assert result.exit_code == 2 and result.stdout == ""
+    assert result.stderr.startswith(f"te-ckpt-audit: error: {flag} is on (JAX's new remat)")
+    assert result.stderr.count("\n") == 1 and "unset JAX_REMAT3" in result.stderr

@@ -1,5 +1,5 @@
-"""The kernels of a step XLA:GPU compiled, read from its optimized HLO text: what the step-time
-estimate (`_steptime`) costs.
+"""The kernels of a step XLA:GPU or libtpu compiled, read from its optimized HLO text: what the
+step-time estimate (`_steptime`) costs.
 
 Each instruction of the entry computation (and of the loops, calls and branches it runs) that
 launches work is one kernel, run as many times as the loops around it turn (`known_trip_count`;

@@ -1,6 +1,7 @@
-"""How long one training step runs on the target GPUs, from the program XLA compiled for them.
+"""How long one training step runs on the target GPUs or TPU chips, from the program compiled
+for them.
 
-Each kernel (`_hlo_kernels`) is timed by XLA's own performance models, which the estimate compile
+On a GPU, each kernel (`_kernels`) is timed by XLA's own performance models, which the estimate compile
 asks to write into the program (`xla_gpu_collect_cost_model_stats`): `sol` (speed of light, the
 cost XLA's latency-hiding scheduler uses on Hopper; its GEMMs from XLA's table measured on H100s)
 and the GPU performance model. Where they are known wrong they are corrected, and no kernel is
@@ -16,8 +17,11 @@ timed below its roofline floor:
 - in a training step, tensor-core kernels run at TENSOR_EFFICIENCY of their isolated time (one
   constant, fitted on published runs: see docs/guide/step-time.md).
 
-The step's time is its kernels run in the order XLA's latency-hiding scheduler put them in (the
-optimized HLO's order: `elapsed`): compute kernels one after another, each asynchronous collective
+On a TPU, each kernel is timed by libtpu's own estimate, its `estimated_cycles` at the chip's
+clock, times one constant (`TPU_EFFICIENCY`), and a collective by its bytes over ICI.
+
+On either, the step's time is its kernels run in the order the latency-hiding scheduler put them
+in (the optimized HLO's order: `elapsed`): compute kernels one after another, each asynchronous collective
 beside the kernels scheduled between its start and its wait, a loop's body once per trip. What
 the collectives add beyond the compute is the exposed communication. `sol` where it stands; the
 range where XLA's models disagree.
