@@ -396,7 +396,11 @@ def kernel_rows(steps: int = 20) -> list[dict[str, Any]]:
 
 
 PROFILED = ("llama full b4", "llama full b16", "llama minimal b4", "llama minimal b7", "gpt nothing_saveable b8",
-            "gpt checkpoint_dots b4", "mlp nothing_saveable b8192", "mlp everything_saveable b8192")
+            "gpt checkpoint_dots b4", "mlp nothing_saveable b8192", "mlp everything_saveable b8192",
+            # the other twelve points that ran (a second chip session): every point's kernels measured
+            "llama full b8", "llama full b20", "llama full b24", "llama full b25", "llama minimal b5",
+            "llama minimal b6", "gpt nothing_saveable b4", "gpt nothing_saveable b16", "gpt nothing_saveable b24",
+            "gpt checkpoint_dots b2", "gpt checkpoint_dots b8", "mlp nothing_saveable b65536")
 
 
 def profile_row(name: str, target: str, policy: str, defines: dict[str, Any], out: Path,
@@ -511,6 +515,7 @@ def main() -> None:
                         help="with --on-chip: the points of a `recommend --maximize throughput -f json` of the GPT")
     parser.add_argument("--only", default="", help="run only the cases whose name contains this")
     parser.add_argument("--out", type=Path, help="JSON lines, appended")
+    parser.add_argument("--skip", type=Path, help="with --profile: the points a file of rows has already")
     ns = parser.parse_args()
     if ns.table:
         print(table(*ns.table))
@@ -525,7 +530,8 @@ def main() -> None:
         ns.profile.mkdir(parents=True, exist_ok=True)
         cases = {c[0]: c for group in CASES.values() for c in group}
         with (ns.profile / "profile.jsonl").open("a") as f:
-            for name in (n for n in PROFILED if ns.only in n):
+            done = {json.loads(line)["case"] for line in ns.skip.read_text().splitlines()} if ns.skip else set()
+            for name in (n for n in PROFILED if ns.only in n and n not in done):
                 row = profile_row(*cases[name], out=ns.profile)
                 f.write(json.dumps(row, sort_keys=True) + "\n")
                 f.flush()
