@@ -15,13 +15,18 @@ of the chip's own compile (the plan), whether the chip took it (compiled, then r
 seconds per step: 3 steps of warm-up, then the median of 7, each with `block_until_ready`, the
 params and state fed back as a training loop does. Deviceless: the plan only. bench/data/ keeps
 the rows; README, "Runs that happened", and docs/guide/tpu.md show them.
+
+The time estimate's studies: `--estimate` (te-ckpt-audit's own `--tpu --time` of each point that
+ran, against the chip), `--profile` (on the chip: every kernel's measured time), `--kinds` (those
+kernels against libtpu's estimates, by kind), `--kernels` (single kernels on the chip), `--cost`
+(what `--time` adds to a run), `--on-chip --from-search` (a throughput search's points on the chip);
+`--table`, `--time-table` and `--truth-table` print the docs' and README's tables.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import re
 import statistics
 import sys
 import time
@@ -165,65 +170,12 @@ def deviceless(name: str, target: str, policy: str, defines: dict[str, Any], top
     return row
 
 
-V5E_CLOCK_HZ = 1.5e9  # an assumption to test: a 4096^3 bf16 GEMM's cycles at 197 TFLOP/s imply about 1.5 GHz
-
-
 def estimated_cycles(hlo_text: str) -> int:
-    """libtpu's own per-kernel estimates in a compiled module (each instruction's backend_config
-    `estimated_cycles`), summed over one step: a while loop's body times its trip count, read from
-    the constant its condition compares with. A study for the time estimate (issue 47, part b)."""
-    from te_ckpt_audit._target._kernels import parse_module
+    """libtpu's own per-kernel estimates of a compiled module, summed over one step as
+    te-ckpt-audit sums them (`_target._kernels`: a loop's body times its trips)."""
+    from te_ckpt_audit._target._kernels import step_kernels
 
-    comps, entry = parse_module(hlo_text)
-
-    def cycles_of(inst: Any) -> int:
-        found = re.findall(r'"estimated_cycles":"(\d+)"', inst.attrs)
-        return sum(int(c) for c in found)
-
-    def trip(cond: str) -> int:
-        """The largest integer constant of the loop's condition (a scan's `i < N`)."""
-        block = re.search(rf"^%?{re.escape(cond)} .*?^}}", hlo_text, re.MULTILINE | re.DOTALL)
-        found = re.findall(r"constant\((\d+)\)", block.group(0)) if block else []
-        return max((int(v) for v in found), default=1)
-
-    def walk(comp: str, seen: tuple[str, ...] = ()) -> int:
-        total = 0
-        for inst in comps.get(comp, []):
-            if inst.opcode == "while":
-                body, cond = inst.attr("body"), inst.attr("condition")
-                if body and body not in seen:
-                    total += trip(cond or "") * walk(body, (*seen, body))
-            elif inst.opcode in ("call", "conditional", "async-start") and inst.attr("to_apply") not in seen:
-                called = inst.attr("to_apply") or inst.attr("calls")
-                total += cycles_of(inst) + (walk(called, (*seen, called)) if called else 0)
-            else:
-                total += cycles_of(inst)
-        return total
-
-    return walk(entry)
-
-
-def cycles_rows(chip: Path, topology: str) -> list[dict[str, Any]]:
-    """Each point that ran on the chip, compiled here again: libtpu's summed cycles against the
-    measured seconds per step."""
-    import jax
-    from jax.experimental import topologies
-
-    topo = topologies.get_topology_desc(platform="tpu", topology_name=topology, chip_config_name="default",
-                                        chips_per_host_bounds=(1, 1, 1), num_slices=1)
-    out = []
-    for r in map(json.loads, chip.read_text().splitlines()):
-        if r.get("verdict") != "ran":
-            continue
-        fn, args, donate = step_of(r["target"], r["policy"], r["defines"])
-        text = jax.jit(fn, donate_argnums=donate).lower(*_placed(args, topo.devices[0])).compile().as_text() or ""
-        cycles = estimated_cycles(text)
-        row = {"case": r["case"], "cycles": cycles, "estimated_seconds": cycles / V5E_CLOCK_HZ,
-               "measured_seconds": r["seconds_per_step"]}
-        print(f"{r['case']:34s} {cycles / V5E_CLOCK_HZ:8.4f} s estimated  {r['seconds_per_step']:8.4f} s measured  "
-              f"ratio {r['seconds_per_step'] * V5E_CLOCK_HZ / max(cycles, 1):.3f}", flush=True)
-        out.append(row)
-    return out
+    return sum(k.cycles * k.runs for k in step_kernels(hlo_text))
 
 
 def time_rows(chip: Path) -> list[dict[str, Any]]:
@@ -446,8 +398,8 @@ def profile_row(name: str, target: str, policy: str, defines: dict[str, Any], ou
         for line in plane.lines:
             found = lines.setdefault(f"{plane.name}|{line.name}", {})
             for event in line.events:  # an op's event is named by its instruction's text: its name leads
-                name = event.name.split(" ", 1)[0].lstrip("%") if line.name == "XLA Ops" else event.name[:80]
-                count_ns = found.setdefault(name, [0, 0.0])
+                op = event.name.split(" ", 1)[0].lstrip("%") if line.name == "XLA Ops" else event.name[:80]
+                count_ns = found.setdefault(op, [0, 0.0])
                 count_ns[0] += 1
                 count_ns[1] += event.duration_ns
     return {"case": name, "target": target, "policy": policy, "defines": defines, "steps": steps,
@@ -504,8 +456,6 @@ def main() -> None:
     where.add_argument("--truth-table", nargs=3, type=Path, metavar=("CHIP", "DEVICELESS", "TIME"),
                        help="the README's table: every point's verdicts, plans and times")
     where.add_argument("--time-table", type=Path, metavar="ROWS", help="print the Markdown table of --estimate's rows")
-    where.add_argument("--cycles", type=Path, metavar="CHIP",
-                       help="libtpu's summed cycle estimates of each point that ran, against its measured time")
     where.add_argument("--on-chip", action="store_true", help="compile and run on this machine's TPU")
     where.add_argument("--profile", type=Path, metavar="DIR",
                        help="on the chip: trace the profiled points, per-kernel times and HLO into DIR")
@@ -539,7 +489,7 @@ def main() -> None:
                       f"{sum(len(v) for v in row['lines'].values())} kernels", flush=True)
         return
     studies = {"kernels": lambda: kernel_rows(), "cost": lambda: cost_rows(), "kinds": lambda: kind_rows(ns.kinds),
-               "estimate": lambda: time_rows(ns.estimate), "cycles": lambda: cycles_rows(ns.cycles, "v5e:1x1")}
+               "estimate": lambda: time_rows(ns.estimate)}
     for flag, study in studies.items():
         if getattr(ns, flag):
             rows = study()
