@@ -308,8 +308,7 @@ class Session:
             on_tpu = self.tpu_compiler(request, capture)
             out_tpu = {}
             for spec in specs:
-                with user_code(self._traced.target or "the function"):
-                    plan, time = self._tpu_plan(on_tpu, spec, progress, capture)
+                plan, time = self._tpu_plan(on_tpu, spec, progress, capture)
                 out_tpu[spec.text] = Compiled(plan.peak(), time)
             return out_tpu
         compiler = self.compiler(request, capture)
@@ -415,7 +414,8 @@ class Session:
     def _tpu_plan(self, compiler: TpuCompiler, spec: PolicySpec, progress: Progress,
                   capture: LogCapture | None) -> tuple[TpuPlan, StepTime | None]:
         progress(f"compiling {spec.text} for {compiler.request.target.topology} (libtpu)")
-        with capture() if capture is not None else contextlib.nullcontext():
+        with user_code(self._traced.target or "the function"), \
+                capture() if capture is not None else contextlib.nullcontext():
             return compiler.plan(spec, self.resolved_scope(spec))
 
     def report_of(self, results: Sequence[PolicyResult], gpu: GpuRequest | None = None) -> AuditReport:

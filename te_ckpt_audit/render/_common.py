@@ -595,6 +595,11 @@ def time_columns(report: AuditReport, headers: tuple[str, ...] = TIME_HEADERS) -
     return [dataclasses.replace(TIME_COLUMNS[h], header=h.replace("per GPU", f"per {device}")) for h in headers]
 
 
+def time_section(report: AuditReport, headers: tuple[str, ...] = TIME_HEADERS) -> Section:
+    """The step time per policy (an estimate) as a section: title, columns, what it means."""
+    return Section(time_title(report), tuple(time_columns(report, headers)), tuple(time_notes(report)))
+
+
 def time_title(report: AuditReport) -> str:
     t = _first_time(report)
     hardware = (t.hardware if t is not None and t.hardware else None) or (

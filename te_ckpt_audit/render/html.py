@@ -48,9 +48,7 @@ from ._common import (
     kernels_title,
     peak_range,
     target_sections,
-    time_columns,
-    time_notes,
-    time_title,
+    time_section,
     timed,
     trained_note,
     warning_message,
@@ -466,10 +464,11 @@ def _section_table(report: AuditReport, section: Section) -> list[str]:
 
 def _time_table(report: AuditReport) -> list[str]:
     """The step time per policy (an estimate), what it means, and each policy's costliest kernels."""
-    shown = [COLUMNS["policy"], *time_columns(report)]
-    out = [f"<h2>{_e(time_title(report))}</h2>", _html_table([c.header for c in shown],
+    section = time_section(report)
+    shown = [COLUMNS["policy"], *section.columns]
+    out = [f"<h2>{_e(section.title)}</h2>", _html_table([c.header for c in shown],
            [[c.cell(report, r) for c in shown] for r in report.results], [c.numeric for c in shown])]
-    out += [f'<p class="meta">{_e(n)}</p>' for n in time_notes(report)]
+    out += [f'<p class="meta">{_e(n)}</p>' for n in section.notes]
     fastest, others = kernels_shown(report)
     numeric = [False, False, True, True, False, False]
     if fastest is not None and fastest.time is not None:

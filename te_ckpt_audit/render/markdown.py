@@ -29,9 +29,7 @@ from ._common import (
     shown_columns,
     standin_note,
     target_sections,
-    time_columns,
-    time_notes,
-    time_title,
+    time_section,
     timed,
     trained_note,
     warning_message,
@@ -145,11 +143,7 @@ def _section(report: AuditReport, section: Section) -> list[str]:
 
 def _time_section(report: AuditReport) -> list[str]:
     """The step time per policy (an estimate), what it means, then each policy's costliest kernels."""
-    shown = [COLUMNS["policy"], *time_columns(report)]
-    lines = [f"### {md_text(time_title(report))}", ""]
-    lines += md_table([c.header for c in shown], [[c.cell(report, r) for c in shown] for r in report.results],
-                      [c.numeric for c in shown])
-    lines += ["", *(f"> {md_text(note)}" for note in time_notes(report)), ""]
+    lines = _section(report, time_section(report))
     fastest, others = kernels_shown(report)
     if fastest is not None and fastest.time is not None:
         lines += [f"#### {md_text(kernels_title(fastest, others))}", ""]

@@ -46,9 +46,7 @@ from ._common import (
     shown_columns,
     standin_note,
     target_sections,
-    time_columns,
-    time_notes,
-    time_title,
+    time_section,
     timed,
     trained_note,
     warning_message,
@@ -287,16 +285,13 @@ def _sections(report: AuditReport, view: TableView) -> list[list[RenderableType]
                 *(Text(f"{p}: not compiled: {why}", style="yellow") for p, why in compiled_errors(report)),
             ]
         )
-    for section in target_sections(report, GPU_TERMINAL):
+    timing = [time_section(report, TIME_TERMINAL)] if timed(report) else []
+    for section in [*target_sections(report, GPU_TERMINAL), *timing]:
         sections.append([
             _comparison(report, section.title, *_named(list(section.columns), width)),
             *(Text(note, style="dim") for note in section.notes),
         ])
     if timed(report):
-        sections.append([
-            _comparison(report, time_title(report), *_named(time_columns(report, TIME_TERMINAL), width)),
-            *(Text(note, style="dim") for note in time_notes(report)),
-        ])
         fastest, others = kernels_shown(report)
         if fastest is not None and fastest.time is not None:
             sections.append([_kernels(kernels_title(fastest, others), fastest.time, width)])
