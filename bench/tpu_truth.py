@@ -38,6 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 GIB = 2**30
 LLAMA = {"model": "llama-1b", "layers": 12, "seq": 1024}  # 0.74B parameters: AdamW's state fits, batches cross
+WIDE7B = {"model": "llama2-7b", "layers": 2, "seq": 2048}
 GPT = {"layers": 12, "seq": 1024, "d_model": 1024, "heads": 16, "d_ff": 4096, "vocab": 32768}  # f32 attention
 MLP = {"d_in": 4096, "d_hidden": 16384, "d_out": 4096}  # not a transformer: three wide layers
 # (case, target, policy, defines): llama's policies are its own (MaxText's remat_policy), as-is
@@ -65,6 +66,12 @@ CASES: dict[str, list[tuple[str, str, str, dict[str, Any]]]] = {
           for b in (2, 5, 6)),
         *((f"gpt nothing_saveable b{b}", "sample_models/gpt.py:loss", "nothing_saveable", {**GPT, "batch": b})
           for b in (6, 10, 12)),
+    ],
+    "wide": [  # Llama-2 7B's width, 2 layers, sequence 2048: wide GEMM-bound steps (the estimate leans slow there)
+        *((f"llama7b-2l full b{b}", "sample_models/llama.py:loss", "as-is", {**WIDE7B, "remat": "full",
+                                                                             "per_device_batch": b}) for b in (1, 2, 4)),
+        *((f"llama7b-2l minimal b{b}", "sample_models/llama.py:loss", "as-is", {**WIDE7B, "remat": "minimal",
+                                                                                "per_device_batch": b}) for b in (1, 2)),
     ],
     "mlp": [
         *((f"mlp nothing_saveable b{b}", "sample_models/mlp.py:loss", "nothing_saveable", {**MLP, "batch": b})
