@@ -68,10 +68,9 @@ CASES: dict[str, list[tuple[str, str, str, dict[str, Any]]]] = {
           for b in (6, 10, 12)),
     ],
     "wide": [  # Llama-2 7B's width, 2 layers, sequence 2048: wide GEMM-bound steps (the estimate leans slow there)
-        *((f"llama7b-2l full b{b}", "sample_models/llama.py:loss", "as-is", {**WIDE7B, "remat": "full",
-                                                                             "per_device_batch": b}) for b in (1, 2, 4)),
-        *((f"llama7b-2l minimal b{b}", "sample_models/llama.py:loss", "as-is", {**WIDE7B, "remat": "minimal",
-                                                                                "per_device_batch": b}) for b in (1, 2)),
+        *((f"llama7b-2l {remat} b{b}", "sample_models/llama.py:loss", "as-is",
+           {**WIDE7B, "remat": remat, "per_device_batch": b})
+          for remat, batches in (("full", (1, 2, 4)), ("minimal", (1, 2))) for b in batches),
     ],
     "mlp": [
         *((f"mlp nothing_saveable b{b}", "sample_models/mlp.py:loss", "nothing_saveable", {**MLP, "batch": b})
