@@ -70,7 +70,7 @@ CASES: dict[str, list[tuple[str, str, str, dict[str, Any]]]] = {
     "wide": [  # Llama-2 7B's width, 2 layers, sequence 2048: wide GEMM-bound steps (the estimate leans slow there)
         *((f"llama7b-2l {remat} b{b}", "sample_models/llama.py:loss", "as-is",
            {**WIDE7B, "remat": remat, "per_device_batch": b})
-          for remat, batches in (("full", (1, 2, 4)), ("minimal", (1, 2))) for b in batches),
+          for remat, batches in (("full", (1, 2, 4, 6, 8)), ("minimal", (1, 2, 3, 4))) for b in batches),
     ],
     "mlp": [
         *((f"mlp nothing_saveable b{b}", "sample_models/mlp.py:loss", "nothing_saveable", {**MLP, "batch": b})
@@ -184,11 +184,12 @@ def estimated_cycles(hlo_text: str) -> int:
     return sum(k.cycles * k.runs for k in step_kernels(hlo_text))
 
 
-def time_rows(chip: Path) -> list[dict[str, Any]]:
+def time_rows(chip: Path, fitted_on: bool = True) -> list[dict[str, Any]]:
     """Each point that ran on the chip, estimated by te-ckpt-audit itself (`--tpu v5e --optimizer
     adamw --time`, through the library), against its measured seconds per step. The 1st, 3rd, ...
     rows are the ones `_steptime.TPU_EFFICIENCY` was fitted on (the median of measured over
-    unscaled estimate); the others are held out."""
+    unscaled estimate); the others are held out. `fitted_on=False`: rows the constant never saw,
+    every one held out."""
     from te_ckpt_audit import audit_target
     from te_ckpt_audit._target._steptime import TPU_EFFICIENCY
     from te_ckpt_audit.gpus import Optimizer
@@ -201,16 +202,23 @@ def time_rows(chip: Path) -> list[dict[str, Any]]:
         result = audit_target(r["target"], [r["policy"]], defines=r["defines"], tpu=request).results[0]
         time = result.time
         assert time is not None and time.seconds is not None, (r["case"], time)
+        plan = result.tpu_plan
+        assert plan is not None
+        same_plan = [plan.argument_bytes, plan.output_bytes, plan.alias_bytes, plan.temp_bytes] == [
+            r["plan"][f] for f in ("argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes",
+                                   "temp_size_in_bytes")]
         row = {"case": r["case"], "estimated_seconds": time.seconds, "measured_seconds": r["seconds_per_step"],
-               "unscaled_seconds": time.seconds / TPU_EFFICIENCY, "fitted": i % 2 == 0,
+               "fits": plan.fits, "same_plan_as_chip": same_plan,
+               "unscaled_seconds": time.seconds / TPU_EFFICIENCY, "fitted": fitted_on and i % 2 == 0,
                "error": time.seconds / r["seconds_per_step"] - 1}
         print(f"{r['case']:34s} {time.seconds:8.4f} s estimated {r['seconds_per_step']:8.4f} s measured "
               f"{100 * row['error']:+6.1f}% {'(fitted)' if row['fitted'] else ''}", flush=True)
         out.append(row)
-    fitted = statistics.median(r["measured_seconds"] / r["unscaled_seconds"] for r in out if r["fitted"])
     held = sorted(abs(r["error"]) for r in out if not r["fitted"])
-    print(f"constant from the fitted rows: {fitted:.3f} (the estimate's: {TPU_EFFICIENCY}); held out: "
-          f"median {100 * statistics.median(held):.1f}%, worst {100 * held[-1]:.1f}% over {len(held)} rows")
+    if fitted_on:
+        fitted = statistics.median(r["measured_seconds"] / r["unscaled_seconds"] for r in out if r["fitted"])
+        print(f"constant from the fitted rows: {fitted:.3f} (the estimate's: {TPU_EFFICIENCY})")
+    print(f"held out: median {100 * statistics.median(held):.1f}%, worst {100 * held[-1]:.1f}% over {len(held)} rows")
     return out
 
 
@@ -471,6 +479,8 @@ def main() -> None:
                         help="with --on-chip: the points of a `recommend --maximize throughput -f json` of the GPT")
     parser.add_argument("--only", default="", help="run only the cases whose name contains this")
     parser.add_argument("--out", type=Path, help="JSON lines, appended")
+    parser.add_argument("--held-out", action="store_true",
+                        help="with --estimate: rows the constant was not fitted on, every one held out")
     parser.add_argument("--skip", type=Path, help="with --profile: the points a file of rows has already")
     ns = parser.parse_args()
     if ns.table:
@@ -495,7 +505,7 @@ def main() -> None:
                       f"{sum(len(v) for v in row['lines'].values())} kernels", flush=True)
         return
     studies = {"kernels": lambda: kernel_rows(), "cost": lambda: cost_rows(), "kinds": lambda: kind_rows(ns.kinds),
-               "estimate": lambda: time_rows(ns.estimate)}
+               "estimate": lambda: time_rows(ns.estimate, not ns.held_out)}
     for flag, study in studies.items():
         if getattr(ns, flag):
             rows = study()
