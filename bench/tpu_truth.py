@@ -431,7 +431,7 @@ def table(chip: Path, here: Path) -> str:
     def plan(r: dict[str, Any]) -> str:
         p = r.get("plan")
         if p is None:  # refused: the bytes the chip's check found required
-            return (r.get("refusal") or "").split("temporaries (")[-1].split(")")[0] + " required"
+            return _required(r) + " required"
         return f"{p['temp_size_in_bytes'] / GIB:.3f} + {p['argument_size_in_bytes'] / GIB:.3f}"
 
     measured, predicted = rows(chip), rows(here)

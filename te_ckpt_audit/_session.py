@@ -276,14 +276,18 @@ class Session:
     def compiler(self, request: GpuRequest, capture: LogCapture | None = None) -> Compiler:
         """The compiler of this trace's training step for `request`'s GPU (one per request);
         `capture` keeps XLA's log lines off the caller's stderr while it compiles."""
+        self._same_step(request)
+        if request not in self._compilers:
+            self._compilers[request] = Compiler(self._traced, request, self.gpu_mesh, capture)
+        return self._compilers[request]
+
+    def _same_step(self, request: GpuRequest | TpuRequest) -> None:
+        """`request` compiles a step of the target's own exactly where this session traced one."""
         if request.step != self.own_step:
             if request.step:
                 raise UsageError(f"{self._traced.target} was not traced as a training step of its own",
                                  "build the session with own_step=True")
             raise UsageError(f"{self._traced.target} is a training step of its own", "compile it with step=True")
-        if request not in self._compilers:
-            self._compilers[request] = Compiler(self._traced, request, self.gpu_mesh, capture)
-        return self._compilers[request]
 
     def prepare(self, request: GpuRequest | TpuRequest, capture: LogCapture | None = None) -> None:
         """Whatever the target's compiler needs and lacks (libtpu, a loss to train), said before any compile."""
@@ -399,11 +403,7 @@ class Session:
     def tpu_compiler(self, request: TpuRequest, capture: LogCapture | None = None) -> TpuCompiler:
         """The compiler of this trace's training step for `request`'s TPU slice: libtpu missing, a
         target with no loss or a slice of another size than the mesh are said before any work."""
-        if request.step != self.own_step:
-            if request.step:
-                raise UsageError(f"{self._traced.target} was not traced as a training step of its own",
-                                 "build the session with own_step=True")
-            raise UsageError(f"{self._traced.target} is a training step of its own", "compile it with step=True")
+        self._same_step(request)
         if not request.step:
             check_loss(self._traced)
         if request not in self._tpu_compilers:
