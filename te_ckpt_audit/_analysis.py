@@ -58,10 +58,13 @@ class Analysis:
     forward: jc.ClosedJaxpr
 
 
-def analyse_policy(traced: Traced, spec: PolicySpec, scope: Scope = Scope.AUTO) -> Analysis:
-    """Residuals, marks and recompute cost of one policy on one trace: one linearization by JAX."""
+def analyse_policy(traced: Traced, spec: PolicySpec, scope: Scope = Scope.AUTO, remat3: bool | None = None
+                   ) -> Analysis:
+    """Residuals, marks and recompute cost of one policy on one trace: one linearization by JAX
+    (with `remat3`, by default as the trace found JAX's flag, under JAX's new remat)."""
+    remat3 = traced.remat3 if remat3 is None else remat3
     scope = resolve_scope(traced, spec, scope)
-    fun = policy_function(traced, spec, scope)
+    fun = policy_function(traced, spec, scope, remat3)
     captured: dict[str, jc.Jaxpr] = {}
 
     trained = traced.trained.inputs if traced.trained.arguments is not None else None
@@ -81,7 +84,8 @@ def analyse_policy(traced: Traced, spec: PolicySpec, scope: Scope = Scope.AUTO) 
         return residuals
 
     try:
-        forward = jax.make_jaxpr(residuals_of)(*traced.avals)
+        with jc.remat3(remat3):
+            forward = jax.make_jaxpr(residuals_of)(*traced.avals)
     except AuditError:
         raise
     except Exception as exc:

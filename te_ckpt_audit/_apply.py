@@ -63,21 +63,29 @@ def row_verdict(row: Row, spec: PolicySpec, scope: Scope) -> Verdict:
     return verdict_of(row_policy(row, spec, scope), row.eqn, spec.text)
 
 
-def policy_function(traced: Traced, spec: PolicySpec, scope: Scope) -> jc.ArrayFn:
+def policy_function(traced: Traced, spec: PolicySpec, scope: Scope, remat3: bool | None = None) -> jc.ArrayFn:
     """The traced function with `spec` applied at the resolved `scope`, as a function of the flat
-    array inputs."""
+    array inputs; with `remat3` (by default: as the trace found JAX's flag), its checkpoints made
+    as JAX's new remat makes them."""
+    remat3 = traced.remat3 if remat3 is None else remat3
+    closed = policy_jaxpr(traced, spec, scope, remat3)
+    return jc.as_remat3(closed) if remat3 else jc.jaxpr_as_fun(closed)
+
+
+def policy_jaxpr(traced: Traced, spec: PolicySpec, scope: Scope, remat3: bool = False) -> jc.ClosedJaxpr:
+    """The traced jaxpr with `spec` applied at the resolved `scope`. For JAX's new remat the
+    policy goes in as the user's object (jax 0.10's remat3 asks what class a policy is)."""
     closed = traced.jaxpr
     if isinstance(spec, AsIs):
-        return jc.jaxpr_as_fun(closed.replace(jaxpr=swap_policies(closed.jaxpr, KEEP, traced.segments)))
+        return closed.replace(jaxpr=swap_policies(closed.jaxpr, KEEP, traced.segments))
     if isinstance(spec, NoCheckpoint):  # plain autodiff: the function's own checkpoints are inlined
-        return jc.jaxpr_as_fun(closed.replace(jaxpr=swap_policies(closed.jaxpr, None, traced.segments)))
-    policy = _guarded(spec)
+        return closed.replace(jaxpr=swap_policies(closed.jaxpr, None, traced.segments))
+    policy = spec.policy if remat3 and spec.policy is not None else _guarded(spec)
     if scope is Scope.INNER:
-        return jc.jaxpr_as_fun(closed.replace(jaxpr=swap_policies(closed.jaxpr, policy, traced.segments)))
+        return closed.replace(jaxpr=swap_policies(closed.jaxpr, policy, traced.segments))
     wrapped = _wrapped(traced)
     (outer,) = wrapped.jaxpr.eqns
-    return jc.jaxpr_as_fun(wrapped.replace(jaxpr=wrapped.jaxpr.replace(eqns=[outer.replace(
-        params={**outer.params, "policy": policy})])))
+    return wrapped.replace(jaxpr=wrapped.jaxpr.replace(eqns=[outer.replace(params={**outer.params, "policy": policy})]))
 
 
 def _wrapped(traced: Traced) -> jc.ClosedJaxpr:
@@ -85,15 +93,21 @@ def _wrapped(traced: Traced) -> jc.ClosedJaxpr:
     the whole function swaps the policy of this one equation, so its body stays one object and
     JAX's per-body caches (the body's JVP) serve every policy after the first."""
     if "outer" not in traced.wrapped:
-        fun = jc.checkpoint(jc.jaxpr_as_fun(traced.jaxpr), policy=jax.checkpoint_policies.nothing_saveable)
-        traced.wrapped["outer"] = jax.make_jaxpr(fun)(*traced.avals)
+        with jc.remat3(False):  # a checkpoint equation, as the trace holds them (remat3's are made from it)
+            fun = jc.checkpoint(jc.jaxpr_as_fun(traced.jaxpr), policy=jax.checkpoint_policies.nothing_saveable)
+            traced.wrapped["outer"] = jax.make_jaxpr(fun)(*traced.avals)
     return traced.wrapped["outer"]
+
+
+_CONSTANT = (jax.checkpoint_policies.everything_saveable, jax.checkpoint_policies.nothing_saveable)
 
 
 def _guarded(spec: PolicySpec) -> Policy:
     """The spec's policy, with its errors and bad answers turned into a PolicyError naming it."""
     policy = spec.policy
     assert policy is not None
+    if policy in _CONSTANT:  # JAX tells these two apart by identity (remat3 differentiates plainly)
+        return policy
 
     def guarded(prim: jc.Primitive, *avals: jc.AbstractValue, **params: Any) -> object:
         return ask_policy(policy, spec.text, prim, avals, params)

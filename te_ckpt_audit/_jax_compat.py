@@ -50,6 +50,7 @@ if not (SUPPORTED[0] <= JAX_VERSION < SUPPORTED[1]):
 
 # One branch per jax release that moved or changed something used here (0.10.2 is the base).
 # tests/test_jax_compat.py checks each private name on the installed jax, by name.
+from jax._src import config as _config  # noqa: E402
 from jax._src import core as _core  # noqa: E402
 from jax._src import linear_util as _lu  # noqa: E402
 from jax._src import source_info_util as _siu  # noqa: E402
@@ -420,3 +421,127 @@ def with_context_mesh(eqn: JaxprEqn, mesh_of: Callable[[Any], Any]) -> JaxprEqn:
     with ctx.manager, jax.sharding.use_abstract_mesh(new):
         fresh = _core.JaxprEqnContext()
     return eqn.replace(ctx=fresh)
+
+
+# --- JAX's new remat (`jax_remat3`) ------------------------------------------------------------------
+# Under the flag, `jax.checkpoint` makes a `RematTraced` (a hijax primitive) and `checkpoint_name` a
+# `CheckpointName`; each primitive's residual is then decided by its rule in
+# `jax._src.interpreters.remat.rules` (dot_general, conv, scan, cond, jit, ...; any other primitive,
+# and a custom_vjp unless `jax_custom_vjp3` is on, is recomputed whatever the policy says).
+
+
+def remat3(on: bool) -> contextlib.AbstractContextManager[None]:
+    """`jax_remat3` set to `on` inside the block (JAX's config, not the process environment)."""
+    return _config.remat3(on)
+
+
+def remat3_on() -> bool:
+    """Whether `jax_remat3` is on, as JAX reads it (JAX_REMAT3, jax.config.update)."""
+    return bool(_config.remat3.value)
+
+
+def custom_vjp3_on() -> bool:
+    state = getattr(_config, "custom_vjp3", None)
+    return state is not None and bool(state.value)
+
+
+def as_remat3(closed: ClosedJaxpr) -> ArrayFn:
+    """`closed` as a function whose checkpoints and checkpoint names are made, when it is traced
+    with `jax_remat3` on, exactly as `jax.checkpoint` and `checkpoint_name` make them under the
+    flag: each `checkpoint` equation becomes `jax.checkpoint(body, policy=..., prevent_cse=...)`,
+    each `name` equation `checkpoint_name`; every other equation is bound as it is, with its name
+    stack (the audit's tags), and bodies holding either are rebuilt the same way."""
+    def fun(*xs: Any) -> Any:
+        with remat3(True):
+            return _eval3(closed.jaxpr, closed.consts, xs)
+
+    return fun
+
+
+def _holds_checkpoints(jaxpr: Jaxpr, memo: dict[int, bool]) -> bool:
+    key = id(jaxpr)
+    if key not in memo:
+        memo[key] = any(
+            e.primitive is remat_p or e.primitive is name_p
+            or any(_holds_checkpoints(_open(sub), memo) for sub in _subs(e.params))
+            for e in jaxpr.eqns)
+    return memo[key]
+
+
+def _open(j: Any) -> Jaxpr:
+    return j.jaxpr if isinstance(j, ClosedJaxpr) and j.jaxpr is not j else j
+
+
+def _subs(params: Params) -> Iterator[Any]:
+    for value in params.values():
+        if _is_jaxpr(value):
+            yield value
+        elif isinstance(value, tuple | list):
+            yield from (v for v in value if _is_jaxpr(v))
+
+
+class Remat3Unsupported(Exception):
+    """A body the audit cannot rebuild as JAX's new remat would make it."""
+
+
+def _rebuilt3(sub: Any, memo: dict[int, bool]) -> Any:
+    """A body (Jaxpr or ClosedJaxpr) holding checkpoints, traced again through `_eval3`."""
+    opened = _open(sub)
+    if not _holds_checkpoints(opened, memo):
+        return sub
+    consts = sub.consts if isinstance(sub, ClosedJaxpr) else ()
+    if opened.constvars and not consts:
+        raise Remat3Unsupported("a body with free constants")
+    specs = [_spec_of(v.aval) for v in opened.invars]
+    made = jax.make_jaxpr(lambda *xs: _eval3(opened, consts, xs))(*specs)
+    if isinstance(sub, ClosedJaxpr) and sub.jaxpr is not sub:
+        return made
+    if made.consts:
+        raise Remat3Unsupported("a body whose rebuilt form closes over constants")
+    return made.jaxpr
+
+
+def _eval3(jaxpr: Jaxpr, consts: Sequence[Any], args: Sequence[Any], memo: dict[int, bool] | None = None) -> Any:
+    memo = {} if memo is None else memo
+    env: dict[Var, Any] = {}
+
+    def read(v: Atom) -> Any:
+        return v.val if isinstance(v, Literal) else env[v]
+
+    env.update(zip(jaxpr.constvars, consts, strict=True))
+    env.update(zip(jaxpr.invars, args, strict=True))
+    for eqn in jaxpr.eqns:
+        ins = [read(v) for v in eqn.invars]
+        stack = _siu.current_name_stack() + eqn.source_info.name_stack
+        with _siu.user_context(eqn.source_info.traceback, name_stack=stack), eqn.ctx.manager:
+            if eqn.primitive is remat_p:
+                policy = eqn.params["policy"] or jax.checkpoint_policies.nothing_saveable
+                body = _checkpoint_body(eqn.params["jaxpr"], memo)
+                outs = jax.checkpoint(body, policy=policy, prevent_cse=eqn.params["prevent_cse"])(*ins)
+            elif eqn.primitive is name_p:
+                outs = [_ad_checkpoint.checkpoint_name(ins[0], eqn.params["name"])]
+            else:
+                params = eqn.params
+                if next(_subs(params), None) is not None:
+                    params = _map_subs(params, lambda s: _rebuilt3(s, memo))
+                outs = eqn.primitive.bind(*ins, **eqn.primitive.get_bind_params(params))
+                outs = outs if eqn.primitive.multiple_results else [outs]
+        env.update(zip(eqn.outvars, outs, strict=True))
+    return [read(v) for v in jaxpr.outvars]
+
+
+def _checkpoint_body(body: Any, memo: dict[int, bool]) -> ArrayFn:
+    opened = _open(body)
+    consts = body.consts if opened is not body else ()
+    return lambda *xs: _eval3(opened, consts, xs, memo)
+
+
+def _map_subs(params: Params, fn: Callable[[Any], Any]) -> Params:
+    new = dict(params)
+    for key, value in params.items():
+        if _is_jaxpr(value):
+            new[key] = fn(value)
+        elif isinstance(value, tuple | list) and any(_is_jaxpr(v) for v in value):
+            items = [fn(v) if _is_jaxpr(v) else v for v in value]
+            new[key] = type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+    return new

@@ -103,7 +103,7 @@ def _spec_warnings(traced: Traced, spec: PolicySpec, result: PolicyResult) -> li
         warnings.append(SavesEverything(spec.text))
     if spec.offloads and result.totals.host_bytes == 0:
         warnings.append(OffloadMissing(spec.text))
-    if is_policy(spec) and jax.config.values.get("jax_remat3"):
+    if is_policy(spec) and traced.remat3:
         warnings.append(Remat3(spec.text))
     return warnings
 

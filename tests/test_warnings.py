@@ -10,6 +10,7 @@ import pytest
 from jax.ad_checkpoint import checkpoint_name
 
 from te_ckpt_audit import WarningCode, audit, audit_target
+from te_ckpt_audit._trace import trace
 from te_ckpt_audit.render import warning_message
 
 
@@ -53,23 +54,22 @@ def test_no_dot_warning_without_te_gemms() -> None:
 
 
 def test_remat3_is_flagged() -> None:
-    from te_ckpt_audit._trace import trace
+    """A trace made while jax_remat3 is on (JAX_REMAT3=1) is audited under the new remat, and says so."""
     from te_ckpt_audit._warnings import _spec_warnings
     from te_ckpt_audit.specs import resolve_policy
 
     spec = resolve_policy("checkpoint_dots")
-    traced = trace(_fn, ARGS)
-    result = audit(_fn, *ARGS, policies=[spec]).results[0]
+    codes = {}
     before = jax.config.values.get("jax_remat3", False)
-    try:  # only the warning is under test: the audit itself does not model remat3
-        jax.config.update("jax_remat3", False)
-        codes_off = [w.code for w in _spec_warnings(traced, spec, result)]
-        jax.config.update("jax_remat3", True)
-        codes_on = [w.code for w in _spec_warnings(traced, spec, result)]
+    try:
+        for on in (False, True):
+            jax.config.update("jax_remat3", on)
+            traced = trace(_fn, ARGS)
+            result = audit(_fn, *ARGS, policies=[spec]).results[0]
+            codes[on] = [w.code for w in _spec_warnings(traced, spec, result)]
     finally:
         jax.config.update("jax_remat3", before)  # as the run set it (JAX_REMAT3)
-    assert codes_off == []
-    assert codes_on == [WarningCode.REMAT3]
+    assert codes == {False: [], True: [WarningCode.REMAT3]}
 
 
 # --- gemm-batch-dims-missed: weight GEMMs a no-batch-dims dot policy recomputes -------------------

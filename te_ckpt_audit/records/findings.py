@@ -18,7 +18,7 @@ class WarningCode(enum.StrEnum):
     SAVES_EVERYTHING = "saves-everything"  # jax's save_anything_except_these_names ignores its names
     OFFLOAD_MISSING = "offload-missing"  # an offload policy offloads nothing
     INNER_SCOPE_WITHOUT_CHECKPOINTS = "inner-scope-without-checkpoints"  # --scope inner, no checkpoints
-    REMAT3 = "remat3"  # jax_remat3 is on: another remat path
+    REMAT3 = "remat3"  # jax_remat3 is on: the figures are the new remat's
     TE_REQUANTIZED = "te-requantized"  # TE quantizations run again in the backward pass
     GEMM_BATCH_DIMS_MISSED = "gemm-batch-dims-missed"  # a no-batch-dims dot policy recomputes batched weight GEMMs
     INPUTS_REPLICATED = "inputs-replicated"  # a mesh, and no input sharded over it: every device holds all
@@ -82,7 +82,7 @@ class InnerScopeWithoutCheckpoints:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Remat3:
-    """jax_remat3 is on: jax.checkpoint takes another path, which the audit does not model."""
+    """jax_remat3 is on: the figures are those of JAX's new remat, which saves by other rules."""
 
     policy: str
     code: ClassVar[WarningCode] = WarningCode.REMAT3

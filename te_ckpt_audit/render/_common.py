@@ -165,8 +165,8 @@ def warning_message(w: AuditWarning) -> str:
                     "save save_only_these_names:quantization+te_gemms_saveable")
         case findings.Remat3():
             return (
-                "jax_remat3 is on: jax.checkpoint takes another path, which this audit does not model; "
-                "turn it off (JAX_REMAT3=0) for exact figures"
+                "jax_remat3 is on: these are the figures of JAX's new remat, which recomputes every "
+                "primitive it has no rule for (TE's GEMMs) and every custom_vjp whatever the policy says"
             )
         case _:
             assert_never(w)
