@@ -294,6 +294,23 @@ ScopeOption = Annotated[
         "outer wraps the whole function in one jax.checkpoint, auto picks inner if it has any.",
     ),
 ]
+
+
+class Remat3Mode(enum.StrEnum):
+    ON = "on"
+    OFF = "off"
+    BOTH = "both"
+
+
+Remat3Option = Annotated[
+    Remat3Mode | None,
+    typer.Option(
+        "--remat3",
+        help="JAX's remat implementation: on (its new remat, jax_remat3), off (the current one), or both "
+        "side by side, with a finding and a failed budget where a policy changes; default: as JAX_REMAT3.",
+        show_default=False,
+    ),
+]
 Equations = Annotated[
     bool,
     typer.Option("--equations", help="Add the per-equation table: what each policy does to every equation."),

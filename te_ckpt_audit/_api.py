@@ -45,6 +45,7 @@ def audit(
     gpu: GpuRequest | None = None,
     params: ParamsLike = ALL,
     tpu: TpuRequest | None = None,
+    remat3: str | None = None,
 ) -> AuditReport:
     """Audit `fn(*args)` under each policy; with `gpu`, also compile each policy's training step
     for that GPU (`te_ckpt_audit.gpus`) and report XLA:GPU's peak per device.
@@ -55,7 +56,9 @@ def audit(
     differentiates them; pass `params=0` for `loss(params, batch)`. With `gpu` of `step=True`,
     `fn` is a training step of the user's own, compiled as it is. With `tpu` (a TpuRequest:
     `TpuRequest(parse_tpu("v5e"))`), libtpu compiles each policy's step for that slice and the
-    report holds its plan per chip and its verdict (the chip's own HBM check).
+    report holds its plan per chip and its verdict (the chip's own HBM check). `remat3`: "on"
+    (JAX's new remat, `jax_remat3`), "off" (the current one), or "both" (the current one's results,
+    each policy under remat3 beside them); None: as JAX reads its flag (JAX_REMAT3).
 
     Array leaves of `args` may be `jax.ShapeDtypeStruct`s (nothing is allocated); other leaves are
     passed through as static values. With `mesh`, their NamedShardings place them on it (an input
@@ -76,6 +79,7 @@ def audit(
     specs = None if policies is None else _some(parse_policies(policies, getattr(fn, "__name__", "fn")))
     own = (gpu is not None and gpu.step) or (tpu is not None and tpu.step)
     session = Session.of_function(fn, *args, scope=Scope(scope), mesh=mesh, params=params, own_step=own)
+    session.use_remat3(remat3)
     chosen = (AS_IS,) if own and specs is None else (default_policies(session) if specs is None else specs)
     return session.report(chosen, compile=compile, gpu=gpu, tpu=tpu_arg(tpu))
 
@@ -96,6 +100,7 @@ def audit_target(
     executor: concurrent.futures.Executor | None = None,
     capture: LogCapture | None = None,
     tpu: TpuRequest | None = None,
+    remat3: str | None = None,
 ) -> AuditReport:
     """Load `file.py:fn` (or `package.module:fn`) and its example inputs, then audit it. `defines`
     set keyword parameters of the inputs callable (`{"seq": 8192}` or `["seq=8192"]`). With `mesh`
@@ -107,7 +112,10 @@ def audit_target(
     trains it (the only one of a one-argument target; every float input where the first holds
     none); "all" for every float input. With `gpu`, `executor` compiles several policies at once
     in its worker processes and `capture` keeps XLA's log lines off stderr while it compiles.
-    With `tpu`, libtpu compiles each policy's step for that TPU slice (see `audit`).
+    With `tpu`, libtpu compiles each policy's step for that TPU slice (see `audit`). `remat3`:
+    "on" (JAX's new remat, `jax_remat3`), "off" (the current one) or "both" (the current one's
+    results, each policy under remat3 beside them, and `remat3-changes-policy` where they differ);
+    None: as JAX reads its flag (JAX_REMAT3).
 
     >>> report = audit_target("sample_models/mlp.py:loss", ["nothing_saveable"])  # doctest: +SKIP
     """
@@ -120,6 +128,7 @@ def audit_target(
         target, inputs=inputs, defines=defines, scope=Scope(scope), mesh=placement,
         shardings=ShardingSource(shardings), params=params, own_step=own, progress=progress,
     )
+    session.use_remat3(remat3)
     chosen = (AS_IS,) if own and specs is None else (default_policies(session) if specs is None else specs)
     return session.report(chosen, compile=compile, gpu=gpu, progress=progress, executor=executor, capture=capture,
                           tpu=tpu_arg(tpu))
@@ -180,7 +189,7 @@ def check_target(
     report = audit_target(
         config.target, config.policies or None, inputs=config.inputs, defines=config.defines, scope=config.scope,
         progress=progress, compile=config.compile, mesh=config.mesh, shardings=config.shardings, gpu=config.gpu,
-        params=config.params, executor=executor, capture=capture, tpu=config.tpu,
+        params=config.params, executor=executor, capture=capture, tpu=config.tpu, remat3=config.remat3,
     )
     if known_names:
         _no_unknown_names(report)

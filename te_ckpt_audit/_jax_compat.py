@@ -545,3 +545,83 @@ def _map_subs(params: Params, fn: Callable[[Any], Any]) -> Params:
             items = [fn(v) if _is_jaxpr(v) else v for v in value]
             new[key] = type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
     return new
+
+
+# 0.12.0: jax_remat3 asks a policy only about the primitives its remat table has a rule for
+#         (`rules[prim](trace, *args, **params)`); jax 0.10's prototype asks its own policy classes only.
+REMAT3_RULES_TAKE_POLICIES = JAX_VERSION >= (0, 12, 0)
+
+
+def keep_under_remat3(picks: Callable[[Any], bool]) -> bool:
+    """Give JAX's new remat a rule, as its dot_general's, for every primitive `picks` (TE's GEMMs):
+    the checkpoint's policy then decides whether its outputs are saved, offloaded or recomputed,
+    where without one they are always recomputed. JAX's table of rules is wrapped once, so a
+    primitive registered after this (TE imported later) is found too. False where this jax's remat3
+    asks no policy of a primitive's rule (jax 0.10)."""
+    if not REMAT3_RULES_TAKE_POLICIES:
+        return False
+    from jax._src.interpreters import remat as _remat
+
+    rules = _remat.rules
+    if not isinstance(rules, _RematRules):
+        rules = _RematRules(rules)
+        _remat.rules = rules
+    if picks not in rules.picks:
+        rules.picks.append(picks)
+    return True
+
+
+class _RematRules(dict[Any, Callable[..., Any]]):
+    """JAX's remat table, with a rule made on demand for the primitives `picks` chooses."""
+
+    def __init__(self, table: dict[Any, Callable[..., Any]]) -> None:
+        super().__init__(table)
+        self.picks: list[Callable[[Any], bool]] = []
+
+    def _made(self, prim: Any) -> Callable[..., Any] | None:
+        return _policy_rule(prim) if any(p(prim) for p in self.picks) else None
+
+    def __contains__(self, prim: object) -> bool:
+        return dict.__contains__(self, prim) or self._made(prim) is not None
+
+    def __getitem__(self, prim: Any) -> Callable[..., Any]:
+        if dict.__contains__(self, prim):
+            return dict.__getitem__(self, prim)
+        made = self._made(prim)
+        if made is None:
+            raise KeyError(prim)
+        self[prim] = made
+        return made
+
+
+def _policy_rule(prim: Any) -> Callable[..., Any]:
+    """A remat3 rule that asks the policy about `prim`, as JAX's rule for dot_general does."""
+    from jax._src.ad_checkpoint import primal_left_tangent_right
+    from jax._src.interpreters import remat as _remat
+
+    def rule(trace: Any, *args: Any, **params: Any) -> tuple[Any, Any, Callable[..., Any]]:
+        def bind(*xs: Any) -> Any:
+            return prim.bind(*xs, **params)
+
+        out = bind(*args)
+        if trace.policy is None:
+            return out, (), lambda _, *xs: bind(*xs)
+        case = _pe.ensure_enum(trace.policy(prim, *map(_core.typeof, args), **params))
+        if not isinstance(case, _pe.SaveableType | _pe.Offloadable):
+            return out, (), lambda _, *xs: bind(*xs)
+        outs = [_remat.reduce_precision(o) for o in (out if prim.multiple_results else [out])]
+        kept = outs
+        if isinstance(case, _pe.Offloadable):
+            kept = [jax.device_put(o, _core.mem_kind_to_space(case.dst), may_alias=False) for o in outs]
+
+        def rem(res: Any, *xs: Any) -> Any:
+            if isinstance(case, _pe.Offloadable):
+                res = [jax.device_put(r, _core.mem_kind_to_space(case.src), may_alias=False) for r in res]
+            again = bind(*xs)
+            both = [primal_left_tangent_right(r, a) for r, a in
+                    zip(res, again if prim.multiple_results else [again], strict=True)]
+            return both if prim.multiple_results else both[0]
+
+        return (outs if prim.multiple_results else outs[0]), kept, rem
+
+    return rule

@@ -45,7 +45,7 @@ from ._target import Compiled, Compiler, TpuCompiler, gpu_info, peaks_in_workers
 from ._target._gpu import LogCapture, check_loss
 from ._trace import Traced, trace
 from ._trained import ALL, ParamsLike
-from ._warnings import NOTHING, warnings_for
+from ._warnings import NOTHING, remat3_row, warnings_for
 from .config import DefinesLike, as_defines
 from .errors import TargetError, UsageError
 from .gpus import GpuRequest
@@ -55,6 +55,8 @@ from .records import (
     InputsReplicated,
     MeshSpec,
     PolicyResult,
+    Remat3ChangesPolicy,
+    Remat3Row,
     Scope,
     ShardingSource,
     StepTime,
@@ -66,6 +68,7 @@ from .records import (
 from .specs import AsIs, Custom, NoCheckpoint, PolicyLike, PolicySpec, policy_specs
 from .tpus import TpuRequest
 
+REMAT3_MODES = ("on", "off", "both")
 Placement = jax.sharding.Mesh | jax.sharding.AbstractMesh | None
 
 
@@ -78,6 +81,13 @@ def _jax_is_jax(target: str) -> None:
             f"{target}: the model's code replaced {', '.join(replaced)}; its checkpoints are not JAX's",
             "audit the model with JAX's own functions (remove the replacement)",
         )
+
+
+def _with_remat3(build: Callable[[], Session], mode: str) -> Session:
+    """`build()`'s session under `mode` of JAX's remat (`Session.use_remat3`): picklable."""
+    session = build()
+    session.use_remat3(mode)
+    return session
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -124,6 +134,7 @@ class Session:
         self._analysed: dict[PolicySpec, _Analysed] = {}  # keyed by the frozen spec
         self._compilers: dict[GpuRequest, Compiler] = {}
         self._tpu_compilers: dict[TpuRequest, TpuCompiler] = {}
+        self.compare_remat3 = False  # `--remat3 both`: each policy under JAX's new remat too
 
     # --- building one ---------------------------------------------------------------------------
 
@@ -183,6 +194,46 @@ class Session:
         replicated = () if placement is None else replicated_over(placed, placement)
         return cls(traced, scope, placement, keywords=made.keywords, rebuild=rebuild, own_step=own_step,
                    replicated=replicated)
+
+    def use_remat3(self, mode: str | None) -> None:
+        """Which of JAX's remat implementations the results are: "on" (`jax_remat3`), "off" (the
+        current `jax.checkpoint`), "both" (the current one, and each policy under remat3 beside it);
+        None: as JAX read its flag when the function was traced (JAX_REMAT3)."""
+        if mode is None:
+            return
+        if mode not in REMAT3_MODES:
+            raise UsageError(f"$remat3$ is {mode!r}: one of {', '.join(REMAT3_MODES)}",
+                             "on: JAX's new remat (jax_remat3); off: the current one; both: side by side")
+        flag = mode == "on"
+        if flag != self._traced.remat3:
+            self._traced = dataclasses.replace(self._traced, remat3=flag)
+            self._analysed.clear()
+            self._compilers.clear()
+            self._tpu_compilers.clear()
+        self.compare_remat3 = mode == "both"
+        if self.rebuild is not None:  # a worker process builds the same session: the same remat
+            self.rebuild = functools.partial(_with_remat3, self.rebuild, mode)
+
+    def _remat3_rows(self, specs: Sequence[PolicySpec], rows: Sequence[PolicyResult], progress: Progress
+                     ) -> tuple[tuple[Remat3Row, ...], tuple[Remat3ChangesPolicy, ...]]:
+        """Each policy that JAX differentiated, under JAX's new remat too: its row and, where the
+        two implementations save different things, the finding."""
+        compared, changes = [], []
+        for spec, row in zip(specs, rows, strict=True):
+            if row.error is not None or isinstance(spec, NoCheckpoint):
+                continue
+            progress(f"analysing {spec.text} under jax_remat3")
+            now = self._analysis(spec).result
+            try:
+                with self._running():
+                    new, error = analyse_policy(self._traced, spec, self.scope, remat3=True).result, None
+            except TargetError as exc:
+                new, error = None, exc.message
+            found, change = remat3_row(self._traced, spec, now, new, error)
+            compared.append(found)
+            if change is not None:
+                changes.append(change)
+        return tuple(compared), tuple(changes)
 
     # --- the steps --------------------------------------------------------------------------------
 
@@ -398,6 +449,9 @@ class Session:
                 planned.append(r)
             rows = planned
         report = self.report_of(rows, gpu)
+        if self.compare_remat3 and not self.own_step:
+            compared, changes = self._remat3_rows(specs, rows, progress)
+            report = dataclasses.replace(report, remat3=compared, findings=report.findings + changes)
         return report if tpu is None else dataclasses.replace(report, tpu=tpu_info(tpu, self.gpu_mesh))
 
     def tpu_compiler(self, request: TpuRequest, capture: LogCapture | None = None) -> TpuCompiler:
@@ -435,6 +489,7 @@ class Session:
             step=None if gpu is None else step_info(self._traced, gpu),
             trained=None if self.own_step else self.trained(),
             findings=self.findings(),
+            remat="remat3" if self._traced.remat3 else "remat",
         )
 
     def findings(self) -> tuple[InputsReplicated, ...]:

@@ -23,6 +23,8 @@ from .records import (
     Outcome,
     PolicyResult,
     Remat3,
+    Remat3ChangesPolicy,
+    Remat3Row,
     SameAsNothingSaveable,
     SavesEverything,
     Scope,
@@ -72,6 +74,25 @@ def warnings_for(
         if base is not None and base.error is None and _signature(base) == _signature(result):
             warnings.append(SameAsNothingSaveable(spec.text))
     return tuple(warnings)
+
+
+def remat3_row(traced: Traced, spec: PolicySpec, now: PolicyResult, new: PolicyResult | None, error: str | None
+               ) -> tuple[Remat3Row, Remat3ChangesPolicy | None]:
+    """One policy under the current remat (`now`) and JAX's new one (`new`; None with the `error`
+    that kept JAX from differentiating under it): the row, and the finding where they differ."""
+    if new is None:
+        return Remat3Row(spec.text, now.totals.activation_bytes, 0, now.totals.te_gemm_bytes, 0,
+                         now.recompute_flops, error), None
+    row = Remat3Row(spec.text, now.totals.activation_bytes, new.totals.activation_bytes, now.totals.te_gemm_bytes,
+                    new.totals.te_gemm_bytes, now.recompute_flops)
+    kept = (Outcome.SAVED, Outcome.OFFLOADED)
+    before = {m.equation: m.outcome for m in now.marks}
+    changed = tuple(m.equation for m in new.marks if (before.get(m.equation) in kept) != (m.outcome in kept))
+    if not changed and not row.changed:
+        return row, None
+    rows = traced.rows.by_id
+    te_gemms = tuple(e for e in changed if e in rows and before.get(e) in kept and rows[e].equation.is_te_gemm)
+    return row, Remat3ChangesPolicy(spec.text, changed, row.remat_bytes, row.remat3_bytes, te_gemms)
 
 
 def _spec_warnings(traced: Traced, spec: PolicySpec, result: PolicyResult) -> list[AuditWarning]:

@@ -31,6 +31,8 @@
     network_gbps = 400                            # Gb/s per GPU between hosts (like --network-gbps)
     tpu = "v5e"                                   # or a TPU slice instead of a GPU (like --tpu; "v5e:2x4"):
                                                   # with optimizer and fit (libtpu's verdict), no other GPU key
+    remat3 = "both"                               # JAX's new remat too (like --remat3): a budgeted policy
+                                                  # that jax_remat3 would change fails
 
 `gpu`, `gpu_config`, `optimizer`, `gpus_per_host`, `mem_fraction`, `fit`, `time` and
 `network_gbps` may also sit in [tool.te-ckpt-audit] itself, for every target that does not set
@@ -69,13 +71,13 @@ MAX_DEFINE = 4096  # characters in one -D value: no size or flag is longer
 _GPU_KEYS = {"gpu", "gpu_config", "optimizer", "gpus_per_host", "mem_fraction", "fit", "time", "network_gbps"}
 _TOP_KEYS = {"targets", "baseline", "tolerance", *_GPU_KEYS}
 _TARGET_KEYS = {"target", "inputs", "defines", "policies", "scope", "budget", "budgets", "max_recompute", "mesh",
-                "shardings", "peak_budget", "peak_budgets", "step", "donate", "params", "tpu", *_GPU_KEYS}
+                "shardings", "peak_budget", "peak_budgets", "step", "donate", "params", "tpu", "remat3", *_GPU_KEYS}
 _SECTION = "te-ckpt-audit"  # [tool.te-ckpt-audit]
 # What `check --help` and the docs list: each table's keys, in the order the docstring shows them
 SECTION_KEYS = ("baseline", "tolerance", "targets", *sorted(_GPU_KEYS))
 TARGET_KEYS = ("target", "inputs", "defines", "policies", "scope", "budget", "budgets", "max_recompute", "mesh",
                "shardings", "params", "gpu", "gpu_config", "optimizer", "gpus_per_host", "mem_fraction", "fit",
-               "peak_budget", "peak_budgets", "step", "donate", "time", "network_gbps", "tpu")
+               "peak_budget", "peak_budgets", "step", "donate", "time", "network_gbps", "tpu", "remat3")
 assert set(SECTION_KEYS) == _TOP_KEYS and set(TARGET_KEYS) == _TARGET_KEYS
 _AXIS_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -99,6 +101,7 @@ class TargetConfig:
     peak: PeakGate = PeakGate()  # like --fit and --peak-budget
     params: tuple[int | str, ...] | Literal["all"] | None = None  # the trained arguments (None: the first)
     tpu: TpuRequest | None = None  # each policy's step compiled by libtpu for this slice (like --tpu)
+    remat3: str | None = None  # JAX's remat implementation: on, off, both (like --remat3); None: as JAX_REMAT3
 
 
     def reads(self) -> tuple[tuple[str, Path], ...]:
@@ -354,7 +357,16 @@ def _target(raw: Any, i: int, p: Path) -> TargetConfig:
         peak=_peak_gate(raw, where, p),
         params=_params(raw, where, p),
         tpu=_tpu(raw, where, p, None if placed is None else placed.devices),
+        remat3=_remat3(raw, where, p),
     )
+
+
+def _remat3(raw: dict[str, Any], where: str, p: Path) -> str | None:
+    value = raw.get("remat3")
+    if value is not None and value not in ("on", "off", "both"):
+        raise UsageError(f"{p}: {where}.remat3 must be on, off or both, not {value!r}",
+                         'e.g. remat3 = "both" (fails a budgeted policy that jax_remat3 would change)')
+    return value
 
 
 _TPU_KEYS = {"tpu", "optimizer", "fit"}  # a TPU target's keys: its slice, the update, the gate on libtpu's verdict

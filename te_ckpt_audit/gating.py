@@ -87,6 +87,10 @@ def check(
                 violations.append(
                     Violation(target, result.policy, Figure.ACTIVATION_BYTES, act, b.limit_bytes, per_device)
                 )
+        changed = next((x for x in report.remat3 if x.policy == result.policy and x.changed), None)
+        if changed is not None and any(True for _ in applying(budgets, result.policy)):  # --remat3 both
+            violations.append(Violation(target, result.policy, Figure.CHANGES_UNDER_REMAT3, changed.remat3_bytes,
+                                        changed.remat_bytes))
         if max_recompute is not None and result.recompute_percent > max_recompute:
             violations.append(
                 Violation(target, result.policy, Figure.RECOMPUTE_PERCENT, result.recompute_percent, max_recompute)

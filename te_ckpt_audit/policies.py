@@ -23,6 +23,8 @@ from collections.abc import Callable, Mapping
 import jax
 from jax.extend.core import Primitive
 
+from . import _jax_compat
+
 __all__ = [
     "TE_GEMM_NAMES",
     "TE_QUANTIZE_NAMES",
@@ -174,3 +176,8 @@ checkpoint_dots_and_te_gemms = SaveFromBoth(
     "checkpoint_dots_and_te_gemms", jax.checkpoint_policies.checkpoint_dots, te_gemms_saveable
 )
 """Save every dot, TE GEMM and scaled_matmul output; recompute the rest."""
+
+# JAX's new remat (`jax_remat3`) asks a policy only about primitives its table has a rule for, and
+# has none for TE's GEMMs: with this rule the policies above keep them there too (where a custom_vjp,
+# TE's dense, is opened, that is with `jax_custom_vjp3` on; JAX 0.12+). JAX's table, not the process.
+KEPT_UNDER_REMAT3 = _jax_compat.keep_under_remat3(lambda prim: te_gemms_saveable(prim))

@@ -100,3 +100,82 @@ def test_cli_reads_the_flag_from_the_environment() -> None:
     nothing = _report("te_transformer", "first").result("nothing_saveable")  # type: ignore[attr-defined]
     assert result["totals"]["total_bytes"] == nothing.totals.total_bytes
     assert "remat3" in {w["code"] for w in result["warnings"]}
+
+
+def test_both_shows_each_implementation_side_by_side() -> None:
+    """`--remat3 both`: the results are the current remat's, each policy's remat3 bytes beside them
+    (equal to JAX's own under the flag), and the finding names the TE GEMMs that become recomputed."""
+    from te_ckpt_audit import WarningCode
+    from te_ckpt_audit.records import JSON_SCHEMA
+
+    policies = ["checkpoint_dots", "te_gemms_saveable", "checkpoint_dots_and_te_gemms"]
+    report = audit_target("sample_models/te_transformer.py:loss", policies, remat3="both")
+    assert report.remat == "remat" and [r.policy for r in report.remat3] == policies
+    new = _report("te_transformer", "first")
+    for row in report.remat3:
+        assert row.remat_bytes == report.result(row.policy).totals.activation_bytes
+        assert row.remat3_bytes == new.result(row.policy).totals.activation_bytes
+    changes = {w.policy: w for w in report.findings if w.code is WarningCode.REMAT3_CHANGES_POLICY}
+    assert set(changes) == {"te_gemms_saveable", "checkpoint_dots_and_te_gemms"}
+    te = [e.id for e in report.equations if e.is_te_gemm]
+    assert sorted(changes["te_gemms_saveable"].te_gemms) == sorted(te) and len(te) == 12
+    import jsonschema
+
+    from te_ckpt_audit.render import render_json
+
+    doc = json.loads(render_json(report))
+    jsonschema.validate(doc, JSON_SCHEMA)
+    assert doc["schema"] == "te-ckpt-audit/10" and doc["remat"] == "remat" and len(doc["remat3"]) == 3
+
+
+def test_a_budgeted_policy_that_remat3_changes_fails_the_gate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                              ) -> None:
+    """pyproject `remat3 = "both"`: CI fails before JAX flips its default."""
+    from test_cli import cli
+
+    from te_ckpt_audit.render import format_bytes
+
+    new = _report("te_transformer", "first").result("checkpoint_dots_and_te_gemms").totals.activation_bytes  # type: ignore[attr-defined]
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "pyproject.toml").write_text(
+        '[tool.te-ckpt-audit]\n[[tool.te-ckpt-audit.targets]]\n'
+        f'target = "{ROOT}/sample_models/te_transformer.py:loss"\nremat3 = "both"\n'
+        'budgets = { checkpoint_dots_and_te_gemms = "1MiB", checkpoint_dots = "1MiB" }\n')
+    result = cli("check")
+    said = result.stdout + result.stderr
+    assert result.exit_code == 1, said
+    assert f"[checkpoint_dots_and_te_gemms]: under jax_remat3 the policy saves {format_bytes(new)} " in said
+    assert "[checkpoint_dots]: under jax_remat3" not in said  # it saves the same under both
+
+
+def test_bad_remat3_mode() -> None:
+    from te_ckpt_audit import UsageError
+
+    with pytest.raises(UsageError, match="one of on, off, both"):
+        audit_target("sample_models/mlp.py:loss", ["nothing_saveable"], remat3="sometimes")
+
+
+@pytest.mark.skipif(JAX_VERSION < (0, 12, 0), reason="jax 0.10's remat3 asks a rule of no policy but its own")
+@pytest.mark.parametrize("policy", ["te_gemms_saveable", "checkpoint_dots_and_te_gemms",
+                                    "dots_and_te_gemms_with_no_batch_dims"])
+def test_te_aware_policies_keep_their_promise_with_custom_vjp3(policy: str) -> None:
+    """With jax_custom_vjp3 on too (a custom_vjp's forward rule opened to the policy), the rule
+    te_ckpt_audit.policies gives TE's GEMMs in JAX's remat table keeps them: JAX's own residuals
+    under both flags are the current remat's, TE GEMM outputs included; under remat3 alone they
+    are not (JAX recomputes the custom_vjp whole), which the finding says."""
+    from te_ckpt_audit.policies import KEPT_UNDER_REMAT3
+
+    assert KEPT_UNDER_REMAT3
+    args = module("te_transformer").loss_inputs()
+    now = reference("te_transformer", policy, args)
+    before = jax.config.values.get("jax_custom_vjp3", False)
+    try:
+        jax.config.update("jax_custom_vjp3", True)
+        with remat3(True):
+            both = reference("te_transformer", policy, args)
+    finally:
+        jax.config.update("jax_custom_vjp3", before)
+    with remat3(True):
+        alone = reference("te_transformer", policy, args)
+    assert both == now
+    assert nbytes(alone) < nbytes(now)

@@ -182,6 +182,7 @@ def _one_of_each_finding(policy: str) -> list[object]:
         f.TeRequantized(policy, ("quantize_1",), 5, ("mlp",), ("quantization",), None, False, 1),
         f.GemmBatchDimsMissed(policy, ("dot_general_1",), 7, ("mlp",), ("vmap",)),
         f.InputsReplicated("data=8", ("data",)),  # the audit's own: shown in the report's findings
+        f.Remat3ChangesPolicy(policy, ("te_gemm_1", "dot_1"), 2048, 0, ("te_gemm_1",)),
     ]
     assert {type(w) for w in made} == set(f.WARNINGS)  # a new kind of finding is added here too
     return made
@@ -200,7 +201,7 @@ def test_every_format_shows_every_finding() -> None:
                        ("terminal", " ".join(render_table(shown).split())), ("json", render_json(shown))):
         for w in made:
             assert w.code.value in text, (name, w.code.value)
-    assert "<h2>Warnings (10)</h2>" in render_audit_html(shown)
+    assert "<h2>Warnings (11)</h2>" in render_audit_html(shown)
     assert "<h2>Warnings</h2><p>None.</p>" in render_audit_html(report)
 
 

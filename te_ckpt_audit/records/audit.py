@@ -1,5 +1,5 @@
 """The audit's records: what one target's trace holds and what each policy keeps, recomputes and
-offloads; `AuditReport.to_dict()` is the versioned JSON document (schema ``te-ckpt-audit/9``)."""
+offloads; `AuditReport.to_dict()` is the versioned JSON document (schema ``te-ckpt-audit/10``)."""
 
 from __future__ import annotations
 
@@ -239,6 +239,23 @@ class TpuPlan:
         shown = self.plan_bytes if self.fits else self.required_bytes
         return PeakMemory(shown, shown, self.argument_bytes, self.output_bytes, self.alias_bytes, self.temp_bytes,
                           self.fits, False, self.required_bytes, self.compile_seconds)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Remat3Row:
+    """One policy under both of JAX's remat implementations (`--remat3 both`): what each saves."""
+
+    policy: str
+    remat_bytes: int  # activation bytes saved under the current remat (the report's results)
+    remat3_bytes: int  # under jax_remat3
+    remat_te_gemm_bytes: int
+    remat3_te_gemm_bytes: int
+    remat_recompute_flops: int
+    error: str | None = None  # why JAX could not differentiate under remat3
+
+    @property
+    def changed(self) -> bool:
+        return self.error is None and self.remat_bytes != self.remat3_bytes
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -525,6 +542,10 @@ class AuditReport(Shown):
     trained: Trained | None = None  # the inputs differentiated (None: not recorded)
     findings: tuple[AuditWarning, ...] = ()  # the audit's own, not one policy's (inputs-replicated)
     tpu: TpuInfo | None = None  # --tpu: the chip and slice the steps were compiled for
+    # JAX's remat implementation the results are: "remat" (the current jax.checkpoint) or "remat3"
+    # (jax_remat3); `--remat3 both`: each policy under remat3 too, beside the results
+    remat: str = "remat"
+    remat3: tuple[Remat3Row, ...] = ()
 
     @property
     def forward_flops(self) -> int:
@@ -545,7 +566,7 @@ class AuditReport(Shown):
         return f"of {self.target!r}: {len(self.results)} policies ({policies}), {len(self.equations)} equations"
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON document (schema ``te-ckpt-audit/9``): plain, ordered, deterministic."""
+        """The JSON document (schema ``te-ckpt-audit/10``): plain, ordered, deterministic."""
         return {"schema": SCHEMA, **_plain(self)}
 
 

@@ -33,6 +33,7 @@ class Figure(enum.StrEnum):
     PEAK_BYTES = "peak bytes per device"  # --peak-budget: XLA:GPU's compiled peak (the range's top)
     DOES_NOT_FIT = "does not fit"  # --fit: the peak over the GPU's usable memory
     NOT_COMPILED = "not compiled"  # --fit or --peak-budget, and the step did not compile for the GPU
+    CHANGES_UNDER_REMAT3 = "changes under remat3"  # --remat3 both: a budgeted policy saves other bytes there
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

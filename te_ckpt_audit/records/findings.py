@@ -19,6 +19,7 @@ class WarningCode(enum.StrEnum):
     OFFLOAD_MISSING = "offload-missing"  # an offload policy offloads nothing
     INNER_SCOPE_WITHOUT_CHECKPOINTS = "inner-scope-without-checkpoints"  # --scope inner, no checkpoints
     REMAT3 = "remat3"  # jax_remat3 is on: the figures are the new remat's
+    REMAT3_CHANGES_POLICY = "remat3-changes-policy"  # JAX's new remat saves other things under the policy
     TE_REQUANTIZED = "te-requantized"  # TE quantizations run again in the backward pass
     GEMM_BATCH_DIMS_MISSED = "gemm-batch-dims-missed"  # a no-batch-dims dot policy recomputes batched weight GEMMs
     INPUTS_REPLICATED = "inputs-replicated"  # a mesh, and no input sharded over it: every device holds all
@@ -89,6 +90,21 @@ class Remat3:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Remat3ChangesPolicy:
+    """JAX's new remat (`jax_remat3`) saves other things than the current one under the policy:
+    the equations whose outcome differs, the activation bytes under each, and the TE GEMMs it
+    recomputes where the current remat saves them (`custom_vjp3`: whether turning on
+    `jax_custom_vjp3` too is what would keep them)."""
+
+    policy: str
+    equations: tuple[str, ...]  # saved or offloaded under one implementation and not the other
+    remat_bytes: int  # activation bytes saved under the current remat
+    remat3_bytes: int  # under jax_remat3
+    te_gemms: tuple[str, ...]  # TE GEMMs saved now and recomputed under remat3
+    code: ClassVar[WarningCode] = WarningCode.REMAT3_CHANGES_POLICY
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class TeRequantized:
     """TE quantizations run again in the backward pass."""
 
@@ -133,9 +149,11 @@ class InputsReplicated:
 AuditWarning: TypeAlias = (
     TeGemmsRecomputed | SameAsNothingSaveable | UnknownName | SavesEverything | OffloadMissing
     | InnerScopeWithoutCheckpoints | Remat3 | TeRequantized | GemmBatchDimsMissed | InputsReplicated
+    | Remat3ChangesPolicy
 )
 WARNINGS = (TeGemmsRecomputed, SameAsNothingSaveable, UnknownName, SavesEverything, OffloadMissing,
-            InnerScopeWithoutCheckpoints, Remat3, TeRequantized, GemmBatchDimsMissed, InputsReplicated)
+            InnerScopeWithoutCheckpoints, Remat3, TeRequantized, GemmBatchDimsMissed, InputsReplicated,
+            Remat3ChangesPolicy)
 
 
 def warning_document(w: AuditWarning) -> dict[str, Any]:
@@ -155,4 +173,6 @@ def warning_document(w: AuditWarning) -> dict[str, Any]:
             doc.update(equations=list(equations), flops=flops, modules=list(modules), origins=list(origins))
         case InputsReplicated(mesh, axes):
             doc.update(name=mesh, known=list(axes))
+        case Remat3ChangesPolicy(_, equations, _, _, te_gemms):  # the bytes: the report's `remat3` rows
+            doc.update(equations=list(equations), known=list(te_gemms))
     return doc

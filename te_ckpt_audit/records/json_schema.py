@@ -1,4 +1,4 @@
-"""The JSON Schema (draft 2020-12) of the audit's JSON document, ``te-ckpt-audit/9``: what
+"""The JSON Schema (draft 2020-12) of the audit's JSON document, ``te-ckpt-audit/10``: what
 `AuditReport.to_dict()` gives, plus the hotspots and each warning's words that the JSON renderer
 adds. The tests validate every sample model's document against it."""
 
@@ -246,5 +246,10 @@ JSON_SCHEMA: dict[str, Any] = {
             name=_STR, topology=_STR, chips={"type": "integer", "minimum": 1}, hbm_bytes=_INT, usable_bytes=_INT,
             libtpu=_OPT_STR, mesh=_OPT_STR,
         )]},
+        remat={"enum": ["remat", "remat3"]},
+        remat3=_array(_object(
+            policy=_STR, remat_bytes=_INT, remat3_bytes=_INT, remat_te_gemm_bytes=_INT, remat3_te_gemm_bytes=_INT,
+            remat_recompute_flops=_INT, error=_OPT_STR,
+        )),
     ),
 }

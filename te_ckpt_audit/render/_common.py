@@ -23,6 +23,7 @@ from ..records import (
     PeakMemory,
     PolicyResult,
     Recommendation,
+    Remat3Row,
     Residual,
     ResidualKind,
     ShardingSource,
@@ -165,9 +166,16 @@ def warning_message(w: AuditWarning) -> str:
                     "save save_only_these_names:quantization+te_gemms_saveable")
         case findings.Remat3():
             return (
-                "jax_remat3 is on: these are the figures of JAX's new remat, which recomputes every "
-                "primitive it has no rule for (TE's GEMMs) and every custom_vjp whatever the policy says"
+                "jax_remat3 is on: these are the residuals of JAX's new remat, which recomputes every "
+                "primitive it has no rule for (TE's GEMMs) and every custom_vjp whatever the policy says; "
+                "its recompute FLOPs are not read yet (shown as 0)"
             )
+        case findings.Remat3ChangesPolicy():
+            te = (f"; TE's {len(w.te_gemms)} GEMMs saved now are recomputed under it (JAX's new remat "
+                  "treats a custom_vjp, TE's dense, as one unit unless jax_custom_vjp3 is on too)"
+                  if w.te_gemms else "")
+            return (f"{w.policy} saves {format_bytes(w.remat3_bytes)} of activations under jax_remat3, "
+                    f"{format_bytes(w.remat_bytes)} now: {len(w.equations)} equations change{te}")
         case _:
             assert_never(w)
 
@@ -489,9 +497,45 @@ def target_sections(report: AuditReport, gpu_headers: tuple[str, ...] = GPU_HEAD
     slice's plan and verdict): every format lays them out alike; `gpu_headers` the GPU columns a
     format has room for."""
     found = [(report.gpu, gpu_title, tuple(COLUMNS[h] for h in gpu_headers), gpu_notes),
-             (report.tpu, tpu_title, tuple(TPU_COLUMNS[h] for h in TPU_HEADERS), tpu_notes)]
+             (report.tpu, tpu_title, tuple(TPU_COLUMNS[h] for h in TPU_HEADERS), tpu_notes),
+             (report.remat3 or None, _remat3_title, REMAT3_COLUMNS, _remat3_notes)]
     return [Section(title(report), columns, tuple(notes(report))) for info, title, columns, notes in found
             if info is not None]
+
+
+# --- JAX's two remat implementations side by side (--remat3 both) ---------------------------------
+
+
+def _remat3_cell(field: Callable[[Remat3Row], str]) -> Callable[[AuditReport, PolicyResult], str]:
+    def cell(report: AuditReport, r: PolicyResult) -> str:
+        row = next((x for x in report.remat3 if x.policy == r.policy), None)
+        if row is None:
+            return "n/a"
+        return "error" if row.error is not None else field(row)
+
+    return cell
+
+
+REMAT3_COLUMNS = (
+    Column("saved now", _remat3_cell(lambda x: format_bytes(x.remat_bytes))),
+    Column("saved under remat3", _remat3_cell(lambda x: format_bytes(x.remat3_bytes))),
+    Column("TE GEMMs now", _remat3_cell(lambda x: format_bytes(x.remat_te_gemm_bytes))),
+    Column("TE GEMMs under remat3", _remat3_cell(lambda x: format_bytes(x.remat3_te_gemm_bytes))),
+    Column("changes", _remat3_cell(lambda x: "yes" if x.changed else "no"), numeric=False),
+)
+
+
+def _remat3_title(report: AuditReport) -> str:
+    return "JAX's remat now vs jax_remat3 (activation bytes each saves)"
+
+
+def _remat3_notes(report: AuditReport) -> Iterator[str]:
+    yield ("jax_remat3 saves what a primitive's rule in JAX's remat table says (dot_general, conv, names, "
+           "loops): every other primitive, and a custom_vjp as a whole (TE's dense) unless jax_custom_vjp3 "
+           "is on, is recomputed whatever the policy says")
+    for row in report.remat3:
+        if row.error is not None:
+            yield f"{row.policy} under jax_remat3: {row.error}"
 
 
 # --- the step's time (--time): an estimate, labelled as one --------------------------------------

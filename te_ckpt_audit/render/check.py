@@ -50,6 +50,9 @@ def violation_message(v: Violation) -> str:
             return _over(where, "the step needs", v, "and does not fit the device's usable")
         case Figure.NOT_COMPILED:
             return f"{where}: the step did not compile for the device, so whether it fits is not known"
+        case Figure.CHANGES_UNDER_REMAT3:
+            return (f"{where}: under jax_remat3 the policy saves {format_bytes(int(v.value))} of activations, "
+                    f"{format_bytes(int(v.limit))} now: it changes meaning when JAX turns its new remat on")
         case _:
             assert_never(v.figure)
 

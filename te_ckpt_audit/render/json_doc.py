@@ -1,4 +1,4 @@
-"""JSON: `report.to_dict()` with its hotspots and each warning's words (schema ``te-ckpt-audit/9``,
+"""JSON: `report.to_dict()` with its hotspots and each warning's words (schema ``te-ckpt-audit/10``,
 described by `records.JSON_SCHEMA`): strict, deterministic."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from ._common import hotspot_key, hotspots, warning_message
 
 
 def render_json(report: AuditReport, top: int = 10, by: HotspotKey | None = None) -> str:
-    """The report as JSON (schema ``te-ckpt-audit/9``), with its hotspots; the same report gives
+    """The report as JSON (schema ``te-ckpt-audit/10``), with its hotspots; the same report gives
     the same bytes."""
     key = hotspot_key(report, by)
     spots = [dataclasses.asdict(h) for h in hotspots(report, top, key)]
