@@ -453,6 +453,9 @@ class _Walk:
             results = [self.run(open_jaxpr(b), ins[1:]) for b in params["branches"]]
             outs = tuple(any(col) for col in zip(*(r[0] for r in results), strict=True))
             return outs, frozenset().union(*(r[1] for r in results))
+        rerun = jc.remat3_rerun(eqn)
+        if rerun is not None:  # JAX's new remat: its recompute is in the residuals' tree, all forward work
+            return (True,) * len(eqn.outvars), self.run(rerun, (False,) * len(rerun.invars))[1]
         subs = list(sub_jaxprs(params))
         if len(subs) == 1 and prim is not jc.custom_jvp_call_p:
             body = open_jaxpr(subs[0][2])

@@ -7,6 +7,7 @@ one file, and `tests/test_jax_compat.py` names exactly which symbol moved.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeAlias
@@ -218,7 +219,8 @@ def wrap_jaxpr_thunk(thunk: _lu.WrappedFun, transform: Callable[[Jaxpr], Jaxpr])
 
     def wrapped(*zeros: Any) -> tuple[Any, ...]:
         if zeros not in cache:
-            jaxpr, *rest = thunk.call_wrapped(*zeros)
+            with remat3(False):  # the rule's checkpoints as the trace holds them (remat3's are made from it)
+                jaxpr, *rest = thunk.call_wrapped(*zeros)
             cache[zeros] = (transform(jaxpr), *rest)
         return cache[zeros]
 
@@ -524,10 +526,43 @@ def _eval3(jaxpr: Jaxpr, consts: Sequence[Any], args: Sequence[Any], memo: dict[
                 params = eqn.params
                 if next(_subs(params), None) is not None:
                     params = _map_subs(params, lambda s: _rebuilt3(s, memo))
+                if eqn.primitive is custom_vjp_call_p:  # checkpoints inside its forward rule
+                    params = {**params, "fwd_jaxpr_thunk": wrap_jaxpr_thunk(
+                        params["fwd_jaxpr_thunk"], lambda j: _rebuilt3_with_consts(j, memo))}
                 outs = eqn.primitive.bind(*ins, **eqn.primitive.get_bind_params(params))
                 outs = outs if eqn.primitive.multiple_results else [outs]
         env.update(zip(eqn.outvars, outs, strict=True))
     return [read(v) for v in jaxpr.outvars]
+
+
+def _rebuilt3_with_consts(jaxpr: Jaxpr, memo: dict[int, bool]) -> Jaxpr:
+    """An open jaxpr whose constvars stay constvars (a custom_vjp's forward rule), rebuilt as
+    `_rebuilt3` rebuilds a body."""
+    if not _holds_checkpoints(jaxpr, memo):
+        return jaxpr
+    n = len(jaxpr.constvars)
+    specs = [_spec_of(v.aval) for v in [*jaxpr.constvars, *jaxpr.invars]]
+    made = jax.make_jaxpr(lambda *xs: _eval3(jaxpr, xs[:n], xs[n:], memo))(*specs)
+    if made.consts:
+        raise Remat3Unsupported("a forward rule whose rebuilt form closes over constants")
+    opened = _open(made)
+    return opened.replace(constvars=list(opened.invars[:n]), invars=list(opened.invars[n:]))
+
+
+def remat3_rerun(eqn: JaxprEqn) -> Jaxpr | None:
+    """What JAX's new remat runs again in the backward pass for one linearized checkpoint (a
+    `RematTraced` equation of a tangent jaxpr): the forward work it recomputes, kept in the
+    residuals' tree (its `_dced` jaxpr); None for any other equation."""
+    tree = eqn.params.get("residuals_tree")
+    if tree is None or type(eqn.params.get("_prim")).__name__ != "RematTraced":
+        return None
+    skeleton = jax.tree_util.tree_unflatten(tree, [None] * tree.num_leaves)
+    for node in jax.tree_util.tree_leaves(skeleton, is_leaf=lambda x: isinstance(x, jax.tree_util.Partial)):
+        fn = getattr(node, "func", None)
+        fn = getattr(fn, "fun", fn)  # a Partial's function behind JAX's hashable shim
+        if isinstance(fn, functools.partial) and getattr(fn.func, "__name__", "") == "_dced" and fn.args:
+            return _open(fn.args[0])
+    return None
 
 
 def _checkpoint_body(body: Any, memo: dict[int, bool]) -> ArrayFn:

@@ -82,9 +82,9 @@ def remat3_row(traced: Traced, spec: PolicySpec, now: PolicyResult, new: PolicyR
     that kept JAX from differentiating under it): the row, and the finding where they differ."""
     if new is None:
         return Remat3Row(spec.text, now.totals.activation_bytes, 0, now.totals.te_gemm_bytes, 0,
-                         now.recompute_flops, error), None
+                         now.recompute_flops, 0, error), None
     row = Remat3Row(spec.text, now.totals.activation_bytes, new.totals.activation_bytes, now.totals.te_gemm_bytes,
-                    new.totals.te_gemm_bytes, now.recompute_flops)
+                    new.totals.te_gemm_bytes, now.recompute_flops, new.recompute_flops)
     kept = (Outcome.SAVED, Outcome.OFFLOADED)
     before = {m.equation: m.outcome for m in now.marks}
     changed = tuple(m.equation for m in new.marks if (before.get(m.equation) in kept) != (m.outcome in kept))

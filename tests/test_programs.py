@@ -235,6 +235,9 @@ def test_a_policy_jax_cannot_differentiate_under_fails_its_own_row() -> None:
 
     report = audit(f, SDS((4,), jnp.float32), policies=["everything_saveable", "nothing_saveable"])
     bad, good = report.result("everything_saveable"), report.result("nothing_saveable")
+    if jax.config.values.get("jax_remat3"):  # JAX's new remat differentiates it plainly: no error to report
+        assert bad.error is None and ours(bad) == truth(f, (SDS((4,), jnp.float32),), "everything_saveable")
+        return
     assert bad.error is not None and "reduce_precision" in bad.error
     assert (bad.residuals, bad.totals.activation_bytes, bad.marks) == ((), 0, ())
     assert good.error is None and ours(good) == truth(f, (SDS((4,), jnp.float32),), "nothing_saveable")

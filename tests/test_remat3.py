@@ -179,3 +179,21 @@ def test_te_aware_policies_keep_their_promise_with_custom_vjp3(policy: str) -> N
         alone = reference("te_transformer", policy, args)
     assert both == now
     assert nbytes(alone) < nbytes(now)
+
+
+def test_recompute_is_read_under_remat3() -> None:
+    """The work JAX's new remat runs again (inside its linearized checkpoint's residual tree) is
+    counted: on the MLP the same as the current remat's; on the TE transformer the TE-aware
+    policies recompute what nothing_saveable and checkpoint_dots recompute."""
+    mlp_now = audit_target("sample_models/mlp.py:loss", ["nothing_saveable", "checkpoint_dots"], remat3="off")
+    mlp_new = _report("mlp", "first")
+    for policy in ("nothing_saveable", "checkpoint_dots"):
+        assert 0 < mlp_new.result(policy).recompute_flops == mlp_now.result(policy).recompute_flops  # type: ignore[attr-defined]
+    te = _report("te_transformer", "first")
+    flops = {p: te.result(p).recompute_flops for p in policies_for("te_transformer")}  # type: ignore[attr-defined]
+    assert flops["te_gemms_saveable"] == flops["nothing_saveable"] > 0
+    if JAX_VERSION < (0, 12, 0):  # the prototype saves dots only for its own policy class: none of ours
+        assert flops["checkpoint_dots_and_te_gemms"] == flops["nothing_saveable"]
+        return
+    assert flops["checkpoint_dots_and_te_gemms"] == flops["checkpoint_dots"] > 0
+    assert flops["everything_saveable"] == 0

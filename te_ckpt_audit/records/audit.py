@@ -251,6 +251,7 @@ class Remat3Row:
     remat_te_gemm_bytes: int
     remat3_te_gemm_bytes: int
     remat_recompute_flops: int
+    remat3_recompute_flops: int
     error: str | None = None  # why JAX could not differentiate under remat3
 
     @property

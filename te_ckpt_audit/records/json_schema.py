@@ -249,7 +249,7 @@ JSON_SCHEMA: dict[str, Any] = {
         remat={"enum": ["remat", "remat3"]},
         remat3=_array(_object(
             policy=_STR, remat_bytes=_INT, remat3_bytes=_INT, remat_te_gemm_bytes=_INT, remat3_te_gemm_bytes=_INT,
-            remat_recompute_flops=_INT, error=_OPT_STR,
+            remat_recompute_flops=_INT, remat3_recompute_flops=_INT, error=_OPT_STR,
         )),
     ),
 }

@@ -167,8 +167,8 @@ def warning_message(w: AuditWarning) -> str:
         case findings.Remat3():
             return (
                 "jax_remat3 is on: these are the residuals of JAX's new remat, which recomputes every "
-                "primitive it has no rule for (TE's GEMMs) and every custom_vjp whatever the policy says; "
-                "its recompute FLOPs are not read yet (shown as 0)"
+                "primitive it has no rule for and every custom_vjp (TE's dense) whatever the policy says, "
+                "unless jax_custom_vjp3 is on too"
             )
         case findings.Remat3ChangesPolicy():
             te = (f"; TE's {len(w.te_gemms)} GEMMs saved now are recomputed under it (JAX's new remat "
@@ -521,6 +521,8 @@ REMAT3_COLUMNS = (
     Column("saved under remat3", _remat3_cell(lambda x: format_bytes(x.remat3_bytes))),
     Column("TE GEMMs now", _remat3_cell(lambda x: format_bytes(x.remat_te_gemm_bytes))),
     Column("TE GEMMs under remat3", _remat3_cell(lambda x: format_bytes(x.remat3_te_gemm_bytes))),
+    Column("recompute now", _remat3_cell(lambda x: format_flops(x.remat_recompute_flops))),
+    Column("recompute under remat3", _remat3_cell(lambda x: format_flops(x.remat3_recompute_flops))),
     Column("changes", _remat3_cell(lambda x: "yes" if x.changed else "no"), numeric=False),
 )
 
