@@ -4,7 +4,7 @@
 #
 #   bash .ci/lane.sh py311-jax0.10.2     # the README's test command, lint, typing, memory gate
 #   bash .ci/lane.sh py312-newest        # the whole suite on Python 3.12 with the newest jax
-#   bash .ci/lane.sh te-jax0.10.2 | te-newest | gpu-target | tpu-target | zoo | browser
+#   bash .ci/lane.sh te-jax0.10.2 | te-newest | gpu-target | tpu-target | zoo | remat3 | browser
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -44,6 +44,22 @@ case "$name" in
     # and libtpu the lent v5e runs; here every libtpu test must run: a missing piece fails the lane
     PY="$(bash .ci/venv.sh 3.11 0.10.2 test,tpu | tail -n 1)"
     TE_CKPT_AUDIT_TPU_LANE=1 JAX_PLATFORMS=cpu "$PY" -m pytest tests/test_tpu_target.py tests/test_tpus.py "$@"
+    ;;
+  remat3)
+    # JAX's new remat and custom_vjp (jax_remat3, jax_custom_vjp3) on the newest jax: the truth sets run
+    # with the flags on, so the audit and JAX's own saved_residuals both run under them (JAX's own remat
+    # tests as programs, the generated adversarial programs, the sample models), then the zoo's newest
+    # models. tests/test_remat3.py sets the flags itself (it runs in the whole suite's lanes).
+    PY="$(bash .ci/venv.sh "$NEWEST_PYTHON" "$JAX_NEWEST" | tail -n 1)"
+    TRUTH=(tests/test_exactness.py tests/test_programs.py tests/test_intern.py tests/test_shared_work.py
+           tests/test_policies.py tests/test_hostile.py)
+    JAX_REMAT3=1 "$PY" -m pytest -n auto "${TRUTH[@]}" tests/test_property.py "$@"
+    # both flags: not the generated programs, whose custom_jvp-in-custom_vjp class JAX itself fails on
+    # there ("StoreException: Store occupied"; docs/contributing/jax.md)
+    JAX_REMAT3=1 JAX_CUSTOM_VJP3=1 "$PY" -m pytest -n auto "${TRUTH[@]}" "$@"
+    PY312="$(bash .ci/python.sh "$NEWEST_PYTHON")"
+    ZOO_PY="$(PYTHON="$PY312" JAX_VERSION="$JAX_NEWEST" bash zoo/setup.sh | tail -n 1)"
+    JAX_REMAT3=1 "$ZOO_PY" -m pytest -c zoo/pytest.ini zoo/test_zoo.py -q "$@"
     ;;
   te-jax0.10.2)
     bash te_cpu/test.sh -q "$@"

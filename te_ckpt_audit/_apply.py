@@ -69,7 +69,9 @@ def policy_function(traced: Traced, spec: PolicySpec, scope: Scope, remat3: bool
     as JAX's new remat makes them."""
     remat3 = traced.remat3 if remat3 is None else remat3
     closed = policy_jaxpr(traced, spec, scope, remat3)
-    return jc.as_remat3(closed) if remat3 else jc.jaxpr_as_fun(closed)
+    if remat3:
+        return jc.as_remat3(closed, traced.custom_vjp3)
+    return jc.as_custom_vjp3(closed) if traced.custom_vjp3 else jc.jaxpr_as_fun(closed)
 
 
 def policy_jaxpr(traced: Traced, spec: PolicySpec, scope: Scope, remat3: bool = False) -> jc.ClosedJaxpr:
@@ -93,7 +95,7 @@ def _wrapped(traced: Traced) -> jc.ClosedJaxpr:
     the whole function swaps the policy of this one equation, so its body stays one object and
     JAX's per-body caches (the body's JVP) serve every policy after the first."""
     if "outer" not in traced.wrapped:
-        with jc.remat3(False):  # a checkpoint equation, as the trace holds them (remat3's are made from it)
+        with jc.current_autodiff():  # a checkpoint equation, as the trace holds them (remat3's are made from it)
             fun = jc.checkpoint(jc.jaxpr_as_fun(traced.jaxpr), policy=jax.checkpoint_policies.nothing_saveable)
             traced.wrapped["outer"] = jax.make_jaxpr(fun)(*traced.avals)
     return traced.wrapped["outer"]

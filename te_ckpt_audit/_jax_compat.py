@@ -51,6 +51,7 @@ if not (SUPPORTED[0] <= JAX_VERSION < SUPPORTED[1]):
 
 # One branch per jax release that moved or changed something used here (0.10.2 is the base).
 # tests/test_jax_compat.py checks each private name on the installed jax, by name.
+from jax._src import ad_util as _ad_util  # noqa: E402
 from jax._src import config as _config  # noqa: E402
 from jax._src import core as _core  # noqa: E402
 from jax._src import linear_util as _lu  # noqa: E402
@@ -219,7 +220,7 @@ def wrap_jaxpr_thunk(thunk: _lu.WrappedFun, transform: Callable[[Jaxpr], Jaxpr])
 
     def wrapped(*zeros: Any) -> tuple[Any, ...]:
         if zeros not in cache:
-            with remat3(False):  # the rule's checkpoints as the trace holds them (remat3's are made from it)
+            with current_autodiff():  # the rule's checkpoints as the trace holds them (remat3's are made from it)
                 jaxpr, *rest = thunk.call_wrapped(*zeros)
             cache[zeros] = (transform(jaxpr), *rest)
         return cache[zeros]
@@ -437,6 +438,14 @@ def remat3(on: bool) -> contextlib.AbstractContextManager[None]:
     return _config.remat3(on)
 
 
+@contextlib.contextmanager
+def current_autodiff() -> Iterator[None]:
+    """JAX's current remat and custom_vjp inside the block (`jax_remat3`, `jax_custom_vjp3` off): how
+    the audit traces; the new ones are made from that trace (`as_remat3`)."""
+    with remat3(False), _custom_vjp3(False):
+        yield
+
+
 def remat3_on() -> bool:
     """Whether `jax_remat3` is on, as JAX reads it (JAX_REMAT3, jax.config.update)."""
     return bool(_config.remat3.value)
@@ -447,27 +456,39 @@ def custom_vjp3_on() -> bool:
     return state is not None and bool(state.value)
 
 
-def as_remat3(closed: ClosedJaxpr) -> ArrayFn:
-    """`closed` as a function whose checkpoints and checkpoint names are made, when it is traced
-    with `jax_remat3` on, exactly as `jax.checkpoint` and `checkpoint_name` make them under the
-    flag: each `checkpoint` equation becomes `jax.checkpoint(body, policy=..., prevent_cse=...)`,
-    each `name` equation `checkpoint_name`; every other equation is bound as it is, with its name
-    stack (the audit's tags), and bodies holding either are rebuilt the same way."""
+def as_remat3(closed: ClosedJaxpr, custom_vjp3: bool = False) -> ArrayFn:
+    """`closed` as a function whose checkpoints and checkpoint names are made, when it is traced,
+    exactly as `jax.checkpoint` and `checkpoint_name` make them under `jax_remat3`: each
+    `checkpoint` equation becomes `jax.checkpoint(body, policy=..., prevent_cse=...)`, each `name`
+    equation `checkpoint_name`; with `custom_vjp3`, each custom_vjp call a `jax.custom_vjp` made
+    under `jax_custom_vjp3` from its own primal, forward rule and backward rule. Every other
+    equation is bound as it is, with its name stack (the audit's tags), and bodies holding any of
+    these are rebuilt the same way. `custom_vjp3` alone (the current remat): pass it with the
+    checkpoints left as they are (`as_custom_vjp3`)."""
+    rebuild = _Rebuild(True, custom_vjp3)
+
     def fun(*xs: Any) -> Any:
-        with remat3(True):
-            return _eval3(closed.jaxpr, closed.consts, xs)
+        with remat3(True), _custom_vjp3(custom_vjp3):
+            return rebuild.eval(closed.jaxpr, closed.consts, xs)
 
     return fun
 
 
-def _holds_checkpoints(jaxpr: Jaxpr, memo: dict[int, bool]) -> bool:
-    key = id(jaxpr)
-    if key not in memo:
-        memo[key] = any(
-            e.primitive is remat_p or e.primitive is name_p
-            or any(_holds_checkpoints(_open(sub), memo) for sub in _subs(e.params))
-            for e in jaxpr.eqns)
-    return memo[key]
+def as_custom_vjp3(closed: ClosedJaxpr) -> ArrayFn:
+    """`closed` with each custom_vjp call made under `jax_custom_vjp3` (`as_remat3`), its
+    checkpoints left to the current remat."""
+    rebuild = _Rebuild(False, True)
+
+    def fun(*xs: Any) -> Any:
+        with remat3(False), _custom_vjp3(True):
+            return rebuild.eval(closed.jaxpr, closed.consts, xs)
+
+    return fun
+
+
+def _custom_vjp3(on: bool) -> contextlib.AbstractContextManager[None]:
+    state = getattr(_config, "custom_vjp3", None)
+    return contextlib.nullcontext() if state is None else state(on)
 
 
 def _open(j: Any) -> Jaxpr:
@@ -486,67 +507,125 @@ class Remat3Unsupported(Exception):
     """A body the audit cannot rebuild as JAX's new remat would make it."""
 
 
-def _rebuilt3(sub: Any, memo: dict[int, bool]) -> Any:
-    """A body (Jaxpr or ClosedJaxpr) holding checkpoints, traced again through `_eval3`."""
-    opened = _open(sub)
-    if not _holds_checkpoints(opened, memo):
-        return sub
-    consts = sub.consts if isinstance(sub, ClosedJaxpr) else ()
-    if opened.constvars and not consts:
-        raise Remat3Unsupported("a body with free constants")
-    specs = [_spec_of(v.aval) for v in opened.invars]
-    made = jax.make_jaxpr(lambda *xs: _eval3(opened, consts, xs))(*specs)
-    if isinstance(sub, ClosedJaxpr) and sub.jaxpr is not sub:
-        return made
-    if made.consts:
-        raise Remat3Unsupported("a body whose rebuilt form closes over constants")
-    return made.jaxpr
+class _Rebuild:
+    """One rebuild of a jaxpr for JAX's new remat (`remat3`: its checkpoints and names) and new
+    custom_vjp (`custom_vjp3`: its custom_vjp calls)."""
 
+    def __init__(self, remat3: bool, custom_vjp3: bool) -> None:
+        self.remat3, self.custom_vjp3 = remat3, custom_vjp3
+        self.memo: dict[int, bool] = {}
 
-def _eval3(jaxpr: Jaxpr, consts: Sequence[Any], args: Sequence[Any], memo: dict[int, bool] | None = None) -> Any:
-    memo = {} if memo is None else memo
-    env: dict[Var, Any] = {}
+    def _rebuilt_here(self, eqn: JaxprEqn) -> bool:
+        return ((self.remat3 and (eqn.primitive is remat_p or eqn.primitive is name_p))
+                or (self.custom_vjp3 and eqn.primitive is custom_vjp_call_p))
 
-    def read(v: Atom) -> Any:
-        return v.val if isinstance(v, Literal) else env[v]
+    def holds(self, jaxpr: Jaxpr) -> bool:
+        key = id(jaxpr)
+        if key not in self.memo:
+            self.memo[key] = any(self._rebuilt_here(e) or any(self.holds(_open(sub)) for sub in _subs(e.params))
+                                 or (e.primitive is remat_p and self.custom_vjp3)
+                                 for e in jaxpr.eqns)
+        return self.memo[key]
 
-    env.update(zip(jaxpr.constvars, consts, strict=True))
-    env.update(zip(jaxpr.invars, args, strict=True))
-    for eqn in jaxpr.eqns:
-        ins = [read(v) for v in eqn.invars]
-        stack = _siu.current_name_stack() + eqn.source_info.name_stack
-        with _siu.user_context(eqn.source_info.traceback, name_stack=stack), eqn.ctx.manager:
-            if eqn.primitive is remat_p:
-                policy = eqn.params["policy"] or jax.checkpoint_policies.nothing_saveable
-                body = _checkpoint_body(eqn.params["jaxpr"], memo)
-                outs = jax.checkpoint(body, policy=policy, prevent_cse=eqn.params["prevent_cse"])(*ins)
-            elif eqn.primitive is name_p:
-                outs = [_ad_checkpoint.checkpoint_name(ins[0], eqn.params["name"])]
-            else:
-                params = eqn.params
-                if next(_subs(params), None) is not None:
-                    params = _map_subs(params, lambda s: _rebuilt3(s, memo))
-                if eqn.primitive is custom_vjp_call_p:  # checkpoints inside its forward rule
-                    params = {**params, "fwd_jaxpr_thunk": wrap_jaxpr_thunk(
-                        params["fwd_jaxpr_thunk"], lambda j: _rebuilt3_with_consts(j, memo))}
-                outs = eqn.primitive.bind(*ins, **eqn.primitive.get_bind_params(params))
-                outs = outs if eqn.primitive.multiple_results else [outs]
-        env.update(zip(eqn.outvars, outs, strict=True))
-    return [read(v) for v in jaxpr.outvars]
+    def body(self, sub: Any) -> Any:
+        """A body (Jaxpr or ClosedJaxpr) holding what is rebuilt, traced again."""
+        opened = _open(sub)
+        if not self.holds(opened):
+            return sub
+        consts = sub.consts if isinstance(sub, ClosedJaxpr) else ()
+        if opened.constvars and not consts:
+            raise Remat3Unsupported("a body with free constants")
+        specs = [_spec_of(v.aval) for v in opened.invars]
+        made = jax.make_jaxpr(lambda *xs: self.eval(opened, consts, xs))(*specs)
+        if isinstance(sub, ClosedJaxpr) and sub.jaxpr is not sub:
+            return made
+        if made.consts:
+            raise Remat3Unsupported("a body whose rebuilt form closes over constants")
+        return made.jaxpr
 
+    def with_consts(self, jaxpr: Jaxpr) -> Jaxpr:
+        """An open jaxpr whose constvars stay constvars (a custom_vjp's forward rule), rebuilt."""
+        if not self.holds(jaxpr):
+            return jaxpr
+        n = len(jaxpr.constvars)
+        specs = [_spec_of(v.aval) for v in [*jaxpr.constvars, *jaxpr.invars]]
+        made = jax.make_jaxpr(lambda *xs: self.eval(jaxpr, xs[:n], xs[n:]))(*specs)
+        if made.consts:
+            raise Remat3Unsupported("a forward rule whose rebuilt form closes over constants")
+        opened = _open(made)
+        return opened.replace(constvars=list(opened.invars[:n]), invars=list(opened.invars[n:]))
 
-def _rebuilt3_with_consts(jaxpr: Jaxpr, memo: dict[int, bool]) -> Jaxpr:
-    """An open jaxpr whose constvars stay constvars (a custom_vjp's forward rule), rebuilt as
-    `_rebuilt3` rebuilds a body."""
-    if not _holds_checkpoints(jaxpr, memo):
-        return jaxpr
-    n = len(jaxpr.constvars)
-    specs = [_spec_of(v.aval) for v in [*jaxpr.constvars, *jaxpr.invars]]
-    made = jax.make_jaxpr(lambda *xs: _eval3(jaxpr, xs[:n], xs[n:], memo))(*specs)
-    if made.consts:
-        raise Remat3Unsupported("a forward rule whose rebuilt form closes over constants")
-    opened = _open(made)
-    return opened.replace(constvars=list(opened.invars[:n]), invars=list(opened.invars[n:]))
+    def checkpoint_body(self, body: Any) -> ArrayFn:
+        opened = _open(body)
+        consts = body.consts if opened is not body else ()
+        return lambda *xs: self.eval(opened, consts, xs)
+
+    def eval(self, jaxpr: Jaxpr, consts: Sequence[Any], args: Sequence[Any]) -> list[Any]:
+        env: dict[Var, Any] = {}
+
+        def read(v: Atom) -> Any:
+            return v.val if isinstance(v, Literal) else env[v]
+
+        env.update(zip(jaxpr.constvars, consts, strict=True))
+        env.update(zip(jaxpr.invars, args, strict=True))
+        for eqn in jaxpr.eqns:
+            ins = [read(v) for v in eqn.invars]
+            stack = _siu.current_name_stack() + eqn.source_info.name_stack
+            with _siu.user_context(eqn.source_info.traceback, name_stack=stack), eqn.ctx.manager:
+                outs = self._bind(eqn, ins)
+            env.update(zip(eqn.outvars, outs, strict=True))
+        return [read(v) for v in jaxpr.outvars]
+
+    def _bind(self, eqn: JaxprEqn, ins: list[Any]) -> list[Any]:
+        if self.remat3 and eqn.primitive is remat_p:
+            policy = eqn.params["policy"] or jax.checkpoint_policies.nothing_saveable
+            body = self.checkpoint_body(eqn.params["jaxpr"])
+            return jax.checkpoint(body, policy=policy, prevent_cse=eqn.params["prevent_cse"])(*ins)
+        if self.remat3 and eqn.primitive is name_p:
+            return [_ad_checkpoint.checkpoint_name(ins[0], eqn.params["name"])]
+        params = eqn.params
+        if next(_subs(params), None) is not None:
+            params = _map_subs(params, self.body)
+        if eqn.primitive is custom_vjp_call_p:  # checkpoints (and custom_vjps) inside its forward rule
+            params = {**params, "fwd_jaxpr_thunk": wrap_jaxpr_thunk(params["fwd_jaxpr_thunk"], self.with_consts)}
+            if self.custom_vjp3:
+                return self._custom_vjp3(params, ins)
+        outs = eqn.primitive.bind(*ins, **eqn.primitive.get_bind_params(params))
+        return outs if eqn.primitive.multiple_results else [outs]
+
+    def _custom_vjp3(self, params: Params, ins: list[Any]) -> list[Any]:
+        """A custom_vjp call made again as `jax.custom_vjp` makes it under `jax_custom_vjp3`: its
+        primal, its forward rule (as the trace tagged it) and its backward rule, flat."""
+        n = params["num_consts"]
+        if n:
+            raise Remat3Unsupported("a custom_vjp call that closes over traced values (num_consts > 0)")
+        call, thunk = params["call_jaxpr"], params["fwd_jaxpr_thunk"]
+        bwd, out_trees = params["bwd"], params["out_trees"]
+        call_open, call_consts = _open(call), getattr(call, "consts", ())
+        avals = call_open.in_avals if hasattr(call_open, "in_avals") else [v.aval for v in call_open.invars]
+        nonzeros = tuple(bool(jax.numpy.issubdtype(getattr(a, "dtype", int), jax.numpy.inexact)) for a in avals)
+
+        def primal(*xs: Any) -> list[Any]:
+            return list(_core.eval_jaxpr(call_open, call_consts, *xs))
+
+        def forward(*xs: Any) -> tuple[list[Any], list[Any]]:
+            fwd_jaxpr, fwd_consts = thunk.call_wrapped(*nonzeros)[:2]
+            outs = _core.eval_jaxpr(fwd_jaxpr, fwd_consts, *xs)
+            _, res_tree, input_fwds = out_trees()
+            made = res_tree.num_leaves - sum(i is not None for i in input_fwds)
+            res_out = iter(outs[:made])
+            res = [xs[i] if i is not None else next(res_out) for i in input_fwds]
+            return list(outs[made:]), res
+
+        def backward(res: list[Any], cts: list[Any]) -> tuple[Any, ...]:
+            got = bwd.call_wrapped(*res, *cts)
+            cts_in = got[0] if isinstance(got, tuple) else got
+            return tuple(jax.numpy.zeros(a.shape, a.dtype) if c is None or isinstance(c, _ad_util.Zero) else c
+                         for c, a in zip(cts_in, avals, strict=True))
+
+        fn = jax.custom_vjp(primal)
+        fn.defvjp(forward, backward)
+        return fn(*ins)
 
 
 def remat3_rerun(eqn: JaxprEqn) -> Jaxpr | None:
@@ -561,14 +640,31 @@ def remat3_rerun(eqn: JaxprEqn) -> Jaxpr | None:
         fn = getattr(node, "func", None)
         fn = getattr(fn, "fun", fn)  # a Partial's function behind JAX's hashable shim
         if isinstance(fn, functools.partial) and getattr(fn.func, "__name__", "") == "_dced" and fn.args:
-            return _open(fn.args[0])
+            return _primal_live(_open(fn.args[0]))
     return None
 
 
-def _checkpoint_body(body: Any, memo: dict[int, bool]) -> ArrayFn:
-    opened = _open(body)
-    consts = body.consts if opened is not body else ()
-    return lambda *xs: _eval3(opened, consts, xs, memo)
+def _is_primal_left(eqn: JaxprEqn) -> bool:
+    """remat3's `PrimalLeftTangentRight`: its value is its left operand (a saved value); its right
+    one (the same computed again) only gives the tangent."""
+    prim = eqn.params.get("_prim")
+    return "PrimalLeftTangentRight" in (getattr(eqn.primitive, "name", ""), type(prim).__name__)
+
+
+def _primal_live(jaxpr: Jaxpr) -> Jaxpr:
+    """`jaxpr` without the equations whose values only reach a `PrimalLeftTangentRight`'s right
+    operand: what runs again there is dead where no tangent is taken (XLA drops it)."""
+    live = {v for v in jaxpr.outvars if not isinstance(v, Literal)}
+    kept = []
+    for eqn in reversed(jaxpr.eqns):
+        if not any(v in live for v in eqn.outvars) and not eqn.effects:
+            continue
+        kept.append(eqn)
+        ins = eqn.invars[:1] if _is_primal_left(eqn) else eqn.invars
+        live.update(v for v in ins if not isinstance(v, Literal))
+    if len(kept) == len(jaxpr.eqns):
+        return jaxpr
+    return jaxpr.replace(eqns=kept[::-1])
 
 
 def _map_subs(params: Params, fn: Callable[[Any], Any]) -> Params:
@@ -585,6 +681,9 @@ def _map_subs(params: Params, fn: Callable[[Any], Any]) -> Params:
 # 0.12.0: jax_remat3 asks a policy only about the primitives its remat table has a rule for
 #         (`rules[prim](trace, *args, **params)`); jax 0.10's prototype asks its own policy classes only.
 REMAT3_RULES_TAKE_POLICIES = JAX_VERSION >= (0, 12, 0)
+# 0.12.0: jax_custom_vjp3 is read (a custom_vjp rebuilt as `jax.custom_vjp` makes it under the flag);
+#         jax 0.10's is a prototype whose residuals hold float0 values, not read.
+CUSTOM_VJP3_READ = JAX_VERSION >= (0, 12, 0)
 
 
 def keep_under_remat3(picks: Callable[[Any], bool]) -> bool:

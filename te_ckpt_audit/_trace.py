@@ -109,6 +109,7 @@ class Traced:
     # JAX's new remat (`jax_remat3`) was on, as JAX read it, when the function was traced: the
     # policies are applied as it applies them (the trace itself is made with the flag off)
     remat3: bool = False
+    custom_vjp3: bool = False  # likewise JAX's new custom_vjp (`jax_custom_vjp3`)
 
     @property
     def has_remat(self) -> bool:
@@ -172,10 +173,10 @@ def trace(
     >>> [e.primitive for e in t.rows.equations()]
     ['sin', 'reduce_sum']
     """
-    if jc.custom_vjp3_on():  # its custom_vjps are another primitive, whose forward rules are not read here yet
-        raise UsageError("jax_custom_vjp3 is on (JAX's new custom_vjp): te-ckpt-audit does not yet read what "
-                         "it saves, and its figures would be wrong", "audit with it off: unset JAX_CUSTOM_VJP3 "
-                         "(jax_remat3 alone is read exactly: --remat3 on|off|both)")
+    if jc.custom_vjp3_on() and not jc.CUSTOM_VJP3_READ:
+        raise UsageError(f"jax_custom_vjp3 is on (JAX's new custom_vjp), a prototype on jax {jax.__version__} "
+                         "whose residuals te-ckpt-audit does not read", "unset JAX_CUSTOM_VJP3, or audit on "
+                         "jax >= 0.12, where it is read exactly")
     found = unbindable(fn, tuple(args))
     if found is not None:  # the arguments are the mistake, not the function's code
         raise UsageError(f"{target or 'the function'} cannot take the {len(args)} argument(s) given: {found[0]}",
@@ -206,8 +207,8 @@ def trace(
         return [x for x in jax.tree_util.tree_leaves(out) if isinstance(x, jax.Array | jax.core.Tracer)]
 
     try:
-        with jc.remat3(False):  # checkpoints as the current remat makes them; remat3's are made from them
-            closed, out_shape = jax.make_jaxpr(flat_fn, return_shape=True)(*avals)
+        with jc.current_autodiff():  # checkpoints and custom_vjps as the current JAX makes them; the new ones
+            closed, out_shape = jax.make_jaxpr(flat_fn, return_shape=True)(*avals)  # are made from them
     except Exception as exc:
         said = f"tracing {target or 'the function'} raised {type(exc).__name__} at {user_location(exc)}: "
         axis = re.search(r"Resource axis: (\S+) of .* is not found in mesh: \(([^)]*)\)", first_line(exc))
@@ -226,7 +227,8 @@ def trace(
     dtypes = [a.dtype for a in avals]
     trained = resolve_trained(fn, len(args), names, dtypes, parse_params(params), target or "the function")
     structure = Structure(treedef, tuple(leaves), tuple(dynamic))
-    return Traced(tagged, avals, names, rows, target, trained, structure, remat3=jc.remat3_on())
+    return Traced(tagged, avals, names, rows, target, trained, structure, remat3=jc.remat3_on(),
+                  custom_vjp3=jc.custom_vjp3_on())
 
 
 def _flattened(args: tuple[object, ...], target: str) -> tuple[list[tuple[Any, Any]], jax.tree_util.PyTreeDef]:

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import jax
 import pytest
@@ -197,3 +198,50 @@ def test_recompute_is_read_under_remat3() -> None:
         return
     assert flops["checkpoint_dots_and_te_gemms"] == flops["checkpoint_dots"] > 0
     assert flops["everything_saveable"] == 0
+
+
+_NEW_CUSTOM_VJP = [("jax_custom_vjp3",), ("jax_remat3", "jax_custom_vjp3")]
+_cvjp3_reports: dict[tuple[str, tuple[str, ...]], object] = {}
+
+
+def _with_flags(flags: tuple[str, ...], fn: Any) -> Any:
+    before = {f: jax.config.values.get(f, False) for f in flags}
+    try:
+        for f in flags:
+            jax.config.update(f, True)
+        return fn()
+    finally:
+        for f, v in before.items():
+            jax.config.update(f, v)
+
+
+@pytest.mark.skipif(JAX_VERSION < (0, 12, 0), reason="jax 0.10's jax_custom_vjp3 is a prototype, refused")
+@pytest.mark.parametrize("flags", _NEW_CUSTOM_VJP, ids=["+".join(f) for f in _NEW_CUSTOM_VJP])
+@pytest.mark.parametrize(("model", "policy"), CASES, ids=[f"{m}-{p}" for m, p in CASES])
+def test_residuals_equal_jax_under_custom_vjp3(model: str, policy: str, flags: tuple[str, ...]) -> None:
+    """JAX's new custom_vjp, alone and with remat3: each custom_vjp call is made again as
+    `jax.custom_vjp` makes it under the flag (its forward rule as the trace tagged it), and the
+    residuals equal JAX's own under the same flags."""
+    key = (model, flags)
+    if key not in _cvjp3_reports:
+        _cvjp3_reports[key] = _with_flags(flags, lambda: audit_target(f"sample_models/{model}.py:loss",
+                                                                      policies_for(model)))
+    result = _cvjp3_reports[key].result(policy)  # type: ignore[attr-defined]
+    truth = _with_flags(flags, lambda: reference(model, policy, module(model).loss_inputs()))
+    assert Counter((r.shape, r.dtype) for r in result.residuals) == truth
+    assert result.totals.total_bytes == nbytes(truth)
+
+
+@pytest.mark.skipif(JAX_VERSION < (0, 12, 0), reason="jax 0.10's jax_custom_vjp3 is a prototype, refused")
+def test_te_gemms_kept_and_not_recomputed_under_both_flags() -> None:
+    """With both flags, the TE-aware policies keep TE's GEMM outputs and recompute what they do now
+    (what runs again only to give a tangent, the right of remat3's PrimalLeftTangentRight, is not
+    counted: XLA drops it)."""
+    flags = ("jax_remat3", "jax_custom_vjp3")
+    policies = ["te_gemms_saveable", "checkpoint_dots_and_te_gemms", "nothing_saveable"]
+    new = _with_flags(flags, lambda: audit_target("sample_models/te_transformer.py:loss", policies))
+    now = audit_target("sample_models/te_transformer.py:loss", policies, remat3="off")
+    for policy in policies:
+        a, b = new.result(policy), now.result(policy)
+        assert (a.totals.te_gemm_bytes, a.recompute_flops) == (b.totals.te_gemm_bytes, b.recompute_flops)
+    assert new.result("te_gemms_saveable").totals.te_gemm_bytes > 0

@@ -492,6 +492,11 @@ class Section:
     notes: tuple[str, ...]
 
 
+def jax_text(report: AuditReport) -> str:
+    """The jax a report was made with, and its new remat where the results are that one's."""
+    return f"jax {report.jax_version}" + (" (jax_remat3)" if report.remat == "remat3" else "")
+
+
 def target_sections(report: AuditReport, gpu_headers: tuple[str, ...] = GPU_HEADERS) -> list[Section]:
     """The compiled step's sections, one per target the report holds (its GPU's peak, its TPU
     slice's plan and verdict): every format lays them out alike; `gpu_headers` the GPU columns a

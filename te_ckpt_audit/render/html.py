@@ -44,6 +44,7 @@ from ._common import (
     format_seconds,
     hotspot_key,
     hotspots,
+    jax_text,
     kernels_shown,
     kernels_title,
     peak_range,
@@ -387,7 +388,7 @@ def _meta(report: AuditReport) -> str:
     folded = (f"<details><summary>all {len(args)} arguments</summary><code>{_e(', '.join(report.arguments))}</code>"
               "</details>") if more > 0 else ""
     trained = trained_note(report)
-    return (f'<p class="meta">jax {_e(report.jax_version)} · TE: {_e(report.te)} · forward '
+    return (f'<p class="meta">{_e(jax_text(report))} · TE: {_e(report.te)} · forward '
             f"{_e(format_flops(report.forward_flops))} · {len(args)} arguments, {_e(format_bytes(total))}"
             + (f"; the largest: <code>{_e(shown)}</code>" if args else "")
             + (f" and {more} more" if more > 0 else "") + f"</p>{folded}"

@@ -21,6 +21,7 @@ from ._common import (
     format_flops,
     hotspot_key,
     hotspots,
+    jax_text,
     kernels_shown,
     kernels_title,
     mesh_note,
@@ -85,7 +86,7 @@ def render_markdown(report: AuditReport, top: int = 10, by: HotspotKey | None = 
     lines = [
         f"## te-ckpt-audit: {md_code(report.target)}",
         "",
-        f"Forward pass: {format_flops(report.forward_flops)}; jax {report.jax_version}. "
+        f"Forward pass: {format_flops(report.forward_flops)}; {jax_text(report)}. "
         "Bytes are residuals kept for the backward pass; TE GEMM, dot, named and other split "
         "the activation bytes.",
         "",

@@ -37,6 +37,7 @@ from ._common import (
     format_flops,
     hotspot_key,
     hotspots,
+    jax_text,
     kernels_shown,
     kernels_title,
     marks_by_equation,
@@ -208,7 +209,7 @@ def _header(report: AuditReport) -> Text:
         ("te-ckpt-audit ", "bold"),
         report.target,
         f"\n{len(report.arguments)} array inputs; forward pass {format_flops(report.forward_flops)}; "
-        f"scope {scopes}; jax {report.jax_version}",
+        f"scope {scopes}; {jax_text(report)}",
     )
 
 
