@@ -409,10 +409,14 @@ def _tag_custom_vjp(
     # tangents a differentiation will have (floating inputs), so that its rows and any checkpoint
     # inside it are known before the first policy is analysed. Not inside a forward rule: that
     # runs undifferentiated, and one that calls its own custom_vjp function would trace itself
-    # forever.
+    # forever. JAX runs a forward rule only where a tangent reaches one of the call's inputs (not its
+    # consts): a call with no floating input of its own (all closed over, as Flax's FP8 ops' scale
+    # and amax history under MaxText's scan) never runs it, and its thunk may not even take none.
     if ctx.anchor is None:
         call_avals = params["call_jaxpr"].in_avals[params["num_consts"] :]
-        params["fwd_jaxpr_thunk"].call_wrapped(*(_differentiable(a) for a in call_avals))
+        zeros = tuple(_differentiable(a) for a in call_avals)
+        if any(zeros):
+            params["fwd_jaxpr_thunk"].call_wrapped(*zeros)
     return params
 
 

@@ -152,6 +152,20 @@ def test_every_remat_policy_of_maxtexts_compiles_to_a_peak() -> None:
 def test_the_residuals_are_jaxs_own_for_the_loss_maxtext_differentiates(policy: str) -> None:
     """The loss is the function MaxText's own step hands `jax.value_and_grad`; what the audit says
     it keeps under the decoder's checkpoints is what JAX's `saved_residuals` says, shape for shape."""
+    _residuals_are_jaxs_own(policy, TINY)
+
+
+@compiles
+@pytest.mark.parametrize("quantization", ["fp8", "nanoo_fp8"])
+def test_an_fp8_step_traces_and_its_residuals_are_jaxs_own(quantization: str) -> None:
+    """Issue 49: MaxText's XLA-native FP8 (Flax's FP8 dot general) failed to build for every
+    policy ("safe_zip() argument 1 has length 0 but argument 0 has length 3"): the audit ran a
+    custom_vjp's forward rule (Flax's `out_dq`) that has no input of its own, which JAX never runs.
+    Now it traces, and what it keeps is JAX's own."""
+    _residuals_are_jaxs_own("full", (*TINY, f"quantization={quantization}"))
+
+
+def _residuals_are_jaxs_own(policy: str, settings: tuple[str, ...]) -> None:
     from collections import Counter
 
     import numpy as np
@@ -161,7 +175,7 @@ def test_the_residuals_are_jaxs_own_for_the_loss_maxtext_differentiates(policy: 
     from te_ckpt_audit.records import ResidualKind
     from te_ckpt_audit.specs import AsIs
 
-    _, session, loss = _maxtext_sessions(MaxTextRun(_base_yml(), TINY), policy, residuals=True)
+    _, session, loss = _maxtext_sessions(MaxTextRun(_base_yml(), settings), policy, residuals=True)
     assert session is not None and loss is not None
     assert loss.fn.__name__ == "diff_wrapper" and loss.argnums == (0, 1)  # MaxText's own, as its step takes it
     result = session.result(AsIs())
