@@ -280,6 +280,24 @@ def test_a_single_gemm_is_timed_as_xlas_table_or_its_roofline_by_hand() -> None:
     assert 0.3 < 2 * m * n * k / top.seconds / PEAK_BF16 <= steptime.TENSOR_EFFICIENCY  # a big bf16 GEMM
 
 
+@compiles
+def test_a_gpu_without_xlas_cost_table_is_timed_at_its_roofline_and_says_so() -> None:
+    """Issue 49: an A100 (sm_80, absent from XLA's cost tables) got no estimate ("NOT_FOUND: Cannot
+    find key: sm_80"); now every kernel is at its roofline on the A100's own figures, and the
+    record names that method."""
+    m, k, n = 8192, 4096, 8192
+    a100 = gpu_model("a100")
+    args = (jax.ShapeDtypeStruct((m, k), jnp.bfloat16), jax.ShapeDtypeStruct((k, n), jnp.bfloat16))
+    time = audit(_gemm_step, *args, policies=["as-is"], gpu=GpuRequest(a100, step=True, time=True)).results[0].time
+    assert time is not None and time.error is None and time.seconds is not None
+    assert time.estimator == steptime.ROOFLINE_ESTIMATOR and "no entry for sm_80" in time.model
+    assert all(k.basis == "roofline" for k in time.costliest)
+    top = time.costliest[0]
+    assert top.kind is KernelKind.GEMM and top.flops == 2 * m * n * k
+    floor = max(2 * m * n * k / a100.dense_flops(BF16), 2 * (m * k + k * n + m * n) / a100.bandwidth)
+    assert top.seconds == pytest.approx(floor * SLOWER, rel=1e-9)
+
+
 def _stack(w: jax.Array, x: jax.Array) -> jax.Array:
     def layer(h: jax.Array, wi: jax.Array) -> tuple[jax.Array, None]:
         return jnp.tanh(h @ wi), None

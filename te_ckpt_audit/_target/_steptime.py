@@ -54,6 +54,10 @@ TENSOR_EFFICIENCY = 0.735
 METHOD = ("XLA's sol cost model per kernel (bf16 -> f32 GEMMs rescaled), floored at each kernel's roofline, "
           f"tensor-core kernels at {TENSOR_EFFICIENCY:.0%} of it in a training step (fitted); loops x trip count; "
           "collectives in XLA's scheduled order")
+ROOFLINE_METHOD = ("each kernel's roofline: XLA's GPU cost tables have no entry for {arch}, the {gpu}'s "
+                   f"architecture; tensor-core kernels at {TENSOR_EFFICIENCY:.0%} of it in a training step (fitted "
+                   "on H100s); loops x trip count; collectives in XLA's scheduled order")
+ROOFLINE_ESTIMATOR = "the roofline (no XLA cost table for this GPU)"
 LAUNCH_S = 2e-6  # the least a kernel costs, for the placeholder test
 COSTLIEST = 10
 SOURCE_CHARS = 200
@@ -199,10 +203,16 @@ def calibrated(rows: list[Timed], profile: Profile) -> tuple[list[Timed], Calibr
 
 
 def estimate(kernels: Iterable[Kernel], gpu: GpuModel, devices: int, compile_seconds: float,
-             profile: Profile | None = None) -> StepTime:
+             profile: Profile | None = None, no_table: str | None = None) -> StepTime:
     """The step's time from its kernels, in XLA's scheduled order (`elapsed`); with `profile`,
-    calibrated by it (`calibrated`). Model FLOPs, recompute and tokens are the caller's to set."""
+    calibrated by it (`calibrated`). Model FLOPs, recompute and tokens are the caller's to set.
+    `no_table`: the GPU architecture XLA's cost tables lack (sm_80): every kernel at its roofline,
+    and the method says so."""
     rows = [timed(k, gpu) for k in kernels]
+    if no_table is not None:
+        method = ROOFLINE_METHOD.format(arch=no_table, gpu=gpu.name)
+        found = _step(rows, gpu.dense_flops(BF16), devices, compile_seconds, method)
+        return dataclasses.replace(found, hardware=gpu.name, estimator=ROOFLINE_ESTIMATOR)
     peak = gpu.dense_flops(BF16)
     if profile is not None:
         uncalibrated = _step(rows, peak, devices, compile_seconds, METHOD)
