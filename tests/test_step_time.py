@@ -65,6 +65,24 @@ def test_a_gemm_never_runs_above_the_peak_of_its_type() -> None:
     assert H100.dense_flops(F32) == pytest.approx(PEAK_BF16 / 2)
 
 
+def test_the_kernels_no_model_times_are_counted_apart() -> None:
+    """Issue 49: what the estimate cannot see (a kernel with no cost model's estimate, as TE's GEMM
+    custom calls, taken at its roofline floor) is said in the record: its seconds and runs."""
+    seen = gemm(8192, 8192, 8192, 1409.28)
+    unseen = dataclasses.replace(gemm(4096, 4096, 4096, None), runs=3)
+    time = steptime.estimate([seen, unseen], H100, 1, 1.0)
+    floor = 2 * 4096**3 / PEAK_BF16 * SLOWER
+    assert time.floor_kernels == 3 and time.floor_seconds == pytest.approx(3 * floor, rel=1e-12)
+    assert time.compute_seconds == pytest.approx(1409.28e-6 * SLOWER + 3 * floor, rel=1e-12)
+    assert steptime.from_plain(to_plain(time)) == time
+    from te_ckpt_audit.records import AuditReport, PolicyResult, Scope, TeKind, Totals
+    from te_ckpt_audit.render._common import time_notes
+
+    row = PolicyResult("p", Scope.OUTER, (), Totals(0, 0, 0, 0, 0, 0, 0, 0), (), 0, 0, (), time=time)
+    report = AuditReport("t", (), "0", TeKind.NONE, (), (row,))
+    assert any("3 kernel runs) is kernels no cost model times" in n for n in time_notes(report))
+
+
 def test_a_bf16_gemm_with_an_f32_result_has_xlas_fallback_taken_out() -> None:
     """XLA's table has no bf16 x bf16 -> f32 entry; its fallback scales the bf16 one by 4^3."""
     widened = gemm(8192, 8192, 8192, 1409.28 * 64, widening=2)

@@ -233,6 +233,7 @@ def _step(rows: list[Timed], peak: float, devices: int, compile_seconds: float, 
     def total(ts: Iterable[Timed], field: str) -> float:
         return sum(getattr(t, field) * t.kernel.runs for t in ts)
 
+    unseen = [t for t in compute if t.basis == ROOFLINE and not t.kernel.xla_us and not t.kernel.cycles]
     computing = total(compute, "seconds")
     communicating = total(talk, "seconds")
     exposed = min(communicating, max(0.0, elapsed(rows) - computing))
@@ -259,6 +260,8 @@ def _step(rows: list[Timed], peak: float, devices: int, compile_seconds: float, 
         compile_seconds=round(compile_seconds, 2),
         gemm_seconds=total((t for t in compute if t.kernel.kind is KernelKind.GEMM), "seconds"),
         attention_seconds=total((t for t in compute if t.kernel.kind is KernelKind.ATTENTION), "seconds"),
+        floor_seconds=total(unseen, "seconds"),
+        floor_kernels=sum(t.kernel.runs for t in unseen),
     )
 
 
@@ -399,6 +402,8 @@ def from_plain(raw: Mapping[str, object]) -> StepTime | None:
             device=str(raw.get("device", "GPU")) if raw.get("device", "GPU") in ("GPU", "chip") else "GPU",
             hardware=str(raw.get("hardware") or ""),
             estimator=str(raw.get("estimator") or "XLA's cost models"),
+            floor_seconds=number("floor_seconds"),
+            floor_kernels=count("floor_kernels"),
         )
     except _Invalid:
         return None

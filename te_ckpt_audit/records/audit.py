@@ -344,6 +344,11 @@ class StepTime:
     device: str = "GPU"  # what one device of the target is called: "GPU", "chip" (a TPU's)
     hardware: str = ""  # the catalog's name of that device: h100-sxm, v5e
     estimator: str = "XLA's cost models"  # what timed the kernels, in a few words (`model` says it in full)
+    # of compute_seconds: kernels no cost model timed, taken at their roofline floor, which no real
+    # kernel reaches (custom calls XLA does not cost: TE's GEMMs, cuDNN's attention; every kernel on
+    # a GPU missing from XLA's tables): where the estimate can only be fast
+    floor_seconds: float = 0.0
+    floor_kernels: int = 0  # their runs per step
 
     @property
     def mfu(self) -> float | None:

@@ -9,7 +9,8 @@ AUDIT = "te-ckpt-audit/10"  # AuditReport.to_dict(), the audit's JSON; /3: gpu, 
 # /5: gpu.mesh and gpu.mesh_source, results[].requantized_equations; /6: results[].time (--time);
 # /7: time.calibration (--calibrate); /8: findings (inputs-replicated), tpu and results[].tpu_plan (--tpu),
 # time.examples and time.examples_per_second_per_gpu; /9: time.device, time.hardware, time.estimator
-# (--tpu --time); /10: remat and remat3 (JAX's new remat, --remat3 both), finding remat3-changes-policy
+# (--tpu --time); /10: remat and remat3 (JAX's new remat, --remat3 both), finding remat3-changes-policy,
+# time.floor_seconds and time.floor_kernels (what no cost model timed)
 RECOMMEND = "te-ckpt-audit-recommend/9"  # Recommendation.to_dict(); /2: gpu, compiles, maximized, peaks;
 # /3: peaks and gpu as te-ckpt-audit/4 has them; /4: as te-ckpt-audit/5 has them; /5: to_name;
 # /6: candidates' time (--time), as te-ckpt-audit/6 has it; /7: throughput (--maximize throughput), and

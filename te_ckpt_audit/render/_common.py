@@ -679,9 +679,19 @@ def time_notes(report: AuditReport) -> list[str]:
                          f"{format_seconds(r.time.compute_seconds)} computing, "
                          f"{format_seconds(r.time.communication_seconds)} in collectives, "
                          f"{format_seconds(r.time.exposed_communication_seconds)} of it exposed")
+            if r.time.floor_kernels:
+                notes.append(f"{r.policy}: {format_seconds(r.time.floor_seconds)} of the computing "
+                             f"({_share(r.time.floor_seconds, r.time.compute_seconds)}, {r.time.floor_kernels} kernel "
+                             "runs) is kernels no cost model times (custom calls XLA does not cost, such as TE's "
+                             "GEMMs and cuDNN's attention, or a GPU missing from XLA's tables), at their roofline "
+                             "floor, which no real kernel reaches: there the estimate can only be fast")
         if r.time is not None and r.time.calibration is not None:
             notes.append(f"{r.policy}: {calibration_words(r.time.calibration)}")
     return notes
+
+
+def _share(part: float, whole: float) -> str:
+    return f"{100 * part / whole:.0f}%" if whole > 0 else "all"
 
 
 def calibration_words(c: Calibration) -> str:
