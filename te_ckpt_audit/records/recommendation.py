@@ -1,5 +1,5 @@
 """What `recommend` found: every candidate policy it analysed, the Pareto frontier and the winner;
-`Recommendation.to_dict()` is the JSON document (schema ``te-ckpt-audit-recommend/9``)."""
+`Recommendation.to_dict()` is the JSON document (schema ``te-ckpt-audit-recommend/10``)."""
 
 from __future__ import annotations
 
@@ -194,7 +194,7 @@ class Recommendation(Shown):
         return self.recommended is not None
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON document (schema ``te-ckpt-audit-recommend/9``): plain, ordered, deterministic."""
+        """The JSON document (schema ``te-ckpt-audit-recommend/10``): plain, ordered, deterministic."""
         return {
             "schema": RECOMMEND,
             "target": self.target,

@@ -11,11 +11,11 @@ AUDIT = "te-ckpt-audit/10"  # AuditReport.to_dict(), the audit's JSON; /3: gpu, 
 # time.examples and time.examples_per_second_per_gpu; /9: time.device, time.hardware, time.estimator
 # (--tpu --time); /10: remat and remat3 (JAX's new remat, --remat3 both), finding remat3-changes-policy,
 # time.floor_seconds and time.floor_kernels (what no cost model timed)
-RECOMMEND = "te-ckpt-audit-recommend/9"  # Recommendation.to_dict(); /2: gpu, compiles, maximized, peaks;
+RECOMMEND = "te-ckpt-audit-recommend/10"  # Recommendation.to_dict(); /2: gpu, compiles, maximized, peaks;
 # /3: peaks and gpu as te-ckpt-audit/4 has them; /4: as te-ckpt-audit/5 has them; /5: to_name;
 # /6: candidates' time (--time), as te-ckpt-audit/6 has it; /7: throughput (--maximize throughput), and
 # time as te-ckpt-audit/7 has it; /8: time as te-ckpt-audit/8 has it;
-# /9: as te-ckpt-audit/9 has it
+# /9: as te-ckpt-audit/9 has it; /10: time as te-ckpt-audit/10 has it
 MAXTEXT_RECOMMEND = "te-ckpt-audit-maxtext-recommend/2"  # MaxTextRecommendation.to_dict(); /2: throughput
 CHECK = "te-ckpt-audit-check/10"  # check results; /2: unbounded growth explicit, never a non-finite number;
 # /3: each target's report is te-ckpt-audit/3, and peak figures (--gpu) may be violated; /4: reports are /4;
