@@ -128,7 +128,8 @@ def on_chip(name: str, target: str, policy: str, defines: dict[str, Any], steps:
     fn, args, donate = step_of(target, policy, defines)
     device = jax.devices()[0]
     row: dict[str, Any] = {"case": name, "target": target, "policy": policy, "defines": defines,
-                           "device": device.device_kind, "jax": jax.__version__, "libtpu": _libtpu()}
+                           "device": device.device_kind, "jax": jax.__version__, "libtpu": _libtpu(),
+                           **_new_remat()}
     start = time.perf_counter()
     try:
         compiled = jax.jit(fn, donate_argnums=donate).lower(*_placed(args, device)).compile()
@@ -165,7 +166,7 @@ def deviceless(name: str, target: str, policy: str, defines: dict[str, Any], top
                                         chips_per_host_bounds=bounds, num_slices=1)
     row: dict[str, Any] = {"case": name, "target": target, "policy": policy, "defines": defines,
                            "topology": topology, "device": topo.devices[0].device_kind, "jax": jax.__version__,
-                           "libtpu": _libtpu()}
+                           "libtpu": _libtpu(), **_new_remat()}
     start = time.perf_counter()
     try:  # the deviceless compile applies the chip's own HBM check: its refusal is the chip's
         compiled = jax.jit(fn, donate_argnums=donate).lower(*_placed(args, topo.devices[0])).compile()
@@ -443,6 +444,13 @@ def table(chip: Path, here: Path) -> str:
         out.append(f"| {case} | {plan(m)} | {plan(p) if p else '-'} | {m['verdict']} | {p.get('verdict', '-')} "
                    f"| {seconds} |")
     return "\n".join(out)
+
+
+def _new_remat() -> dict[str, bool]:
+    """JAX's new remat, where the run has it on (JAX_REMAT3=1): the step is then its program."""
+    from te_ckpt_audit import _jax_compat as jc
+
+    return {"remat3": True} if jc.remat3_on() else {}
 
 
 def _libtpu() -> str | None:

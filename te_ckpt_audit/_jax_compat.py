@@ -681,9 +681,6 @@ def _map_subs(params: Params, fn: Callable[[Any], Any]) -> Params:
 # 0.12.0: jax_remat3 asks a policy only about the primitives its remat table has a rule for
 #         (`rules[prim](trace, *args, **params)`); jax 0.10's prototype asks its own policy classes only.
 REMAT3_RULES_TAKE_POLICIES = JAX_VERSION >= (0, 12, 0)
-# 0.12.0: jax_custom_vjp3 is read (a custom_vjp rebuilt as `jax.custom_vjp` makes it under the flag);
-#         jax 0.10's is a prototype whose residuals hold float0 values, not read.
-CUSTOM_VJP3_READ = JAX_VERSION >= (0, 12, 0)
 
 
 def keep_under_remat3(picks: Callable[[Any], bool]) -> bool:

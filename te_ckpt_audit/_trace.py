@@ -173,10 +173,6 @@ def trace(
     >>> [e.primitive for e in t.rows.equations()]
     ['sin', 'reduce_sum']
     """
-    if jc.custom_vjp3_on() and not jc.CUSTOM_VJP3_READ:
-        raise UsageError(f"jax_custom_vjp3 is on (JAX's new custom_vjp), a prototype on jax {jax.__version__} "
-                         "whose residuals te-ckpt-audit does not read", "unset JAX_CUSTOM_VJP3, or audit on "
-                         "jax >= 0.12, where it is read exactly")
     found = unbindable(fn, tuple(args))
     if found is not None:  # the arguments are the mistake, not the function's code
         raise UsageError(f"{target or 'the function'} cannot take the {len(args)} argument(s) given: {found[0]}",

@@ -655,25 +655,3 @@ def test_the_library_names_parameters_and_the_command_line_names_flags() -> None
                           "--budget", "1KiB", "--gpu", "h100", "--max-compiles", "0"],
                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert run.returncode == 2 and "--max-compiles must be at least 1" in run.stderr, run.stderr
-
-
-def test_jax_010s_custom_vjp3_prototype_is_refused_rather_than_read_wrong(tmp_path: Path,
-                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    """jax 0.10's `jax_custom_vjp3` is a prototype (float0 residuals): one clear line, exit 2, never
-    a wrong table. From jax 0.12 it is read exactly (tests/test_remat3.py)."""
-    import jax
-
-    from te_ckpt_audit._jax_compat import CUSTOM_VJP3_READ
-
-    if not hasattr(jax.config, "jax_custom_vjp3") or CUSTOM_VJP3_READ:
-        pytest.skip("this jax reads jax_custom_vjp3 (or has none)")
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "model.py").write_text(MODEL)
-    jax.config.update("jax_custom_vjp3", True)
-    try:
-        result = cli("model.py:loss", "-p", "checkpoint_dots")
-    finally:
-        jax.config.update("jax_custom_vjp3", False)
-    assert result.exit_code == 2 and result.stdout == ""
-    assert result.stderr.startswith("te-ckpt-audit: error: jax_custom_vjp3 is on (JAX's new custom_vjp)")
-    assert result.stderr.count("\n") == 1 and "unset JAX_CUSTOM_VJP3" in result.stderr

@@ -334,3 +334,57 @@ def test_blackwell_requantization_is_counted_and_the_saving_spec_ends_it(quant_c
         assert "runs again whatever is saved" in warning_message(warned)
     elif kind == "DenseGeneral" or recipe in ("current", "nvfp4"):
         assert saved.requantized == 0, (kind, recipe, saved.requantized)
+
+
+_FLAGS = [("jax_remat3",), ("jax_remat3", "jax_custom_vjp3")]
+
+
+def _under(flags: tuple[str, ...], fn: Callable[[], Any]) -> Any:
+    before = {f: jax.config.values.get(f, False) for f in flags}
+    try:
+        for f in flags:
+            jax.config.update(f, True)
+        return fn()
+    finally:
+        for f, v in before.items():
+            jax.config.update(f, v)
+
+
+@pytest.mark.skipif(tuple(int(p) for p in jax.__version__.split(".")[:2]) < (0, 12),
+                    reason="jax 0.10's remat3 asks a rule of no policy but its own")
+@pytest.mark.parametrize("flags", _FLAGS, ids=["+".join(f) for f in _FLAGS])
+@pytest.mark.parametrize("name", ["DenseGeneral", "LayerNormMLP"])
+def test_jaxs_new_remat_with_real_te(name: str, flags: tuple[str, ...]) -> None:
+    """Issue 48 with real TE: under jax_remat3 alone JAX recomputes TE's dense (a custom_vjp) whole,
+    so checkpoint_dots_and_te_gemms keeps no TE GEMM; with jax_custom_vjp3 too, the rule
+    te_ckpt_audit.policies gives TE's GEMMs keeps exactly what the current remat keeps. Under either,
+    the audit's residuals are JAX's own."""
+    from te_ckpt_audit.specs import resolve_policy
+
+    fn, args = CASES[name]()
+    leaves, tree = jax.tree_util.tree_flatten(args)
+
+    def flat(*xs: Any) -> Any:
+        return fn(*jax.tree_util.tree_unflatten(tree, xs))
+
+    policy = resolve_policy("checkpoint_dots_and_te_gemms").policy
+
+    def kept() -> Counter:
+        return Counter((tuple(a.shape), str(np.dtype(a.dtype))) for a, src in
+                       saved_residuals(jax.checkpoint(flat, policy=policy), *leaves)
+                       if src != "from a literal")
+
+    def te_kept() -> int:
+        return sum("te_gemm" in src or "gemm" in src.lower() for _, src in
+                   saved_residuals(jax.checkpoint(flat, policy=policy), *leaves))
+
+    now, now_te = kept(), te_kept()
+    new, new_te = _under(flags, kept), _under(flags, te_kept)
+    report = _under(flags, lambda: audit(fn, *args, policies=["checkpoint_dots_and_te_gemms"]))
+    result = report.result("checkpoint_dots_and_te_gemms")
+    assert Counter((r.shape, r.dtype) for r in result.residuals) == new
+    assert now_te > 0
+    if "jax_custom_vjp3" in flags:
+        assert (new, new_te) == (now, now_te) and result.totals.te_gemm_bytes > 0
+    else:
+        assert new_te == 0 and result.totals.te_gemm_bytes == 0

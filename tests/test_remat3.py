@@ -215,7 +215,6 @@ def _with_flags(flags: tuple[str, ...], fn: Any) -> Any:
             jax.config.update(f, v)
 
 
-@pytest.mark.skipif(JAX_VERSION < (0, 12, 0), reason="jax 0.10's jax_custom_vjp3 is a prototype, refused")
 @pytest.mark.parametrize("flags", _NEW_CUSTOM_VJP, ids=["+".join(f) for f in _NEW_CUSTOM_VJP])
 @pytest.mark.parametrize(("model", "policy"), CASES, ids=[f"{m}-{p}" for m, p in CASES])
 def test_residuals_equal_jax_under_custom_vjp3(model: str, policy: str, flags: tuple[str, ...]) -> None:
@@ -227,12 +226,17 @@ def test_residuals_equal_jax_under_custom_vjp3(model: str, policy: str, flags: t
         _cvjp3_reports[key] = _with_flags(flags, lambda: audit_target(f"sample_models/{model}.py:loss",
                                                                       policies_for(model)))
     result = _cvjp3_reports[key].result(policy)  # type: ignore[attr-defined]
+    if JAX_VERSION < (0, 12, 0) and "jax_remat3" in flags and (model, policy) in _PROTOTYPE:
+        pytest.skip("jax 0.10's remat3 prototype: stop_gradient and closure keep other weights (above)")
     truth = _with_flags(flags, lambda: reference(model, policy, module(model).loss_inputs()))
-    assert Counter((r.shape, r.dtype) for r in result.residuals) == truth
+    ours = Counter((r.shape, r.dtype) for r in result.residuals)
+    if JAX_VERSION < (0, 12, 0):  # the prototype lists float0 tangents (no bytes) or not, by what JAX traced before
+        ours, truth = (Counter({k: n for k, n in c.items() if "float0" not in k[1]}) for c in (ours, truth))
+    assert ours == truth
     assert result.totals.total_bytes == nbytes(truth)
 
 
-@pytest.mark.skipif(JAX_VERSION < (0, 12, 0), reason="jax 0.10's jax_custom_vjp3 is a prototype, refused")
+@pytest.mark.skipif(JAX_VERSION < (0, 12, 0), reason="jax 0.10's remat3 asks a rule of no policy but its own")
 def test_te_gemms_kept_and_not_recomputed_under_both_flags() -> None:
     """With both flags, the TE-aware policies keep TE's GEMM outputs and recompute what they do now
     (what runs again only to give a tangent, the right of remat3's PrimalLeftTangentRight, is not
