@@ -121,6 +121,38 @@ ROWS = [
 ]
 
 
+# NVIDIA's DGXC recipe for MaxText Llama-2 70B (dgxc-benchmarking v25.01, maxtext/README_70b.md and
+# configure.sh; MaxText 2024-12-09): FSDP over the 8 GPUs of a node and up to 16 nodes, data parallel
+# beyond, batch 2 per GPU, sequence 4096, MaxText's custom remat policy saving the attention
+# projections (and, in BF16, the MLP's output projection), FP8 as MaxText's XLA-native quantization
+DGXC25 = "NVIDIA/dgxc-benchmarking v25.01 maxtext/README_70b.md"
+_L2_70B_BF16 = {64: 6.999, 128: 7.072, 256: 7.153, 512: 7.091, 1024: 7.084, 2048: 7.066}
+_L2_70B_FP8 = {64: 4.324, 128: 4.556, 256: 4.959, 512: 5.043, 1024: 5.062, 2048: 4.93}
+
+
+def _dgxc25(gpus: int, fp8: bool) -> Row:
+    nodes = gpus // 8
+    fsdp, dp = (nodes, 1) if nodes < 64 else (16, nodes // 16)
+    saved = ("query_proj=device", "value_proj=device", "key_proj=device", "qkv_proj=device", "out_proj=device")
+    base = 8 * 1073741824  # the recipe's thresholds: 8 GiB over its multiples
+    if fp8:
+        flags = a3_flags(base // 8, base // 16, base // (2048 if nodes >= 64 else 1024))
+    else:
+        flags = a3_flags(base // 4, base // 4, base // (512 if nodes >= 64 else 256))
+    published = (_L2_70B_FP8 if fp8 else _L2_70B_BF16)[gpus]
+    dtype = "FP8" if fp8 else "BF16"
+    return Row(f"l2-70b-{dtype.lower()}-{gpus}", f"NVIDIA DGXC MaxText Llama-2 70B {dtype}",
+               DGXC25, gpus, "llama2_70b.yml",
+               ("per_device_batch_size=2", "max_target_length=4096", "scan_layers=True", "remat_policy=custom",
+                *saved, *(() if fp8 else ("mlpwo=device",)), *(("quantization=fp8",) if fp8 else ()),
+                "ici_fsdp_parallelism=8", f"dcn_fsdp_parallelism={fsdp}", f"dcn_data_parallelism={dp}",
+                f"compile_topology_num_slices={nodes}"),
+               flags, "0.94", published, "published seconds per step")
+
+
+ROWS += [_dgxc25(g, fp8) for fp8 in (False, True) for g in (64, 128, 256, 512, 1024, 2048)]
+
+
 def configs_dir() -> Path:
     found = subprocess.run([sys.executable, "-c", "import maxtext, os; print(os.path.dirname(maxtext.__file__))"],
                            capture_output=True, text=True, check=True)

@@ -65,6 +65,20 @@ def test_a_gemm_never_runs_above_the_peak_of_its_type() -> None:
     assert H100.dense_flops(F32) == pytest.approx(PEAK_BF16 / 2)
 
 
+def test_an_fp8_gemm_runs_at_the_fp8_rate() -> None:
+    """Issue 49: XLA's `sol` times cuBLAS's FP8 GEMM at its table's BF16 speed for the shape (780
+    TFLOP/s on an H100 for a big one); the FP8 tensor cores run twice the BF16 rate."""
+    from te_ckpt_audit.gpus import FP8
+
+    fp8 = gemm(8192, 8192, 8192, 1409.28, precision="fp8")
+    ratio = PEAK_BF16 / H100.dense_flops(FP8[0])
+    assert ratio == pytest.approx(0.5)
+    assert steptime.timed(fp8, H100).seconds == pytest.approx(1409.28e-6 * ratio * SLOWER, rel=1e-12)
+    assert steptime.timed(fp8, H100).basis == "sol"
+    bf16 = gemm(8192, 8192, 8192, 1409.28)
+    assert steptime.timed(bf16, H100).seconds == pytest.approx(1409.28e-6 * SLOWER, rel=1e-12)
+
+
 def test_the_kernels_no_model_times_are_counted_apart() -> None:
     """Issue 49: what the estimate cannot see (a kernel with no cost model's estimate, as TE's GEMM
     custom calls, taken at its roofline floor) is said in the record: its seconds and runs."""
@@ -172,6 +186,35 @@ def test_the_reader_runs_a_loop_body_its_trip_count_and_reads_only_the_slice() -
     assert mm.xla_us == (("sol", 20.0),) and mm.source == "jit(step)/layer/dot_general (model.py:12)"
     assert (w.kind, w.runs) == (KernelKind.MEMORY, 8)
     assert w.bytes == 2 * 1024 * 1024 + 4 + 2 * 1024 * 1024  # one layer's slice read, its index, the result
+
+
+QDQ = """HloModule m, entry_computation_layout={(bf16[128,256]{1,0}, bf16[256,256]{1,0})->bf16[128,256]{1,0}}
+
+%qdq (p: bf16[128,256]) -> bf16[128,256] {
+  %p = bf16[128,256]{1,0} parameter(0)
+  %q = f8e4m3fn[128,256]{1,0} convert(%p)
+  ROOT %dq = bf16[128,256]{1,0} convert(%q)
+}
+
+ENTRY %main (x: bf16[128,256], w: bf16[256,256]) -> bf16[128,256] {
+  %x = bf16[128,256]{1,0} parameter(0)
+  %w = bf16[256,256]{1,0} parameter(1)
+  %x8 = bf16[128,256]{1,0} fusion(%x), kind=kLoop, calls=%qdq
+  %t = bf16[128,256]{1,0} bitcast(%x8)
+  %mm = (bf16[128,256]{1,0}, s8[1024]{0}) custom-call(%t, %w), custom_call_target="__cublas$lt$matmul", backend_config={"gemm_backend_config":{"dot_dimension_numbers":{"lhs_contracting_dimensions":["1"],"rhs_contracting_dimensions":["0"]}}}
+  %plain = (bf16[128,256]{1,0}, s8[1024]{0}) custom-call(%x, %w), custom_call_target="__cublas$lt$matmul", backend_config={"gemm_backend_config":{"dot_dimension_numbers":{"lhs_contracting_dimensions":["1"],"rhs_contracting_dimensions":["0"]}}}
+  ROOT %out = bf16[128,256]{1,0} get-tuple-element(%mm), index=0
+}
+"""
+
+
+def test_a_gemm_of_quantize_dequantized_operands_is_an_fp8_gemm() -> None:
+    """Issue 49: MaxText's FP8 (Flax's FP8 dot general) compiles without a GPU to BF16 cuBLAS GEMMs
+    whose operands come out of a quantize-dequantize fusion; on the GPU XLA makes them FP8 GEMMs. The
+    reader calls such a GEMM fp8 (and the estimate runs it at the FP8 rate); a plain one stays bf16."""
+    by_name = {k.name: k for k in step_kernels(QDQ)}
+    assert (by_name["mm"].kind, by_name["mm"].precision) == (KernelKind.GEMM, "fp8")
+    assert (by_name["plain"].kind, by_name["plain"].precision) == (KernelKind.GEMM, "bf16")
 
 
 def test_a_scan_of_eight_layers_costs_twice_a_scan_of_four_in_its_loop() -> None:

@@ -272,6 +272,32 @@ class _Reader:
         self.comps, self.devices, self.per_host = comps, devices, per_host
         self.types = {name: {i.name: i.type for i in insts} for name, insts in comps.items()}
         self._fused: dict[str, tuple[int, bool, str, int]] = {}
+        self._insts: dict[str, dict[str, Inst]] = {}
+        self._holds_fp8: dict[str, bool] = {}
+
+    def quantized(self, comp: str, names: list[str]) -> bool:
+        """Whether an operand of a GEMM (`names`) comes out of a quantize-dequantize: a fusion
+        (through bitcasts, copies, transposes) whose body holds an 8-bit float. MaxText's and Flax's
+        FP8 dot generals are such GEMMs; XLA's GEMM rewriter makes them cuBLASLt FP8 GEMMs where it
+        knows the GPU's cuBLAS (on the GPU), and leaves them BF16 GEMMs in a compile without one."""
+        insts = self._insts.setdefault(comp, {i.name: i for i in self.comps.get(comp, [])})
+        for name in names:
+            inst = insts.get(name)
+            for _ in range(4):
+                if inst is None or inst.opcode not in ("bitcast", "copy", "transpose") or not inst.operands:
+                    break
+                inst = insts.get(inst.operands[0])
+            if inst is not None and inst.opcode == "fusion" and self._fp8_inside(inst.attr("calls") or ""):
+                return True
+        return False
+
+    def _fp8_inside(self, comp: str) -> bool:
+        if comp not in self._holds_fp8:
+            self._holds_fp8[comp] = False  # a cycle cannot hold one
+            self._holds_fp8[comp] = any(
+                i.type.startswith("f8") or (i.opcode == "fusion" and self._fp8_inside(i.attr("calls") or ""))
+                for i in self.comps.get(comp, []))
+        return self._holds_fp8[comp]
 
     def operand_type(self, comp: str, name: str) -> str:
         return self.types[comp].get(name, "")
@@ -488,7 +514,8 @@ class _Reader:
                  else (lhs_dims[-1] if lhs_dims else 1))
             result = math.prod(outs[0][1]) if outs else 0
             workspace = type_bytes(inst.type) - (math.prod(outs[0][1]) * _bits(outs[0][0]) // 8 if outs else 0)
-            precision = "fp8" if target.endswith("f8") or lhs.startswith("f8") else _precision(lhs)
+            fp8 = target.endswith("f8") or lhs.startswith("f8") or self.quantized(comp, inst.operands[:2])
+            precision = "fp8" if fp8 else _precision(lhs)
             out_type = f"{outs[0][0]}[]" if outs else ""
             return Kernel(inst.name, GEMM, 2 * result * k, moved - workspace, precision, _widening(lhs, out_type))
         if "fmha" in low or "fused_attn" in low or "flash" in low:

@@ -51,9 +51,9 @@ IMPLAUSIBLE = 50.0  # times a kernel's floor: an XLA estimate beyond it is a pla
 # the published runs of docs/guide/step-time.md (marked there: the value that makes their larger
 # error least; they alone would take 0.65 and 0.82), none of the others.
 TENSOR_EFFICIENCY = 0.735
-METHOD = ("XLA's sol cost model per kernel (bf16 -> f32 GEMMs rescaled), floored at each kernel's roofline, "
-          f"tensor-core kernels at {TENSOR_EFFICIENCY:.0%} of it in a training step (fitted); loops x trip count; "
-          "collectives in XLA's scheduled order")
+METHOD = ("XLA's sol cost model per kernel (bf16 -> f32 GEMMs rescaled, FP8 GEMMs at the FP8 rate), floored at "
+          f"each kernel's roofline, tensor-core kernels at {TENSOR_EFFICIENCY:.0%} of it in a training step (fitted); "
+          "loops x trip count; collectives in XLA's scheduled order")
 ROOFLINE_METHOD = ("each kernel's roofline: XLA's GPU cost tables have no entry for {arch}, the {gpu}'s "
                    f"architecture; tensor-core kernels at {TENSOR_EFFICIENCY:.0%} of it in a training step (fitted "
                    "on H100s); loops x trip count; collectives in XLA's scheduled order")
@@ -118,6 +118,10 @@ def timed(kernel: Kernel, gpu: GpuModel) -> Timed:
     floor = floor_seconds(kernel, gpu)
     limit = IMPLAUSIBLE * max(floor, LAUNCH_S)
     costs = {name: s for name, s in xla_seconds(kernel).items() if s <= limit}
+    if SOL in costs and kernel.kind is KernelKind.GEMM and kernel.precision == "fp8":
+        # XLA's `sol` times cuBLAS's FP8 GEMM at its table's BF16 speed for the shape (an H100's
+        # 780 TFLOP/s on a big one, where its FP8 tensor cores run twice the BF16 rate): at FP8 rates
+        costs[SOL] *= gpu.dense_flops(BF16) / (gpu.dense_flops(FP8[0]) or gpu.dense_flops(BF16))
     slower = 1 / TENSOR_EFFICIENCY if kernel.kind in (KernelKind.GEMM, KernelKind.ATTENTION) else 1.0
     if not costs:
         return Timed(kernel, floor * slower, floor * slower, floor * slower, ROOFLINE)
