@@ -1,13 +1,14 @@
 """Step time against runs that happened: `te-ckpt-audit maxtext ... --gpu h100 --time` on MaxText's
 own configs and train step, set as published H100 runs set them, beside their published step time.
 
-    python bench/step_time.py                 # every row (about 20 minutes on 2 cores)
+    python bench/step_time.py                 # every row (19: about 25 minutes on 2 cores)
     python bench/step_time.py --rows 1vm,jt   # some of them
     python bench/step_time.py --markdown      # the table of docs/guide/step-time.md
     python bench/step_time.py --search        # the policy x batch search on two rows (issue 40)
+    python bench/step_time.py --fit rows.json # TENSOR_EFFICIENCY refitted on the fitted rows of a --json run
 
-Run it with a Python that has the [gpu] extra, MaxText 0.2.5 and cuDNN (the TE lane's venv: MaxText's
-`cudnn_flash_jax` attention needs cuDNN to build). Each row is the recipe's own command as
+Run it with a Python that has the [gpu] extra, MaxText 0.2.5 and cuDNN (the gpu-target lane's venv:
+MaxText's `cudnn_flash_jax` attention needs cuDNN to build). Each row is the recipe's own command as
 `te-ckpt-audit maxtext` takes it: its config file, its settings (`compile_topology_num_slices`: its
 count of 8-GPU hosts), its XLA_FLAGS (less `--xla_dump_to`) and memory fraction.
 
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -34,6 +36,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from te_ckpt_audit._target._steptime import TENSOR_EFFICIENCY  # noqa: E402  (the constant the estimate runs at)
 
 ROOT = Path(__file__).resolve().parent.parent
 A3 = "AI-Hypercomputer/maxtext configs/gpu/a3/llama_2_7b/README.md"
@@ -89,7 +94,7 @@ class Row:
     published_s: float  # seconds per step
     how: str  # how the published figure becomes seconds per step
     extra: tuple[str, ...] = ()  # te-ckpt-audit's own options for the run (its network)
-    fitted: bool = False  # one of the rows TENSOR_EFFICIENCY was fitted on
+    fitted: bool = False  # one of the rows TENSOR_EFFICIENCY was fitted on: the first of each published table
 
 
 # Google Cloud's A3 High (a3-highgpu-8g): four 200 Gb/s NICs for the 8 GPUs (GPUDirect-TCPX), 100 Gb/s per GPU
@@ -112,7 +117,7 @@ ROWS = [
     _a3(16, 375, a3_flags(1073741824, 134217728, 134217728)),
     Row("jt", "JAX-Toolbox MaxText Llama-2 7B", "NVIDIA/JAX-Toolbox docs/frameworks/maxtext/README.md", 8,
         "llama2_7b.yml", ("per_device_batch_size=2", "ici_fsdp_parallelism=8", "remat_policy=minimal_with_context"),
-        a3_flags(1073741824, 1073741824, 134217728), "0.90", 0.721, "published seconds per step"),
+        a3_flags(1073741824, 1073741824, 134217728), "0.90", 0.721, "published seconds per step", fitted=True),
     Row("dgxc70b", "NVIDIA DGXC MaxText Llama-3 70B", "NVIDIA/dgxc-benchmarking v25.04.01 maxtext/README_70b.md",
         128, "llama3_70b.yml", ("per_device_batch_size=2", "max_target_length=8192", "remat_policy=save_qkv_proj",
                                 "scan_layers=True", "ici_fsdp_parallelism=8", "dcn_fsdp_parallelism=16",
@@ -147,10 +152,37 @@ def _dgxc25(gpus: int, fp8: bool) -> Row:
                 *saved, *(() if fp8 else ("mlpwo=device",)), *(("quantization=fp8",) if fp8 else ()),
                 "ici_fsdp_parallelism=8", f"dcn_fsdp_parallelism={fsdp}", f"dcn_data_parallelism={dp}",
                 f"compile_topology_num_slices={nodes}"),
-               flags, "0.94", published, "published seconds per step")
+               flags, "0.94", published, "published seconds per step", fitted=gpus == 64)
 
 
 ROWS += [_dgxc25(g, fp8) for fp8 in (False, True) for g in (64, 128, 256, 512, 1024, 2048)]
+
+
+def rescaled(o: dict[str, object], efficiency: float) -> float:
+    """A row's estimate (from its --json figures) had its tensor-core kernels run at `efficiency`
+    instead of the TENSOR_EFFICIENCY it was made with: their time scales by the ratio; the other
+    kernels' and the exposed communication stay (the rows' exposed communication is under 0.3 s)."""
+    t = o["time"]
+    assert isinstance(t, dict)
+    tensor = float(t["gemm_seconds"]) + float(t["attention_seconds"])
+    return float(t["seconds"]) + tensor * (o["efficiency"] / efficiency - 1)  # type: ignore[operator]
+
+
+def refit(out: list[dict[str, object]], rule: str = "log") -> float:
+    """The efficiency (a grid of 0.001) that fits the fitted rows best: by least squares of the log of
+    estimate over published ("log", the rule the constant is fitted by: their errors' geometric mean
+    is 1), or that makes their largest error least ("minimax", the rule of the two-run table before)."""
+    fitted = [o for o in out if o["row"]["fitted"]]  # type: ignore[index]
+    if not fitted:
+        raise SystemExit("step_time: no fitted row in the figures")
+
+    def logs(e: float) -> list[float]:
+        return [math.log(rescaled(o, e) / o["row"]["published_s"]) for o in fitted]  # type: ignore[index]
+
+    def badness(e: float) -> float:
+        return max(map(abs, logs(e))) if rule == "minimax" else sum(x * x for x in logs(e))
+
+    return min((k / 1000 for k in range(300, 1001)), key=badness)
 
 
 def configs_dir() -> Path:
@@ -220,15 +252,49 @@ def search_table(rows: list[Row], cache: str) -> str:
     return "\n".join(lines)
 
 
+def summary(out: list[dict[str, object]], seconds: list[float] | None = None) -> list[str]:
+    """The errors' median and worst: every row, the rows not fitted, their FP8 ones, and the signs."""
+    seconds = seconds or [float(o["time"]["seconds"]) for o in out]  # type: ignore[index]
+    err = [s / float(o["row"]["published_s"]) - 1 for o, s in zip(out, seconds, strict=True)]  # type: ignore[index]
+    held = [(e, o) for e, o in zip(err, out, strict=True) if not o["row"]["fitted"]]  # type: ignore[index]
+    fp8 = [e for e, o in held if "FP8" in str(o["row"]["name"])]  # type: ignore[index]
+    lines = [f"All {len(err)} runs: median absolute error {statistics.median(map(abs, err)):.1%}, worst "
+             f"{max(map(abs, err)):.1%}."]
+    for what, es in (("runs not fitted on", [e for e, _ in held]), ("FP8 runs among them", fp8)):
+        if es:
+            lines.append(f"The {len(es)} {what}: median {statistics.median(map(abs, es)):.1%}, worst "
+                         f"{max(map(abs, es)):.1%} ({sum(e > 0 for e in es)} slower than published, "
+                         f"{sum(e < 0 for e in es)} faster).")
+    return lines
+
+
+def show_fit(out: list[dict[str, object]]) -> int:
+    for rule in ("log", "minimax"):
+        efficiency = refit(out, rule)
+        seconds = [rescaled(o, efficiency) for o in out]
+        print(f"TENSOR_EFFICIENCY refitted by the {rule} rule: {efficiency:.3f}")
+        for o, s in zip(out, seconds, strict=True):
+            row = o["row"]
+            assert isinstance(row, dict)
+            print(f"  {row['key']:<18} {'fitted' if row['fitted'] else '':<6} {s:8.3f} s  published "
+                  f"{row['published_s']:.3f} s  {s / row['published_s'] - 1:+.1%}")
+        print("\n".join(summary(out, seconds)))
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", default="", help="comma-separated row keys (default: all)")
     parser.add_argument("--cache", default=None, help="a compile cache folder to keep (default: a new one)")
     parser.add_argument("--json", default=None, help="also write the figures to this file")
     parser.add_argument("--markdown", action="store_true", help="print the docs' table")
+    parser.add_argument("--fit", default=None, metavar="JSON", help="refit TENSOR_EFFICIENCY on the fitted rows "
+                        "of a --json file (by both rules) and show every row's error at it")
     parser.add_argument("--search", action="store_true", help="rerun the policy x batch search on the rows "
                         f"{', '.join(SEARCHED)} (maxtext --recommend --maximize throughput) and print its table")
     args = parser.parse_args()
+    if args.fit:
+        return show_fit(json.loads(Path(args.fit).read_text()))
     chosen = [r for r in ROWS if not args.rows or r.key in args.rows.split(",")]
     cache = args.cache or tempfile.mkdtemp(prefix="te-ckpt-audit-step-time-")
     if args.search:
@@ -246,13 +312,11 @@ def main() -> int:
         t = found["time"]
         assert isinstance(t, dict)
         error = (t["seconds"] - row.published_s) / row.published_s
-        out.append({"row": dataclasses.asdict(row), **found, "error": error})
+        out.append({"row": dataclasses.asdict(row), **found, "error": error, "efficiency": TENSOR_EFFICIENCY})
         print(f"{row.name}: estimate {t['seconds']:.3f} s, published {row.published_s:.3f} s, error {error:+.1%} "
               f"({found['wall']:.0f} s)", file=sys.stderr)
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
-    errors = [abs(float(o["error"])) for o in out]  # type: ignore[arg-type]
-    held = [abs(float(o["error"])) for o in out if not o["row"]["fitted"]]  # type: ignore[arg-type, index]
     lines = ["| run | GPUs | published s/step | source | estimate s/step | exposed comm | TFLOP/s per GPU (estimate) "
              "| error |", "|---|---|---|---|---|---|---|---|"]
     for o in out:
@@ -262,11 +326,8 @@ def main() -> int:
         lines.append(f"| {row['name']}{mark} | {row['gpus']} H100 | {row['published_s']:.3f} ({row['how']}) | "
                      f"{row['source']} | {t['seconds']:.3f} | {t['exposed_communication_seconds']:.3f} | "
                      f"{t['tflops_per_gpu']:.0f} | {float(o['error']):+.1%} |")
-    lines.append(f"\nAll {len(errors)} runs: median absolute error {statistics.median(errors):.1%}, worst "
-                 f"{max(errors):.1%}.")
-    if held:
-        lines.append(f"The {len(held)} runs not fitted on: median {statistics.median(held):.1%}, "
-                     f"worst {max(held):.1%}.")
+    if out:
+        lines += ["", *summary(out)]
     lines += [f"{name}: no estimate (the compile failed; see stderr)." for name in failed]
     print("\n".join(lines) if args.markdown else json.dumps(out, indent=1))
     return 0

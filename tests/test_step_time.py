@@ -196,6 +196,15 @@ QDQ = """HloModule m, entry_computation_layout={(bf16[128,256]{1,0}, bf16[256,25
   ROOT %dq = bf16[128,256]{1,0} convert(%q)
 }
 
+%qdq_amax (g: bf16[128,256]) -> (bf16[128,256], bf16[]) {
+  %g = bf16[128,256]{1,0} parameter(0)
+  %g8 = f8e5m2[128,256]{1,0} convert(%g)
+  %gdq = bf16[128,256]{1,0} convert(%g8)
+  %zero = bf16[] constant(0)
+  %amax = bf16[] reduce(%g, %zero), dimensions={0,1}, to_apply=%qdq
+  ROOT %both = (bf16[128,256]{1,0}, bf16[]) tuple(%gdq, %amax)
+}
+
 ENTRY %main (x: bf16[128,256], w: bf16[256,256]) -> bf16[128,256] {
   %x = bf16[128,256]{1,0} parameter(0)
   %w = bf16[256,256]{1,0} parameter(1)
@@ -203,17 +212,23 @@ ENTRY %main (x: bf16[128,256], w: bf16[256,256]) -> bf16[128,256] {
   %t = bf16[128,256]{1,0} bitcast(%x8)
   %mm = (bf16[128,256]{1,0}, s8[1024]{0}) custom-call(%t, %w), custom_call_target="__cublas$lt$matmul", backend_config={"gemm_backend_config":{"dot_dimension_numbers":{"lhs_contracting_dimensions":["1"],"rhs_contracting_dimensions":["0"]}}}
   %plain = (bf16[128,256]{1,0}, s8[1024]{0}) custom-call(%x, %w), custom_call_target="__cublas$lt$matmul", backend_config={"gemm_backend_config":{"dot_dimension_numbers":{"lhs_contracting_dimensions":["1"],"rhs_contracting_dimensions":["0"]}}}
+  %g2 = (bf16[128,256]{1,0}, bf16[]) fusion(%x), kind=kInput, calls=%qdq_amax
+  %g2q = bf16[128,256]{1,0} get-tuple-element(%g2), index=0
+  %grad = (bf16[128,256]{1,0}, s8[1024]{0}) custom-call(%g2q, %w), custom_call_target="__cublas$lt$matmul", backend_config={"gemm_backend_config":{"dot_dimension_numbers":{"lhs_contracting_dimensions":["1"],"rhs_contracting_dimensions":["0"]}}}
   ROOT %out = bf16[128,256]{1,0} get-tuple-element(%mm), index=0
 }
-"""
+"""  # noqa: E501 - HLO as XLA prints it
 
 
 def test_a_gemm_of_quantize_dequantized_operands_is_an_fp8_gemm() -> None:
     """Issue 49: MaxText's FP8 (Flax's FP8 dot general) compiles without a GPU to BF16 cuBLAS GEMMs
     whose operands come out of a quantize-dequantize fusion; on the GPU XLA makes them FP8 GEMMs. The
-    reader calls such a GEMM fp8 (and the estimate runs it at the FP8 rate); a plain one stays bf16."""
+    reader calls such a GEMM fp8 (and the estimate runs it at the FP8 rate); a plain one stays bf16.
+    The backward pass's quantize-dequantize also takes the amax (a multi-output fusion): its GEMMs
+    read the quantized tensor through a get-tuple-element, and are FP8 GEMMs too."""
     by_name = {k.name: k for k in step_kernels(QDQ)}
     assert (by_name["mm"].kind, by_name["mm"].precision) == (KernelKind.GEMM, "fp8")
+    assert (by_name["grad"].kind, by_name["grad"].precision) == (KernelKind.GEMM, "fp8")
     assert (by_name["plain"].kind, by_name["plain"].precision) == (KernelKind.GEMM, "bf16")
 
 

@@ -49,6 +49,7 @@ _ELEMENTWISE = frozenset({
     "clamp", "remainder", "sign", "is-finite",
 })
 _GEMM_TARGETS = ("__cublas$gemm", "__cublas$lt$matmul")
+_VIEWS = ("bitcast", "copy", "transpose", "get-tuple-element")  # what a GEMM's operand is read through
 
 
 def _bits(dtype: str) -> int:
@@ -277,14 +278,15 @@ class _Reader:
 
     def quantized(self, comp: str, names: list[str]) -> bool:
         """Whether an operand of a GEMM (`names`) comes out of a quantize-dequantize: a fusion
-        (through bitcasts, copies, transposes) whose body holds an 8-bit float. MaxText's and Flax's
+        (through bitcasts, copies, transposes, and a multi-output fusion's get-tuple-element: the
+        backward pass's quantize also takes the amax) whose body holds an 8-bit float. MaxText's and Flax's
         FP8 dot generals are such GEMMs; XLA's GEMM rewriter makes them cuBLASLt FP8 GEMMs where it
         knows the GPU's cuBLAS (on the GPU), and leaves them BF16 GEMMs in a compile without one."""
         insts = self._insts.setdefault(comp, {i.name: i for i in self.comps.get(comp, [])})
         for name in names:
             inst = insts.get(name)
             for _ in range(4):
-                if inst is None or inst.opcode not in ("bitcast", "copy", "transpose") or not inst.operands:
+                if inst is None or inst.opcode not in _VIEWS or not inst.operands:
                     break
                 inst = insts.get(inst.operands[0])
             if inst is not None and inst.opcode == "fusion" and self._fp8_inside(inst.attr("calls") or ""):
