@@ -52,6 +52,11 @@ def _signature(result: PolicyResult) -> list[tuple[Any, ...]]:
     )
 
 
+def _saved(result: PolicyResult) -> list[tuple[Any, ...]]:
+    """What JAX keeps, as its `saved_residuals` tells it: each residual's kind, shape and dtype."""
+    return sorted((r.kind.value, r.shape, r.dtype) for r in result.residuals)
+
+
 def is_policy(spec: PolicySpec) -> bool:
     """A policy of its own (not plain autodiff, not the model's own policies)."""
     return not isinstance(spec, NoCheckpoint | AsIs)
@@ -85,11 +90,11 @@ def remat3_row(traced: Traced, spec: PolicySpec, now: PolicyResult, new: PolicyR
                          now.recompute_flops, 0, error), None
     row = Remat3Row(spec.text, now.totals.activation_bytes, new.totals.activation_bytes, now.totals.te_gemm_bytes,
                     new.totals.te_gemm_bytes, now.recompute_flops, new.recompute_flops)
+    if not row.changed and _saved(now) == _saved(new) and row.remat_recompute_flops == row.remat3_recompute_flops:
+        return row, None  # the same residuals, the same recompute: equations told apart only by attribution
     kept = (Outcome.SAVED, Outcome.OFFLOADED)
     before = {m.equation: m.outcome for m in now.marks}
     changed = tuple(m.equation for m in new.marks if (before.get(m.equation) in kept) != (m.outcome in kept))
-    if not changed and not row.changed:
-        return row, None
     rows = traced.rows.by_id
     te_gemms = tuple(e for e in changed if e in rows and before.get(e) in kept and rows[e].equation.is_te_gemm)
     return row, Remat3ChangesPolicy(spec.text, changed, row.remat_bytes, row.remat3_bytes, te_gemms)

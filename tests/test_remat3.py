@@ -105,11 +105,13 @@ def test_cli_reads_the_flag_from_the_environment() -> None:
 
 def test_both_shows_each_implementation_side_by_side() -> None:
     """`--remat3 both`: the results are the current remat's, each policy's remat3 bytes beside them
-    (equal to JAX's own under the flag), and the finding names the TE GEMMs that become recomputed."""
+    (equal to JAX's own under the flag), and the finding names the TE GEMMs that become recomputed.
+    On jax 0.12 everything_saveable keeps the same residuals under both (its six that come out of JAX's
+    new checkpoint primitive are attributed to it there, not to their producers): no finding."""
     from te_ckpt_audit import WarningCode
     from te_ckpt_audit.records import JSON_SCHEMA
 
-    policies = ["checkpoint_dots", "te_gemms_saveable", "checkpoint_dots_and_te_gemms"]
+    policies = ["checkpoint_dots", "te_gemms_saveable", "checkpoint_dots_and_te_gemms", "everything_saveable"]
     report = audit_target("sample_models/te_transformer.py:loss", policies, remat3="both")
     assert report.remat == "remat" and [r.policy for r in report.remat3] == policies
     new = _report("te_transformer", "first")
@@ -117,7 +119,8 @@ def test_both_shows_each_implementation_side_by_side() -> None:
         assert row.remat_bytes == report.result(row.policy).totals.activation_bytes
         assert row.remat3_bytes == new.result(row.policy).totals.activation_bytes
     changes = {w.policy: w for w in report.findings if w.code is WarningCode.REMAT3_CHANGES_POLICY}
-    assert set(changes) == {"te_gemms_saveable", "checkpoint_dots_and_te_gemms"}
+    old_prototype = {"everything_saveable"} if JAX_VERSION < (0, 12, 0) else set()  # saves dots only there
+    assert set(changes) == {"te_gemms_saveable", "checkpoint_dots_and_te_gemms", *old_prototype}
     te = [e.id for e in report.equations if e.is_te_gemm]
     assert sorted(changes["te_gemms_saveable"].te_gemms) == sorted(te) and len(te) == 12
     import jsonschema
@@ -126,7 +129,7 @@ def test_both_shows_each_implementation_side_by_side() -> None:
 
     doc = json.loads(render_json(report))
     jsonschema.validate(doc, JSON_SCHEMA)
-    assert doc["schema"] == "te-ckpt-audit/10" and doc["remat"] == "remat" and len(doc["remat3"]) == 3
+    assert doc["schema"] == "te-ckpt-audit/10" and doc["remat"] == "remat" and len(doc["remat3"]) == 4
 
 
 def test_a_budgeted_policy_that_remat3_changes_fails_the_gate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
