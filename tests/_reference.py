@@ -108,3 +108,15 @@ def nbytes(counter: Counter[tuple[tuple[int, ...], str]]) -> int:
 
 def _itemsize(dtype: str) -> int:
     return 0 if "float0" in dtype else np.dtype(dtype).itemsize  # float0: a tangent of no bytes
+
+
+def with_jax_flags(flags: tuple[str, ...], fn: Callable[[], Any]) -> Any:
+    """`fn()` with JAX's boolean config flags `flags` on (jax_remat3, jax_custom_vjp3), then as they were."""
+    before = {f: jax.config.values.get(f, False) for f in flags}
+    try:
+        for f in flags:
+            jax.config.update(f, True)
+        return fn()
+    finally:
+        for f, v in before.items():
+            jax.config.update(f, v)

@@ -26,6 +26,8 @@ try:
 except Exception as exc:  # TE absent, or present without a (real or emulated) CUDA driver
     pytest.skip(f"Transformer Engine does not import here: {exc}", allow_module_level=True)
 
+from _reference import with_jax_flags
+
 from te_ckpt_audit import Category, Outcome, ResidualKind, WarningCode, audit, audit_target, policies
 from te_ckpt_audit._jax_compat import saved_residuals
 from te_ckpt_audit.records import AuditReport
@@ -339,17 +341,6 @@ def test_blackwell_requantization_is_counted_and_the_saving_spec_ends_it(quant_c
 _FLAGS = [("jax_remat3",), ("jax_remat3", "jax_custom_vjp3")]
 
 
-def _under(flags: tuple[str, ...], fn: Callable[[], Any]) -> Any:
-    before = {f: jax.config.values.get(f, False) for f in flags}
-    try:
-        for f in flags:
-            jax.config.update(f, True)
-        return fn()
-    finally:
-        for f, v in before.items():
-            jax.config.update(f, v)
-
-
 @pytest.mark.skipif(tuple(int(p) for p in jax.__version__.split(".")[:2]) < (0, 12),
                     reason="jax 0.10's remat3 asks a rule of no policy but its own")
 @pytest.mark.parametrize("flags", _FLAGS, ids=["+".join(f) for f in _FLAGS])
@@ -379,8 +370,8 @@ def test_jaxs_new_remat_with_real_te(name: str, flags: tuple[str, ...]) -> None:
                    saved_residuals(jax.checkpoint(flat, policy=policy), *leaves))
 
     now, now_te = kept(), te_kept()
-    new, new_te = _under(flags, kept), _under(flags, te_kept)
-    report = _under(flags, lambda: audit(fn, *args, policies=["checkpoint_dots_and_te_gemms"]))
+    new, new_te = with_jax_flags(flags, kept), with_jax_flags(flags, te_kept)
+    report = with_jax_flags(flags, lambda: audit(fn, *args, policies=["checkpoint_dots_and_te_gemms"]))
     result = report.result("checkpoint_dots_and_te_gemms")
     assert Counter((r.shape, r.dtype) for r in result.residuals) == new
     assert now_te > 0

@@ -10,11 +10,10 @@ import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import jax
 import pytest
-from _reference import MODELS, module, nbytes, policies_for, reference
+from _reference import MODELS, module, nbytes, policies_for, reference, with_jax_flags
 
 from te_ckpt_audit import audit_target
 from te_ckpt_audit._jax_compat import JAX_VERSION, remat3
@@ -207,17 +206,6 @@ _NEW_CUSTOM_VJP = [("jax_custom_vjp3",), ("jax_remat3", "jax_custom_vjp3")]
 _cvjp3_reports: dict[tuple[str, tuple[str, ...]], object] = {}
 
 
-def _with_flags(flags: tuple[str, ...], fn: Any) -> Any:
-    before = {f: jax.config.values.get(f, False) for f in flags}
-    try:
-        for f in flags:
-            jax.config.update(f, True)
-        return fn()
-    finally:
-        for f, v in before.items():
-            jax.config.update(f, v)
-
-
 @pytest.mark.parametrize("flags", _NEW_CUSTOM_VJP, ids=["+".join(f) for f in _NEW_CUSTOM_VJP])
 @pytest.mark.parametrize(("model", "policy"), CASES, ids=[f"{m}-{p}" for m, p in CASES])
 def test_residuals_equal_jax_under_custom_vjp3(model: str, policy: str, flags: tuple[str, ...]) -> None:
@@ -226,12 +214,12 @@ def test_residuals_equal_jax_under_custom_vjp3(model: str, policy: str, flags: t
     residuals equal JAX's own under the same flags."""
     key = (model, flags)
     if key not in _cvjp3_reports:
-        _cvjp3_reports[key] = _with_flags(flags, lambda: audit_target(f"sample_models/{model}.py:loss",
+        _cvjp3_reports[key] = with_jax_flags(flags, lambda: audit_target(f"sample_models/{model}.py:loss",
                                                                       policies_for(model)))
     result = _cvjp3_reports[key].result(policy)  # type: ignore[attr-defined]
     if JAX_VERSION < (0, 12, 0) and "jax_remat3" in flags and (model, policy) in _PROTOTYPE:
         pytest.skip("jax 0.10's remat3 prototype: stop_gradient and closure keep other weights (above)")
-    truth = _with_flags(flags, lambda: reference(model, policy, module(model).loss_inputs()))
+    truth = with_jax_flags(flags, lambda: reference(model, policy, module(model).loss_inputs()))
     ours = Counter((r.shape, r.dtype) for r in result.residuals)
     if JAX_VERSION < (0, 12, 0):  # the prototype lists float0 tangents (no bytes) or not, by what JAX traced before
         ours, truth = (Counter({k: n for k, n in c.items() if "float0" not in k[1]}) for c in (ours, truth))
@@ -246,7 +234,7 @@ def test_te_gemms_kept_and_not_recomputed_under_both_flags() -> None:
     counted: XLA drops it)."""
     flags = ("jax_remat3", "jax_custom_vjp3")
     policies = ["te_gemms_saveable", "checkpoint_dots_and_te_gemms", "nothing_saveable"]
-    new = _with_flags(flags, lambda: audit_target("sample_models/te_transformer.py:loss", policies))
+    new = with_jax_flags(flags, lambda: audit_target("sample_models/te_transformer.py:loss", policies))
     now = audit_target("sample_models/te_transformer.py:loss", policies, remat3="off")
     for policy in policies:
         a, b = new.result(policy), now.result(policy)
