@@ -69,9 +69,9 @@ def policy_function(traced: Traced, spec: PolicySpec, scope: Scope, remat3: bool
     as JAX's new remat makes them."""
     remat3 = traced.remat3 if remat3 is None else remat3
     closed = policy_jaxpr(traced, spec, scope, remat3)
-    if remat3:
-        return jc.as_remat3(closed, traced.custom_vjp3)
-    return jc.as_custom_vjp3(closed) if traced.custom_vjp3 else jc.jaxpr_as_fun(closed)
+    if remat3 or traced.custom_vjp3:
+        return jc.rebuilt(closed, remat3, traced.custom_vjp3)
+    return jc.jaxpr_as_fun(closed)
 
 
 def policy_jaxpr(traced: Traced, spec: PolicySpec, scope: Scope, remat3: bool = False) -> jc.ClosedJaxpr:

@@ -84,15 +84,6 @@ LINEARIZE_HAS_STRUCTURED_RESIDUALS = JAX_VERSION >= (0, 11, 1)
 _VJPNode: Any = _ad.VJPNode if JAX_VERSION >= (0, 12, 0) else None  # type: ignore[attr-defined, unused-ignore]
 
 
-NEW_AUTODIFF_FLAGS = ("jax_remat3", "jax_custom_vjp3")  # JAX's new remat and custom_vjp (0.10+), off by default
-
-
-def new_autodiff_on() -> tuple[str, ...]:
-    """The flags of JAX's new remat implementation that are on (set by `JAX_REMAT3=1` or
-    `jax.config.update`), as JAX reads them: the audit models the old implementation only."""
-    return tuple(f for f in NEW_AUTODIFF_FLAGS if getattr(jax.config, f, False) is True)
-
-
 def scan_counts(params: Params) -> tuple[int, int]:
     """(number of consts, number of carry values) among a scan equation's inputs; the xs follow."""
     if SCAN_PARAMS_ARE_FLAT_TREES:
@@ -441,7 +432,7 @@ def remat3(on: bool) -> contextlib.AbstractContextManager[None]:
 @contextlib.contextmanager
 def current_autodiff() -> Iterator[None]:
     """JAX's current remat and custom_vjp inside the block (`jax_remat3`, `jax_custom_vjp3` off): how
-    the audit traces; the new ones are made from that trace (`as_remat3`)."""
+    the audit traces; the new ones are made from that trace (`rebuilt`)."""
     with remat3(False), _custom_vjp3(False):
         yield
 
@@ -456,31 +447,18 @@ def custom_vjp3_on() -> bool:
     return state is not None and bool(state.value)
 
 
-def as_remat3(closed: ClosedJaxpr, custom_vjp3: bool = False) -> ArrayFn:
-    """`closed` as a function whose checkpoints and checkpoint names are made, when it is traced,
-    exactly as `jax.checkpoint` and `checkpoint_name` make them under `jax_remat3`: each
-    `checkpoint` equation becomes `jax.checkpoint(body, policy=..., prevent_cse=...)`, each `name`
-    equation `checkpoint_name`; with `custom_vjp3`, each custom_vjp call a `jax.custom_vjp` made
-    under `jax_custom_vjp3` from its own primal, forward rule and backward rule. Every other
+def rebuilt(closed: ClosedJaxpr, remat3: bool, custom_vjp3: bool) -> ArrayFn:
+    """`closed` as a function whose checkpoints, checkpoint names and custom_vjp calls are made, when
+    it is traced, exactly as JAX makes them under its flags: with `remat3`, each `checkpoint`
+    equation becomes `jax.checkpoint(body, policy=..., prevent_cse=...)` and each `name` equation
+    `checkpoint_name` under `jax_remat3`; with `custom_vjp3`, each custom_vjp call a `jax.custom_vjp`
+    made under `jax_custom_vjp3` from its own primal, forward rule and backward rule. Every other
     equation is bound as it is, with its name stack (the audit's tags), and bodies holding any of
-    these are rebuilt the same way. `custom_vjp3` alone (the current remat): pass it with the
-    checkpoints left as they are (`as_custom_vjp3`)."""
-    rebuild = _Rebuild(True, custom_vjp3)
+    these are rebuilt the same way."""
+    rebuild = _Rebuild(remat3, custom_vjp3)
 
     def fun(*xs: Any) -> Any:
-        with remat3(True), _custom_vjp3(custom_vjp3):
-            return rebuild.eval(closed.jaxpr, closed.consts, xs)
-
-    return fun
-
-
-def as_custom_vjp3(closed: ClosedJaxpr) -> ArrayFn:
-    """`closed` with each custom_vjp call made under `jax_custom_vjp3` (`as_remat3`), its
-    checkpoints left to the current remat."""
-    rebuild = _Rebuild(False, True)
-
-    def fun(*xs: Any) -> Any:
-        with remat3(False), _custom_vjp3(True):
+        with _config.remat3(remat3), _custom_vjp3(custom_vjp3):
             return rebuild.eval(closed.jaxpr, closed.consts, xs)
 
     return fun
