@@ -78,6 +78,11 @@ CASES: dict[str, list[tuple[str, str, str, dict[str, Any]]]] = {
         *((f"mlp everything_saveable b{b}", "sample_models/mlp.py:loss", "everything_saveable", {**MLP, "batch": b})
           for b in (8192, 32768, 49152)),
     ],
+    "probe": [  # which kernels libtpu misjudges: the MLP in bf16 (is it float32?) and the search's two leaders
+        *((f"mlp-bf16 {policy} b8192", "sample_models/mlp.py:loss", policy, {**MLP, "batch": 8192, "dtype": "bfloat16"})
+          for policy in ("nothing_saveable", "everything_saveable")),
+        ("gpt everything_saveable b4", "sample_models/gpt.py:loss", "everything_saveable", {**GPT, "batch": 4}),
+    ],
 }
 # `recommend --tpu v5e --maximize throughput` on the GPT (bench/data/tpu-v5e-search.json): the
 # points it compiled are run on the chip (`--on-chip --from-search`), its pick against the fastest
@@ -226,14 +231,17 @@ def time_rows(chip: Path, fitted_on: bool = True) -> list[dict[str, Any]]:
 def kind_rows(profile: Path, topology: str = "v5e:1x1") -> list[dict[str, Any]]:
     """Each profiled point compiled here again (the chip's program: the same plan, the same
     instruction names), its kernels (te-ckpt-audit's reader) joined with the chip's measured time
-    per kernel: measured over libtpu's estimate (cycles at the clock), by kind of kernel."""
+    per kernel: measured over libtpu's estimate (cycles at the clock), by kind of kernel; beside
+    them each kind's HBM roofline (its bytes at the catalog's bandwidth) and the sum, kernel by
+    kernel, of the lesser of libtpu's estimate and that roofline (`--rules` compares them)."""
     import jax
     from jax.experimental import topologies
 
     from te_ckpt_audit._target._kernels import step_kernels
     from te_ckpt_audit.tpus import tpu_model
 
-    clock = tpu_model("v5e").clock_hz
+    chip = tpu_model("v5e")
+    clock = chip.clock_hz
     topo = topologies.get_topology_desc(platform="tpu", topology_name=topology, chip_config_name="default",
                                         chips_per_host_bounds=(1, 1, 1), num_slices=1)
     out = []
@@ -243,16 +251,45 @@ def kind_rows(profile: Path, topology: str = "v5e:1x1") -> list[dict[str, Any]]:
         measured = {name: ns for name, (_, ns) in r["lines"]["XLA Ops"].items()}
         kinds: dict[str, list[float]] = {}
         for k in {k.name: k for k in step_kernels(text)}.values():
-            pair = kinds.setdefault(k.kind.value, [0.0, 0.0])
-            pair[0] += measured.get(k.name, 0.0) / 1e9
-            pair[1] += k.cycles * k.runs / clock
+            sums = kinds.setdefault(k.kind.value, [0.0, 0.0, 0.0, 0.0])
+            libtpu, roofline = k.cycles * k.runs / clock, k.bytes * k.runs / chip.hbm_bandwidth
+            sums[0] += measured.get(k.name, 0.0) / 1e9
+            sums[1] += libtpu
+            sums[2] += roofline
+            sums[3] += min(libtpu, roofline)
         module = sum(ns for _, ns in r["lines"]["XLA Modules"].values()) / 1e9
         row = {"case": r["case"], "module_seconds": module,
-               "kinds": {kind: {"measured_seconds": m, "libtpu_seconds": e} for kind, (m, e) in kinds.items()}}
+               "kinds": {kind: {"measured_seconds": m, "libtpu_seconds": e, "roofline_seconds": b,
+                                "lesser_seconds": least} for kind, (m, e, b, least) in kinds.items()}}
         said = "; ".join(f"{kind} {m:.4f} s measured / {e:.4f} s libtpu = {m / e if e else 0:.2f}"
-                         for kind, (m, e) in kinds.items())
+                         for kind, (m, e, _, _) in kinds.items())
         print(f"{r['case']:34s} step {module:.4f} s; {said}", flush=True)
         out.append(row)
+    return out
+
+
+def rule_rows(kinds: Path, *times: Path) -> list[dict[str, Any]]:
+    """Rules for timing a step's kernels, compared on the chip's own rows (`--kinds` joined with
+    `--estimate`'s measured seconds): `libtpu`, every kernel at libtpu's estimate (the estimate's
+    rule), and `lesser`, GEMMs at libtpu's estimate and every other kernel at the lesser of it and
+    its HBM roofline. Each scaled by one constant, the median of measured over unscaled on the rows
+    the estimate was fitted on; the others (and every row of a further file) held out."""
+    joined = {r["case"]: r for r in map(json.loads, kinds.read_text().splitlines())}
+    points = [r for path in times for r in map(json.loads, path.read_text().splitlines()) if r["case"] in joined]
+    unscaled = {
+        "libtpu": lambda ks: sum(k["libtpu_seconds"] for k in ks.values()),
+        "lesser": lambda ks: sum(k["libtpu_seconds"] if kind == "gemm" else k["lesser_seconds"]
+                                 for kind, k in ks.items())}
+    out = []
+    for rule, seconds in unscaled.items():
+        estimates = {r["case"]: seconds(joined[r["case"]]["kinds"]) for r in points}
+        constant = statistics.median(r["measured_seconds"] / estimates[r["case"]] for r in points if r["fitted"])
+        errors = {r["case"]: constant * estimates[r["case"]] / r["measured_seconds"] - 1 for r in points}
+        held = sorted(abs(errors[r["case"]]) for r in points if not r["fitted"])
+        out.append({"rule": rule, "constant": constant, "held_out": len(held), "median": statistics.median(held),
+                    "worst": held[-1], "errors": errors})
+        print(f"{rule:8s} constant {constant:.3f}: held out ({len(held)}) median {100 * statistics.median(held):.1f}%, "
+              f"worst {100 * held[-1]:.1f}%; " + ", ".join(f"{c} {100 * e:+.0f}%" for c, e in errors.items()))
     return out
 
 
@@ -328,23 +365,29 @@ def kernel_rows(steps: int = 20) -> list[dict[str, Any]]:
     import jax
     import jax.numpy as jnp
 
-    def gemm(m: int, k: int, n: int, dtype: Any) -> tuple[str, Any, tuple[Any, ...]]:
+    def gemm(m: int, k: int, n: int, dtype: Any) -> tuple[str, Any, Any]:
         return (f"gemm {m}x{k}x{n} {jnp.dtype(dtype).name}", lambda a, b: a @ b,
-                (jnp.ones((m, k), dtype), jnp.ones((k, n), dtype)))
+                lambda: (jnp.ones((m, k), dtype), jnp.ones((k, n), dtype)))
 
-    def unary(n: int, dtype: Any) -> tuple[str, Any, tuple[Any, ...]]:
-        return (f"tanh {n} {jnp.dtype(dtype).name}", jnp.tanh, (jnp.ones((n // 1024, 1024), dtype),))
+    def unary(n: int, dtype: Any) -> tuple[str, Any, Any]:
+        return (f"tanh {n} {jnp.dtype(dtype).name}", jnp.tanh, lambda: (jnp.ones((n // 1024, 1024), dtype),))
 
-    def reduce(n: int) -> tuple[str, Any, tuple[Any, ...]]:
-        return (f"sum-rows {n} float32", lambda x: x.sum(axis=1), (jnp.ones((n // 4096, 4096), jnp.float32),))
+    def add_one(n: int, dtype: Any) -> tuple[str, Any, Any]:  # bound by HBM: reads and writes n
+        return (f"add-one {n} {jnp.dtype(dtype).name}", lambda x: x + 1, lambda: (jnp.ones((n // 1024, 1024), dtype),))
+
+    def reduce(n: int) -> tuple[str, Any, Any]:
+        return (f"sum-rows {n} float32", lambda x: x.sum(axis=1), lambda: (jnp.ones((n // 4096, 4096), jnp.float32),))
 
     cases = [*(gemm(m, k, n, d) for m, k, n in ((1024, 1024, 1024), (4096, 4096, 4096), (8192, 8192, 8192),
-                                                 (16384, 4096, 16384), (65536, 4096, 1024))
+                                                 (16384, 4096, 16384), (65536, 4096, 1024),
+                                                 (8192, 16384, 16384), (16384, 8192, 16384))
                for d in (jnp.bfloat16, jnp.float32)),
              *(unary(n, d) for n in (2**22, 2**26, 2**28) for d in (jnp.bfloat16, jnp.float32)),
-             *(reduce(n) for n in (2**22, 2**26, 2**28))]
+             *(reduce(n) for n in (2**22, 2**26, 2**28)),
+             *(add_one(n, d) for n in (2**26, 2**28, 2**29) for d in (jnp.bfloat16, jnp.float32))]
     rows = []
-    for name, fn, args in cases:
+    for name, fn, make in cases:  # one case's buffers on the chip at a time
+        args = make()
         compiled = jax.jit(fn).lower(*args).compile()
         cycles = estimated_cycles(compiled.as_text() or "")
         for _ in range(3):
@@ -355,6 +398,7 @@ def kernel_rows(steps: int = 20) -> list[dict[str, Any]]:
             jax.block_until_ready(compiled(*args))
             times.append(time.perf_counter() - begin)
         seconds = statistics.median(times)
+        del args
         rows.append({"case": name, "cycles": cycles, "seconds": seconds, "device": jax.devices()[0].device_kind,
                      "libtpu": _libtpu()})
         print(f"{name:34s} {cycles:>12d} cycles {seconds * 1e3:9.3f} ms  {cycles / seconds / 1e9:6.3f} G cycles/s",
@@ -367,7 +411,10 @@ PROFILED = ("llama full b4", "llama full b16", "llama minimal b4", "llama minima
             # the other twelve points that ran (a second chip session): every point's kernels measured
             "llama full b8", "llama full b20", "llama full b24", "llama full b25", "llama minimal b5",
             "llama minimal b6", "gpt nothing_saveable b4", "gpt nothing_saveable b16", "gpt nothing_saveable b24",
-            "gpt checkpoint_dots b2", "gpt checkpoint_dots b8", "mlp nothing_saveable b65536")
+            "gpt checkpoint_dots b2", "gpt checkpoint_dots b8", "mlp nothing_saveable b65536",
+            # a third session: the MLP in bf16, and the GPT search's leaders (its pick, the measured best)
+            "mlp-bf16 nothing_saveable b8192", "mlp-bf16 everything_saveable b8192", "gpt everything_saveable b4",
+            "gpt nothing_saveable b10")
 
 
 def profile_row(name: str, target: str, policy: str, defines: dict[str, Any], out: Path,
@@ -405,13 +452,14 @@ def profile_row(name: str, target: str, policy: str, defines: dict[str, Any], ou
                 step()
         wall = (time.perf_counter() - begin) / steps
         data = ProfileData.from_file(str(next(Path(trace).rglob("*.xplane.pb"))))
-        planes = {pl.name: [ln.name for ln in pl.lines] for pl in data.planes}
     lines: dict[str, dict[str, list[float]]] = {}
     for plane in data.planes:
-        if not plane.name.startswith("/device:"):
+        if plane.name != "/device:TPU:0":  # the chip's own plane: its steps, module and per-op events
             continue
         for line in plane.lines:
-            found = lines.setdefault(f"{plane.name}|{line.name}", {})
+            if line.name not in ("Steps", "XLA Modules", "XLA Ops"):
+                continue
+            found = lines.setdefault(line.name, {})
             for event in line.events:  # an op's event is named by its instruction's text: its name leads
                 op = event.name.split(" ", 1)[0].lstrip("%") if line.name == "XLA Ops" else event.name[:80]
                 count_ns = found.setdefault(op, [0, 0.0])
@@ -419,7 +467,7 @@ def profile_row(name: str, target: str, policy: str, defines: dict[str, Any], ou
                 count_ns[1] += event.duration_ns
     return {"case": name, "target": target, "policy": policy, "defines": defines, "steps": steps,
             "traced_wall_seconds_per_step": wall, "device": device.device_kind, "libtpu": _libtpu(),
-            "hlo": hlo.name, "planes": planes, "lines": {k: {n: [c / steps, ns / steps] for n, (c, ns) in v.items()}
+            "hlo": hlo.name, "lines": {k: {n: [c / steps, ns / steps] for n, (c, ns) in v.items()}
                                        for k, v in lines.items()}}
 
 
@@ -478,6 +526,8 @@ def main() -> None:
     where.add_argument("--truth-table", nargs=3, type=Path, metavar=("CHIP", "DEVICELESS", "TIME"),
                        help="the README's table: every point's verdicts, plans and times")
     where.add_argument("--time-table", type=Path, metavar="ROWS", help="print the Markdown table of --estimate's rows")
+    where.add_argument("--rules", nargs="+", type=Path, metavar="FILE",
+                       help="KINDS TIME [TIME ...]: rules for timing kernels against the chip's rows")
     where.add_argument("--on-chip", action="store_true", help="compile and run on this machine's TPU")
     where.add_argument("--profile", type=Path, metavar="DIR",
                        help="on the chip: trace the profiled points, per-kernel times and HLO into DIR")
@@ -496,6 +546,11 @@ def main() -> None:
         return
     if ns.time_table:
         print(time_table(ns.time_table))
+        return
+    if ns.rules:
+        rows = rule_rows(*ns.rules)
+        if ns.out is not None:
+            ns.out.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
         return
     if ns.truth_table:
         print(truth_table(*ns.truth_table))
