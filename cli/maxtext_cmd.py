@@ -64,8 +64,9 @@ RematPolicies = Annotated[
 ]
 Recommend = Annotated[
     bool,
-    typer.Option("--recommend", help="Find the remat_policy and per-device batch (--batch) that fit with the "
-                 "least recompute, in MaxText's own order of its policies; print the config lines to paste."),
+    typer.Option("--recommend", help="Find the remat_policy and per-device batch (--batch) that fit (--gpu, or "
+                 "--tpu: libtpu's verdict on compile_topology) with the least recompute, in MaxText's own order of "
+                 "its policies; print the config lines to paste."),
 ]
 Batches = Annotated[
     list[str] | None,
@@ -74,10 +75,10 @@ Batches = Annotated[
 ]
 Layouts = Annotated[
     list[str] | None,
-    typer.Option("--layout", metavar="KEY=N,...", help="With --recommend: a parallelism over the run's GPUs to "
+    typer.Option("--layout", metavar="KEY=N,...", help="With --recommend: a parallelism over the run's devices to "
                  "try, as MaxText's ici_*/dcn_*_parallelism settings (ici_fsdp_parallelism=4,"
                  "ici_tensor_parallelism=2), laid over the config's own (what it does not name stays the config's); "
-                 "repeat for several, tried in order, each checked against the GPUs before the first compile. "
+                 "repeat for several, tried in order, each checked against the devices before the first compile. "
                  "Default: the config's own.",
                  show_default=False),
 ]
@@ -88,8 +89,8 @@ Maximize = Annotated[
     str | None,
     typer.Option("--maximize", metavar="throughput", help="With --recommend: search remat_policy (all of MaxText's, "
                  "or those given with --policy) and per_device_batch_size together for the most estimated tokens "
-                 "per second per GPU among the points that fit (--time's estimate; each point compiled), on the "
-                 "config's layout.", show_default=False),
+                 "per second per GPU or TPU chip among the points that fit (--time's estimate; each point compiled), "
+                 "on the config's layout.", show_default=False),
 ]
 
 
@@ -133,11 +134,9 @@ def maxtext(
     run = MaxTextRun(config, tuple(settings or ()), tpu=tpu)
     if tpu is not None and (gpu is not None or gpu_config is not None):
         raise UsageError("--tpu and --gpu both name the step's target", "give one of them")
-    if tpu is not None and recommend:
-        raise UsageError("maxtext --recommend searches on a GPU so far; on a TPU, compile the policies it would try",
-                         "drop --recommend and give --policy (repeat it) with --tpu")
-    if recommend and gpu is None and gpu_config is None:
-        raise UsageError("maxtext --recommend compiles MaxText's train step for a GPU", "add --gpu h100")
+    if recommend and gpu is None and gpu_config is None and tpu is None:
+        raise UsageError("maxtext --recommend compiles MaxText's train step for a GPU or a TPU slice",
+                         "add --gpu h100, or --tpu v5e with compile_topology=v5e-256")
     compiled = gpu is not None or gpu_config is not None  # MaxText's own step, its state donated
     on_gpu = GpuOptions.parse(gpu, gpu_config, DEFAULT_GPUS_PER_HOST, None, mem_fraction, fit and tpu is None,
                               peak_budget, compile_cache(), step=compiled, donate=[0] if compiled else None,
@@ -159,7 +158,7 @@ def maxtext(
         raise UsageError("maxtext --recommend searches by memory; --time is for the policies it compiles",
                          "drop --recommend and give --policy, or search by time: --maximize throughput")
     if recommend and peak.active:
-        raise UsageError("--recommend searches what fits the GPU itself", "drop --fit, --peak-budget")
+        raise UsageError("--recommend searches what fits the GPU or the TPU itself", "drop --fit, --peak-budget")
     if recommend and policy and maximize is None:
         raise UsageError("--recommend searches MaxText's remat policies itself",
                          "drop --policy, or name what --maximize throughput searches")
@@ -173,13 +172,14 @@ def maxtext(
                                     for i, p in enumerate(chain)]
                        + ([] if profile is None else [("the profile --calibrate reads", Path(profile.source))]))
     run = process.in_a_child(resolved, run)  # MaxText's own values, before this process sets its devices
-    on_tpu = None if tpu is None else TpuRequest(parse_tpu(tpu, run.devices), None, timed)
+    on_tpu = None if tpu is None else TpuRequest(parse_tpu(tpu, run.devices), None, timed or maximize is not None)
     process.prepare(None, run.devices, None if on_gpu.request is None else on_gpu.request.model,
                     tpu=on_tpu is not None)
     if recommend:
-        assert on_gpu.request is not None
+        searched = on_gpu.request if on_tpu is None else on_tpu
+        assert searched is not None
         with stdout_kept_for_the_report(), progress_on_stderr() as progress:
-            found = recommend_maxtext(run, on_gpu.request, tuple(batch or ()), tuple(layout or ()),
+            found = recommend_maxtext(run, searched, tuple(batch or ()), tuple(layout or ()),
                                       max_compiles=max_compiles, progress=progress,
                                       capture=process.xla_log_kept_off_stderr, maximize=maximize,
                                       remat_policies=tuple(policies) if policy else ())

@@ -44,7 +44,18 @@ from ._throughput import THROUGHPUT, point_of, search
 from ._trace import trace
 from .errors import TargetError, UsageError, first_line
 from .gpus import GpuRequest
-from .records import AuditReport, CompileProgress, MaxTextPoint, MaxTextRecommendation, PeakMemory, Point, PolicyResult
+from .records import (
+    AuditReport,
+    CompileProgress,
+    GpuInfo,
+    MaxTextPoint,
+    MaxTextRecommendation,
+    PeakMemory,
+    Point,
+    PolicyResult,
+    Throughput,
+    TpuInfo,
+)
 from .specs import AsIs
 from .tpus import ALIASES, CATALOG, TpuRequest, tpu_model
 
@@ -644,7 +655,7 @@ def check_layouts(layouts: Sequence[str]) -> None:
 
 def recommend_maxtext(
     run: MaxTextRun,
-    gpu: GpuRequest,
+    request: GpuRequest | TpuRequest,
     batch_sizes: Sequence[str] = (),
     layouts: Sequence[str] = (),
     *,
@@ -655,14 +666,16 @@ def recommend_maxtext(
     remat_policies: Sequence[str] = (),
 ) -> MaxTextRecommendation:
     """The largest of `batch_sizes` (the config's own without them) at which one of MaxText's
-    remat policies fits on `gpu`, and at it the fastest that fits, in MaxText's own order (the
-    `_with_quantization` variants only for a config with TE's quantization), on the
-    first of `layouts` (ici/dcn parallelism over the run's GPUs, as `a=N,b=M`; the config's own
+    remat policies fits on `request`'s GPUs (a `GpuRequest`) or TPU slice (a `TpuRequest`: the
+    run's `compile_topology`, libtpu's verdict), and at it the fastest that fits, in MaxText's own
+    order (the `_with_quantization` variants only for a config with TE's quantization), on the
+    first of `layouts` (ici/dcn parallelism over the run's devices, as `a=N,b=M`; the config's own
     without them) where it does: batches largest first, policies fastest first, layouts in the
     order given, each point compiled, until one fits (at most `max_compiles` compiles). With
     `maximize="throughput"`: the remat policy (of `remat_policies`, else all of MaxText's that
     apply) and per-device batch (the ladder from the config's own, or `batch_sizes`) whose step
-    fits with the most estimated tokens per second per GPU (`_throughput`), on the config's layout."""
+    fits with the most estimated tokens per second per device (`_throughput`), on the config's
+    layout."""
     if max_compiles < 1:
         raise UsageError(f"$max_compiles$ {max_compiles} must be at least 1", "e.g. $max_compiles$ 24")
     if maximize is not None and maximize != THROUGHPUT:
@@ -673,7 +686,7 @@ def recommend_maxtext(
         raise UsageError("$maximize$ throughput searches policy and batch on one layout",
                          "give the layout as the run's settings (ici_fsdp_parallelism=8 ...)")
     check_remat_policies([p for p in remat_policies if p != "as-is"])
-    gpu = _its_own_step(gpu)
+    request = _its_own_step(request) if isinstance(request, GpuRequest) else _its_own_step(request)
     for size in batch_sizes:
         try:
             if not (math.isfinite(float(size)) and float(size) > 0):
@@ -684,39 +697,51 @@ def recommend_maxtext(
     given = run.value("per_device_batch_size")
     assert given is not None
     sizes = sorted(dict.fromkeys(batch_sizes), key=float, reverse=True) if batch_sizes else [given]
-    meshes = [_fitting_layout(run, text) for text in dict.fromkeys(layouts)] or [()]
+    meshes: list[tuple[str, ...]] = [_fitting_layout(run, text) for text in dict.fromkeys(layouts)] or [()]
     # without TE's quantization the `_with_quantization` variants are their bases again: not tried
     quantized = bool(str(_config(run, None).quantization or ""))
     policies = [p for p in BY_SPEED if quantized or "quantization" not in p]
     if maximize is not None:
-        return _fastest(run, gpu, list(dict.fromkeys(remat_policies)) or policies, batch_sizes, max_compiles,
+        return _fastest(run, request, list(dict.fromkeys(remat_policies)) or policies, batch_sizes, max_compiles,
                         progress, capture)
     tried: list[MaxTextPoint] = []
     first: Session | None = None
     for size in sizes:
-        batch = (f"per_device_batch_size={size}",)
+        batch: tuple[str, ...] = (f"per_device_batch_size={size}",)
         for policy in policies:
-            for layout in meshes:
+            for mesh in meshes:
                 if len(tried) >= max_compiles:
                     break
-                at = dataclasses.replace(run, settings=(*run.settings, *batch, *layout))
-                where = "".join(f", {x}" for x in layout)
+                at = dataclasses.replace(run, settings=(*run.settings, *batch, *mesh))
+                where = "".join(f", {x}" for x in mesh)
                 progress(f"MaxText's train step: remat_policy={policy}, batch {size}{where}")
                 session = maxtext_session(at, policy)
                 first = first or session
                 with _te_told_maxtexts_axes():
-                    peak = session.compiled([AsIs()], gpu, _named(progress, policy), capture=capture)[AsIs().text].peak
-                tried.append(MaxTextPoint(policy, number(size), peak, layout))
+                    peak = session.compiled([AsIs()], request, _named(progress, policy),
+                                            capture=capture)[AsIs().text].peak
+                tried.append(MaxTextPoint(policy, number(size), peak, mesh))
                 if tried[-1].fits:
-                    return MaxTextRecommendation(labelled(run), tried[-1], tuple(tried), first.gpu_info(gpu))
-    return MaxTextRecommendation(labelled(run), None, tuple(tried), None if first is None else first.gpu_info(gpu))
+                    return _recommendation(run, tried[-1], tried, first, request)
+    return _recommendation(run, None, tried, first, request)
 
 
-def _fastest(run: MaxTextRun, gpu: GpuRequest, policies: list[str], batch_sizes: Sequence[str], max_compiles: int,
-             progress: Progress, capture: LogCapture | None) -> MaxTextRecommendation:
+def _recommendation(run: MaxTextRun, chosen: MaxTextPoint | None, tried: Sequence[MaxTextPoint],
+                    session: Session | None, request: GpuRequest | TpuRequest,
+                    throughput: Throughput | None = None) -> MaxTextRecommendation:
+    """The search's record, naming the GPU or TPU slice its points were compiled for (none where
+    nothing was compiled)."""
+    info = {} if session is None else session.target_info(request)
+    gpu, tpu = info.get("gpu"), info.get("tpu")
+    return MaxTextRecommendation(labelled(run), chosen, tuple(tried), gpu if isinstance(gpu, GpuInfo) else None,
+                                 throughput, tpu if isinstance(tpu, TpuInfo) else None)
+
+
+def _fastest(run: MaxTextRun, request: GpuRequest | TpuRequest, policies: list[str], batch_sizes: Sequence[str],
+             max_compiles: int, progress: Progress, capture: LogCapture | None) -> MaxTextRecommendation:
     """`recommend_maxtext`'s search by throughput: each (remat_policy, per_device_batch_size)
-    point MaxText's own train step, compiled and timed; tokens per second per GPU."""
-    timed = dataclasses.replace(gpu, time=True)
+    point MaxText's own train step, compiled and timed; tokens per second per device."""
+    timed = dataclasses.replace(request, time=True)
     given = run.value("per_device_batch_size")
     assert given is not None
     values = [_whole_batch(v) for v in batch_sizes]
@@ -745,10 +770,11 @@ def _fastest(run: MaxTextRun, gpu: GpuRequest, policies: list[str], batch_sizes:
     # a per-device batch: every count splits evenly over the mesh, so the edge is bisected in steps of 1
     searched = search(evaluate, policies, start, "per_device_batch_size", "tokens", max_compiles=max_compiles,
                       values=values, grain=1)
+    if isinstance(request, TpuRequest):
+        searched = dataclasses.replace(searched, device="chip", estimator="libtpu's cycle estimates")
     best = searched.best
     chosen = None if best is None else tried[(best.policy, best.value)]
-    info = None if not first else first[0].gpu_info(timed)
-    return MaxTextRecommendation(labelled(run), chosen, tuple(tried.values()), info, searched)
+    return _recommendation(run, chosen, list(tried.values()), first[0] if first else None, timed, searched)
 
 
 def _whole_batch(value: str) -> int:

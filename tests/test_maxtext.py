@@ -204,7 +204,7 @@ def test_recommend_takes_the_largest_batch_that_fits_and_the_fastest_policy_at_i
     assert (rec.chosen.per_device_batch_size, rec.chosen.remat_policy) == ("4", plain[0])
     assert rec.config_lines() == f"remat_policy: '{plain[0]}'\nper_device_batch_size: 4"
     doc = rec.to_dict()
-    assert doc["schema"] == "te-ckpt-audit-maxtext-recommend/2" and doc["config_lines"] == rec.config_lines()
+    assert doc["schema"] == "te-ckpt-audit-maxtext-recommend/3" and doc["config_lines"] == rec.config_lines()
     small = tmp_path / "small.txtpb"
     small.write_text(gpu_model("h100").config_text(16 * 2**20))
     tight = GpuRequest(model_of_config(small),  # XLA's rematerialization off: it would search long, and fail

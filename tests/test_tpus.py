@@ -164,7 +164,49 @@ def test_a_maxtext_run_on_a_tpu_needs_one_slice_of_that_chip(settings: tuple[str
         _ = MaxTextRun("base.yml", settings, tpu="v5e").devices
 
 
-def test_maxtext_recommend_on_a_tpu_is_refused_with_what_to_do_instead() -> None:
-    result = cli("maxtext", "base.yml", "compile_topology=v5e-256", "--tpu", "v5e", "--recommend")
-    assert result.exit_code == 2
-    assert "maxtext --recommend searches on a GPU so far" in result.stderr and "--policy" in result.stderr
+def test_maxtext_recommend_on_a_tpu_checks_its_settings_before_any_work(tmp_path: Path) -> None:
+    """--recommend searches on a TPU slice too (the run's compile_topology); what it cannot take is
+    refused as on a GPU, before MaxText is imported."""
+    from te_ckpt_audit.maxtext import MaxTextRun, recommend_maxtext
+    from te_ckpt_audit.tpus import TpuRequest
+
+    on_tpu = TpuRequest(parse_tpu("v5e"))
+    with pytest.raises(UsageError, match="is not a positive per-device batch size"):
+        recommend_maxtext(MaxTextRun("c.yml", ("compile_topology=v5e-256",), tpu="v5e"), on_tpu, ["2", "-1"])
+    with pytest.raises(UsageError, match="MaxText's search maximizes throughput"):
+        recommend_maxtext(MaxTextRun("c.yml", tpu="v5e"), on_tpu, maximize="batch")
+    config = tmp_path / "c.yml"
+    config.write_text("per_device_batch_size: 2\n")
+    result = cli("maxtext", str(config), "compile_topology=v5e-256", "--tpu", "v5e", "--recommend", "--fit")
+    assert result.exit_code == 2 and "--recommend searches what fits the GPU or the TPU itself" in result.stderr
+    result = cli("maxtext", str(config), "--recommend")
+    assert result.exit_code == 2 and "add --gpu h100, or --tpu v5e with compile_topology=v5e-256" in result.stderr
+
+
+def test_a_maxtext_search_on_a_tpu_names_the_slice_in_every_format() -> None:
+    """`maxtext --recommend --tpu`: the record carries the slice (its topology, chips, usable HBM,
+    libtpu), and the text, JSON and notebook views say it; throughput per chip."""
+    from te_ckpt_audit.records import MaxTextPoint, MaxTextRecommendation, PeakMemory, Point, Throughput, TpuInfo
+    from te_ckpt_audit.render import render_maxtext_recommend_json, render_maxtext_recommend_text
+
+    info = TpuInfo("v5e", "v5e:16x16", 256, 16 * GIB, 15_750 * GIB // 1000, "0.0.50.1", "data=256")
+    peak = PeakMemory(14 * GIB, 14 * GIB, 2 * GIB, 0, 0, 12 * GIB, True, False, None, 1.0)
+    chosen = MaxTextPoint("minimal", "4", peak)
+    best = Point("minimal", 4, 14 * GIB, True, 2.5, 6553.6)
+    searched = Throughput("per_device_batch_size", "tokens", best, (best,), ("minimal",), 4, device="chip",
+                          estimator="libtpu's cycle estimates")
+    rec = MaxTextRecommendation("maxtext base.yml", chosen, (chosen,), None, searched, info)
+    assert rec.device_name == "v5e:16x16"
+    text = render_maxtext_recommend_text(rec)
+    assert "compiled for v5e:16x16, per device" in text and "256 x v5e: 15.8 GiB usable of 16 GiB per chip" in text
+    assert "tokens/s/chip" in text and "libtpu's cycle estimates" in text
+    doc = json.loads(render_maxtext_recommend_json(rec))
+    assert doc["schema"] == "te-ckpt-audit-maxtext-recommend/3" and doc["gpu"] is None
+    assert doc["tpu"]["topology"] == "v5e:16x16" and doc["tpu"]["chips"] == 256 and doc["tpu"]["libtpu"] == "0.0.50.1"
+    assert doc["throughput"]["device"] == "chip"
+    assert "tokens/s/chip" in rec._repr_html_()
+    refused = MaxTextRecommendation("maxtext base.yml", None, (MaxTextPoint("full", "64", PeakMemory(
+        None, None, None, None, None, None, False, False, None, 1.0)),), None, None, info)
+    assert "a larger slice (compile_topology)" in render_maxtext_recommend_text(refused)
+
+

@@ -246,6 +246,12 @@ class MaxTextRecommendation(Shown):
     tried: tuple[MaxTextPoint, ...]
     gpu: GpuInfo | None
     throughput: Throughput | None = None  # --maximize throughput: `chosen` is its fastest point that fits
+    tpu: TpuInfo | None = None  # --tpu: `fits` is libtpu's verdict on the run's compile_topology slice
+
+    @property
+    def device_name(self) -> str | None:
+        """What the points were compiled for (a GPU's name, a TPU slice's topology), None if nothing."""
+        return self.gpu.name if self.gpu is not None else (None if self.tpu is None else self.tpu.topology)
 
     def config_lines(self) -> str:
         """The chosen setting as the config's YAML lines ("" when none fits)."""
@@ -263,7 +269,7 @@ class MaxTextRecommendation(Shown):
         return " ".join(line.replace(": ", "=", 1).replace("'", "") for line in self.config_lines().splitlines())
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON document (schema ``te-ckpt-audit-maxtext-recommend/2``)."""
+        """The JSON document (schema ``te-ckpt-audit-maxtext-recommend/3``)."""
         return {"schema": MAXTEXT_RECOMMEND, **_plain(self),
                 "throughput": None if self.throughput is None else self.throughput.to_dict(),
                 "config_lines": self.config_lines()}

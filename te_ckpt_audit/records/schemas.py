@@ -16,7 +16,8 @@ RECOMMEND = "te-ckpt-audit-recommend/10"  # Recommendation.to_dict(); /2: gpu, c
 # /6: candidates' time (--time), as te-ckpt-audit/6 has it; /7: throughput (--maximize throughput), and
 # time as te-ckpt-audit/7 has it; /8: time as te-ckpt-audit/8 has it;
 # /9: as te-ckpt-audit/9 has it; /10: time as te-ckpt-audit/10 has it
-MAXTEXT_RECOMMEND = "te-ckpt-audit-maxtext-recommend/2"  # MaxTextRecommendation.to_dict(); /2: throughput
+MAXTEXT_RECOMMEND = "te-ckpt-audit-maxtext-recommend/3"  # MaxTextRecommendation.to_dict(); /2: throughput;
+# /3: tpu (--tpu: the slice searched, libtpu's verdict), throughput per chip
 CHECK = "te-ckpt-audit-check/10"  # check results; /2: unbounded growth explicit, never a non-finite number;
 # /3: each target's report is te-ckpt-audit/3, and peak figures (--gpu) may be violated; /4: reports are /4;
 # /5: reports are /5; /6: reports are /6; /7: reports are /7; /8: reports are /8;

@@ -662,7 +662,7 @@ def maxtext_recommend_html_table(rec: MaxTextRecommendation) -> str:
     lines = f"<pre>{_lines(rec.config_lines())}</pre>" if rec.chosen is not None else "<p>Nothing tried fits.</p>"
     fastest = ""
     if rec.throughput is not None:
-        usable = None if rec.gpu is None else rec.gpu.usable_bytes
+        usable = rec.gpu.usable_bytes if rec.gpu is not None else None if rec.tpu is None else rec.tpu.usable_bytes
         fastest = "".join(throughput_section(rec.throughput, rec.settings(), usable, "remat_policy"))
     return (f"<div><b>te-ckpt-audit maxtext --recommend: <code>{_e(rec.target)}</code></b>{lines}"
             "<table><thead><tr><th></th><th>remat_policy</th><th>per-device batch</th><th>layout</th>"

@@ -319,11 +319,13 @@ def _peak(c: Candidate) -> str:
 
 def render_maxtext_recommend_text(rec: MaxTextRecommendation) -> str:
     """`maxtext --recommend` for a terminal: every point compiled, then the config lines to paste."""
-    lines = [f"{rec.target}: MaxText's train step compiled for "
-             f"{rec.gpu.name if rec.gpu is not None else 'the GPU'}, per device"]
+    lines = [f"{rec.target}: MaxText's train step compiled for {rec.device_name or 'the GPU'}, per device"]
     if rec.gpu is not None:
         lines.append(f"usable at {fraction_words(rec.gpu)}: {format_bytes(rec.gpu.usable_bytes)} of "
                      f"{format_bytes(rec.gpu.memory_bytes)}")
+    if rec.tpu is not None:
+        lines.append(f"{rec.tpu.chips} x {rec.tpu.name}: {format_bytes(rec.tpu.usable_bytes)} usable of "
+                     f"{format_bytes(rec.tpu.hbm_bytes)} per chip; fits: libtpu's verdict (libtpu {rec.tpu.libtpu})")
     lines.append("")
     lines.append(f"{'remat_policy':<40} {'batch':>6} {'peak per device':>22} {'fits':>5} {'least':>6}")
     for p in rec.tried:
@@ -338,7 +340,9 @@ def render_maxtext_recommend_text(rec: MaxTextRecommendation) -> str:
     if rec.throughput is not None:
         lines += [*throughput_lines(rec.throughput, rec.settings(), "remat_policy"), ""]
     if rec.chosen is None:
-        lines.append("No point tried fits: a smaller per-device batch (--batch), more GPUs "
+        lines.append("No point tried fits: a smaller per-device batch (--batch), or a larger slice "
+                     "(compile_topology)." if rec.tpu is not None else
+                     "No point tried fits: a smaller per-device batch (--batch), more GPUs "
                      "(compile_topology_num_slices) or a larger memory fraction.")
     else:
         lines.append("Paste into the MaxText config (or pass as key=value):")
