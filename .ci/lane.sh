@@ -44,6 +44,12 @@ case "$name" in
     # and libtpu the lent v5e runs; here every libtpu test must run: a missing piece fails the lane
     PY="$(bash .ci/venv.sh 3.11 0.10.2 test,tpu | tail -n 1)"
     TE_CKPT_AUDIT_TPU_LANE=1 JAX_PLATFORMS=cpu "$PY" -m pytest tests/test_tpu_target.py tests/test_tpus.py "$@"
+    # `maxtext --tpu`: MaxText's own step on libtpu needs MaxText's jax (0.12, Python 3.12) and its libtpu
+    PY="$(bash .ci/venv.sh "$NEWEST_PYTHON" "$JAX_NEWEST" test,tpu | tail -n 1)"
+    PINS="$(dirname "$(dirname "$PY")")/constraints.txt"
+    "$PY" -m pip install -q -c "$PINS" --no-deps "maxtext==0.2.5"
+    "$PY" -m pip install -q -c "$PINS" $(sed 's/#.*//' zoo/maxtext-requirements.txt)
+    TE_CKPT_AUDIT_MAXTEXT_TPU_LANE=1 JAX_PLATFORMS=cpu "$PY" -m pytest tests/test_maxtext_tpu.py "$@"
     ;;
   remat3)
     # JAX's new remat and custom_vjp (jax_remat3, jax_custom_vjp3) on the newest jax: the truth sets run
