@@ -223,7 +223,13 @@ def target_search(
                 found[(name, value)] = point_of(name, value, steps[spec.text].peak, steps[spec.text].time)
         return [found[w] for w in batch]
 
-    found = search(evaluate, policies, start, keyword, keyword, max_compiles=max_compiles, jobs=jobs)
+    return per_device_of(search(evaluate, policies, start, keyword, keyword, max_compiles=max_compiles, jobs=jobs),
+                         request)
+
+
+def per_device_of(found: Throughput, request: GpuRequest | TpuRequest) -> Throughput:
+    """`found` counted per device of `request`'s kind: per GPU (XLA's cost models), or per TPU chip
+    (libtpu's cycle estimates)."""
     if isinstance(request, TpuRequest):
         return dataclasses.replace(found, device="chip", estimator="libtpu's cycle estimates")
     return found

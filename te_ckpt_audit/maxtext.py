@@ -40,7 +40,7 @@ from ._mesh import cpu_devices
 from ._progress import Progress, quiet
 from ._session import Session
 from ._target._gpu import LogCapture
-from ._throughput import THROUGHPUT, point_of, search
+from ._throughput import THROUGHPUT, per_device_of, point_of, search
 from ._trace import trace
 from .errors import TargetError, UsageError, first_line
 from .gpus import GpuRequest
@@ -686,6 +686,7 @@ def recommend_maxtext(
         raise UsageError("$maximize$ throughput searches policy and batch on one layout",
                          "give the layout as the run's settings (ici_fsdp_parallelism=8 ...)")
     check_remat_policies([p for p in remat_policies if p != "as-is"])
+    # one call per kind: the helper keeps the kind it is given (a constrained TypeVar takes no union)
     request = _its_own_step(request) if isinstance(request, GpuRequest) else _its_own_step(request)
     for size in batch_sizes:
         try:
@@ -768,10 +769,8 @@ def _fastest(run: MaxTextRun, request: GpuRequest | TpuRequest, policies: list[s
         return found
 
     # a per-device batch: every count splits evenly over the mesh, so the edge is bisected in steps of 1
-    searched = search(evaluate, policies, start, "per_device_batch_size", "tokens", max_compiles=max_compiles,
-                      values=values, grain=1)
-    if isinstance(request, TpuRequest):
-        searched = dataclasses.replace(searched, device="chip", estimator="libtpu's cycle estimates")
+    searched = per_device_of(search(evaluate, policies, start, "per_device_batch_size", "tokens",
+                                    max_compiles=max_compiles, values=values, grain=1), request)
     best = searched.best
     chosen = None if best is None else tried[(best.policy, best.value)]
     return _recommendation(run, chosen, list(tried.values()), first[0] if first else None, timed, searched)
