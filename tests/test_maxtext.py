@@ -18,6 +18,7 @@ from pathlib import Path
 import jax
 import pytest
 from _gpu_lane import LANE, MISSING_GPU_TARGET, cli
+from _maxtext_truth import maxtexts_own_plan
 
 from te_ckpt_audit import UsageError
 from te_ckpt_audit.gpus import GpuEnvironment, GpuRequest, gpu_model, model_of_config
@@ -58,11 +59,9 @@ def _maxtexts_own_compile(run: MaxTextRun, request: GpuRequest) -> object:
     """MaxText's train step lowered as its AOT compile lowers it, on a mesh of the GPU topology's
     devices (its `get_topology_mesh` does this over mocked GPU processes), compiled with the run's
     flag; its memory analysis."""
-    from flax.core.spmd import logical_axis_rules
     from jax.sharding import AxisType, Mesh
     from maxtext.configs import pyconfig
-    from maxtext.trainers.pre_train import train, train_compile
-    from maxtext.utils import maxtext_utils, sharding
+    from maxtext.utils import maxtext_utils
 
     from te_ckpt_audit import _jax_compat as jc
 
@@ -73,17 +72,7 @@ def _maxtexts_own_compile(run: MaxTextRun, request: GpuRequest) -> object:
     topology = jc.cuda_topology(request.model.config_text(memory), request.topology(run.devices))
     mesh = Mesh(maxtext_utils.create_device_mesh(config, list(topology.devices)), config.mesh_axes,
                 axis_types=(AxisType.Auto,) * len(config.mesh_axes))
-    with jax.numpy_dtype_promotion("standard"):  # MaxText's (the tests run strict)
-        args, kwargs, state_shardings, _, model = train_compile.get_shaped_inputs(mesh, config)
-    params_shardings, state_shardings = sharding.maybe_update_params_sharding_with_opt(config, state_shardings)
-    state_in = sharding.build_zero1_input_state_mesh_shardings(config, state_shardings, params_shardings)
-    data = sharding.get_input_data_sharding(config, mesh)
-    fn, in_shard, out_shard, static, donate = maxtext_utils.get_functional_train_with_signature(
-        train.train_step, data, state_in, model, config, params_shardings)
-    with jax.set_mesh(mesh), logical_axis_rules(config.logical_axis_rules), jax.numpy_dtype_promotion("standard"):
-        lowered = jax.jit(fn, in_shardings=in_shard, out_shardings=out_shard, static_argnums=static,
-                          donate_argnums=donate).lower(*args, **kwargs)
-    return lowered.compile(compiler_options={"xla_gpu_enable_triton_gemm": False}).memory_analysis()
+    return maxtexts_own_plan(config, mesh, {"xla_gpu_enable_triton_gemm": False})
 
 
 @compiles

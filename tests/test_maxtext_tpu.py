@@ -13,6 +13,7 @@ import os
 
 import jax
 import pytest
+from _maxtext_truth import maxtexts_own_plan
 
 from te_ckpt_audit._jax_compat import GPU_TARGET_SINCE, JAX_VERSION
 from te_ckpt_audit.maxtext import BY_SPEED, MaxTextRun, audit_maxtext, recommend_maxtext
@@ -60,26 +61,13 @@ def _on(run: MaxTextRun, time: bool = False) -> TpuRequest:
 def _maxtexts_own_compile(run: MaxTextRun) -> object:
     """MaxText's train step as its ahead-of-time compile builds it for the slice: its topology's
     mesh, its shaped inputs and shardings, jitted and compiled by libtpu; its memory analysis."""
-    from flax.core.spmd import logical_axis_rules
     from maxtext.configs import pyconfig
-    from maxtext.trainers.pre_train import train, train_compile
-    from maxtext.utils import maxtext_utils, sharding
+    from maxtext.trainers.pre_train import train_compile
 
     config = pyconfig.initialize([None, run.config, *run.settings, "compile_topology_num_slices=1",
                                   "skip_jax_distributed_system=True", "enable_checkpointing=False",
                                   "dataset_type=synthetic", "jax_cache_dir="])
-    mesh = train_compile.get_topology_mesh(config)
-    with jax.numpy_dtype_promotion("standard"):  # MaxText's (the tests run strict)
-        args, kwargs, state_shardings, _, model = train_compile.get_shaped_inputs(mesh, config)
-    params_shardings, state_shardings = sharding.maybe_update_params_sharding_with_opt(config, state_shardings)
-    state_in = sharding.build_zero1_input_state_mesh_shardings(config, state_shardings, params_shardings)
-    data = sharding.get_input_data_sharding(config, mesh)
-    fn, in_shard, out_shard, static, donate = maxtext_utils.get_functional_train_with_signature(
-        train.train_step, data, state_in, model, config, params_shardings)
-    with jax.set_mesh(mesh), logical_axis_rules(config.logical_axis_rules), jax.numpy_dtype_promotion("standard"):
-        lowered = jax.jit(fn, in_shardings=in_shard, out_shardings=out_shard, static_argnums=static,
-                          donate_argnums=donate).lower(*args, **kwargs)
-    return lowered.compile().memory_analysis()
+    return maxtexts_own_plan(config, train_compile.get_topology_mesh(config))
 
 
 def test_the_step_on_a_tpu_slice_is_maxtexts_own_byte_for_byte() -> None:
