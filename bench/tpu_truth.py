@@ -369,6 +369,15 @@ def kernel_rows(steps: int = 20) -> list[dict[str, Any]]:
         return (f"gemm {m}x{k}x{n} {jnp.dtype(dtype).name}", lambda a, b: a @ b,
                 lambda: (jnp.ones((m, k), dtype), jnp.ones((k, n), dtype)))
 
+    def cast_gemm(m: int, k: int, n: int) -> tuple[str, Any, Any]:  # f32 in HBM, cast to bf16 in the fusion
+        return (f"gemm {m}x{k}x{n} float32 cast to bfloat16",
+                lambda a, b: a.astype(jnp.bfloat16) @ b.astype(jnp.bfloat16),
+                lambda: (jnp.ones((m, k), jnp.float32), jnp.ones((k, n), jnp.float32)))
+
+    def scores(b: int, h: int, q: int, d: int, dtype: Any) -> tuple[str, Any, Any]:  # attention's Q K^T
+        return (f"scores {b}x{h}x{q}x{d} {jnp.dtype(dtype).name}", lambda x, y: jnp.einsum("bhqd,bhkd->bhqk", x, y),
+                lambda: (jnp.ones((b, h, q, d), dtype), jnp.ones((b, h, q, d), dtype)))
+
     def unary(n: int, dtype: Any) -> tuple[str, Any, Any]:
         return (f"tanh {n} {jnp.dtype(dtype).name}", jnp.tanh, lambda: (jnp.ones((n // 1024, 1024), dtype),))
 
@@ -384,7 +393,12 @@ def kernel_rows(steps: int = 20) -> list[dict[str, Any]]:
                for d in (jnp.bfloat16, jnp.float32)),
              *(unary(n, d) for n in (2**22, 2**26, 2**28) for d in (jnp.bfloat16, jnp.float32)),
              *(reduce(n) for n in (2**22, 2**26, 2**28)),
-             *(add_one(n, d) for n in (2**26, 2**28, 2**29) for d in (jnp.bfloat16, jnp.float32))]
+             *(add_one(n, d) for n in (2**26, 2**28, 2**29) for d in (jnp.bfloat16, jnp.float32)),
+             # where libtpu's float32 price departs from the chip's: more shapes, a cast, attention's scores
+             *(gemm(m, k, n, d) for m, k, n in ((2048, 2048, 2048), (16384, 16384, 8192), (8192, 4096, 16384))
+               for d in (jnp.bfloat16, jnp.float32)),
+             *(cast_gemm(m, k, n) for m, k, n in ((8192, 8192, 8192), (8192, 16384, 16384))),
+             *(scores(8, 16, 1024, 64, d) for d in (jnp.bfloat16, jnp.float32))]
     rows = []
     for name, fn, make in cases:  # one case's buffers on the chip at a time
         args = make()
