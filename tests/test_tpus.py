@@ -200,6 +200,7 @@ def test_a_maxtext_search_on_a_tpu_names_the_slice_in_every_format() -> None:
     text = render_maxtext_recommend_text(rec)
     assert "compiled for v5e:16x16, per device" in text and "256 x v5e: 15.8 GiB usable of 16 GiB per chip" in text
     assert "tokens/s/chip" in text and "libtpu's cycle estimates" in text
+    assert "peak: the plan per chip, or what a refused step requires" in text
     doc = json.loads(render_maxtext_recommend_json(rec))
     assert doc["schema"] == "te-ckpt-audit-maxtext-recommend/3" and doc["gpu"] is None
     assert doc["tpu"]["topology"] == "v5e:16x16" and doc["tpu"]["chips"] == 256 and doc["tpu"]["libtpu"] == "0.0.50.1"

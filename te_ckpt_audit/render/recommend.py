@@ -325,7 +325,8 @@ def render_maxtext_recommend_text(rec: MaxTextRecommendation) -> str:
                      f"{format_bytes(rec.gpu.memory_bytes)}")
     if rec.tpu is not None:
         lines.append(f"{rec.tpu.chips} x {rec.tpu.name}: {format_bytes(rec.tpu.usable_bytes)} usable of "
-                     f"{format_bytes(rec.tpu.hbm_bytes)} per chip; fits: libtpu's verdict (libtpu {rec.tpu.libtpu})")
+                     f"{format_bytes(rec.tpu.hbm_bytes)} per chip; fits: libtpu's verdict (libtpu {rec.tpu.libtpu}), "
+                     "its HBM check on temporaries; peak: the plan per chip, or what a refused step requires")
     lines.append("")
     lines.append(f"{'remat_policy':<40} {'batch':>6} {'peak per device':>22} {'fits':>5} {'least':>6}")
     for p in rec.tried:
