@@ -232,16 +232,17 @@ def kind_rows(profile: Path, topology: str = "v5e:1x1") -> list[dict[str, Any]]:
     """Each profiled point compiled here again (the chip's program: the same plan, the same
     instruction names), its kernels (te-ckpt-audit's reader) joined with the chip's measured time
     per kernel: measured over libtpu's estimate (cycles at the clock), by kind of kernel; beside
-    them each kind's HBM roofline (its bytes at the catalog's bandwidth) and the sum, kernel by
-    kernel, of the lesser of libtpu's estimate and that roofline (`--rules` compares them)."""
+    them each kind's roofline (its bytes at the attained HBM bandwidth; a GEMM's FLOPs at the peak,
+    if more), the sum, kernel by kernel, of the lesser of libtpu's estimate and that roofline, and
+    the estimate's own rule before its constant (`_steptime.tpu_timed`; `--rules` compares them)."""
     import jax
     from jax.experimental import topologies
 
-    from te_ckpt_audit._target._kernels import step_kernels
+    from te_ckpt_audit._target._kernels import VMEM, step_kernels
+    from te_ckpt_audit._target._steptime import TPU_EFFICIENCY, tpu_roofline, tpu_timed
     from te_ckpt_audit.tpus import tpu_model
 
     chip = tpu_model("v5e")
-    clock = chip.clock_hz
     topo = topologies.get_topology_desc(platform="tpu", topology_name=topology, chip_config_name="default",
                                         chips_per_host_bounds=(1, 1, 1), num_slices=1)
     out = []
@@ -250,19 +251,20 @@ def kind_rows(profile: Path, topology: str = "v5e:1x1") -> list[dict[str, Any]]:
         text = jax.jit(fn, donate_argnums=donate).lower(*_placed(args, topo.devices[0])).compile().as_text() or ""
         measured = {name: ns for name, (_, ns) in r["lines"]["XLA Ops"].items()}
         kinds: dict[str, list[float]] = {}
-        for k in {k.name: k for k in step_kernels(text)}.values():
-            sums = kinds.setdefault(k.kind.value, [0.0, 0.0, 0.0, 0.0])
-            libtpu, roofline = k.cycles * k.runs / clock, k.bytes * k.runs / chip.hbm_bandwidth
-            sums[0] += measured.get(k.name, 0.0) / 1e9
-            sums[1] += libtpu
-            sums[2] += roofline
-            sums[3] += min(libtpu, roofline)
+        for k in {k.name: k for k in step_kernels(text, on_chip=VMEM)}.values():
+            sums = kinds.setdefault(k.kind.value, [0.0] * 5)
+            libtpu, roofline = k.cycles * k.runs / chip.clock_hz, tpu_roofline(k, chip) * k.runs
+            rule = tpu_timed(k, chip).seconds * k.runs / TPU_EFFICIENCY
+            for i, value in enumerate((measured.get(k.name, 0.0) / 1e9, libtpu, roofline, min(libtpu, roofline), rule)):
+                sums[i] += value
         module = sum(ns for _, ns in r["lines"]["XLA Modules"].values()) / 1e9
         row = {"case": r["case"], "module_seconds": module,
                "kinds": {kind: {"measured_seconds": m, "libtpu_seconds": e, "roofline_seconds": b,
-                                "lesser_seconds": least} for kind, (m, e, b, least) in kinds.items()}}
-        said = "; ".join(f"{kind} {m:.4f} s measured / {e:.4f} s libtpu = {m / e if e else 0:.2f}"
-                         for kind, (m, e, _, _) in kinds.items())
+                                "lesser_seconds": least, "rule_seconds": rule}
+                         for kind, (m, e, b, least, rule) in kinds.items()}}
+        said = "; ".join(f"{kind} {m:.4f} s measured / {e:.4f} s libtpu = {m / e if e else 0:.2f}, "
+                         f"/ {rule:.4f} s rule = {m / rule if rule else 0:.2f}"
+                         for kind, (m, e, _, _, rule) in kinds.items())
         print(f"{r['case']:34s} step {module:.4f} s; {said}", flush=True)
         out.append(row)
     return out
@@ -271,15 +273,18 @@ def kind_rows(profile: Path, topology: str = "v5e:1x1") -> list[dict[str, Any]]:
 def rule_rows(kinds: Path, *times: Path) -> list[dict[str, Any]]:
     """Rules for timing a step's kernels, compared on the chip's own rows (`--kinds` joined with
     `--estimate`'s measured seconds): `libtpu`, every kernel at libtpu's estimate (the estimate's
-    rule), and `lesser`, GEMMs at libtpu's estimate and every other kernel at the lesser of it and
-    its HBM roofline. Each scaled by one constant, the median of measured over unscaled on the rows
-    the estimate was fitted on; the others (and every row of a further file) held out."""
+    first rule); `lesser`, GEMMs at libtpu's estimate and every other kernel at the lesser of it
+    and its HBM roofline; `estimate`, the estimate's rule now (`_steptime.tpu_timed`: GEMMs at the
+    geometric mean of libtpu's estimate and their roofline, the others at the lesser). Each scaled
+    by one constant, the median of measured over unscaled on the rows the estimate was fitted on;
+    the others (and every row of a further file) held out."""
     joined = {r["case"]: r for r in map(json.loads, kinds.read_text().splitlines())}
     points = [r for path in times for r in map(json.loads, path.read_text().splitlines()) if r["case"] in joined]
     unscaled = {
         "libtpu": lambda ks: sum(k["libtpu_seconds"] for k in ks.values()),
         "lesser": lambda ks: sum(k["libtpu_seconds"] if kind == "gemm" else k["lesser_seconds"]
-                                 for kind, k in ks.items())}
+                                 for kind, k in ks.items()),
+        "estimate": lambda ks: sum(k["rule_seconds"] for k in ks.values())}
     out = []
     for rule, seconds in unscaled.items():
         estimates = {r["case"]: seconds(joined[r["case"]]["kinds"]) for r in points}
@@ -290,6 +295,52 @@ def rule_rows(kinds: Path, *times: Path) -> list[dict[str, Any]]:
                     "worst": held[-1], "errors": errors})
         print(f"{rule:8s} constant {constant:.3f}: held out ({len(held)}) median {100 * statistics.median(held):.1f}%, "
               f"worst {100 * held[-1]:.1f}%; " + ", ".join(f"{c} {100 * e:+.0f}%" for c, e in errors.items()))
+    return out
+
+
+# MaxText's published v5e runs (maxtext 0.2.5, configs/tpu/v5e/README.md: TFLOP/s per chip on one
+# v5e-256, its recipes 16b.sh and 32b.sh): (recipe, settings, published TFLOP/s per chip, MFU)
+MAXTEXT_PUBLISHED = (
+    ("maxtext configs/tpu/v5e/16b.sh (1x v5e-256)",
+     "per_device_batch_size=6 remat_policy=full global_parameter_scale=16", 120, 0.611),
+    ("maxtext configs/tpu/v5e/32b.sh (1x v5e-256)",
+     "per_device_batch_size=4 remat_policy=full global_parameter_scale=32", 132, 0.6686),
+)
+
+
+def maxtext_rows() -> list[dict[str, Any]]:
+    """Each published MaxText v5e recipe through `maxtext --tpu v5e --time` (the library's
+    `audit_maxtext`; MaxText's jax 0.12 and its libtpu), against its published TFLOP/s per chip.
+    MaxText's step is traced over one CPU device per chip: this script asks JAX for 256 of them,
+    as the command-line tool does, before JAX starts."""
+    import os
+
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=256".strip()
+    import jax
+
+    from te_ckpt_audit.maxtext import MaxTextRun, audit_maxtext
+    from te_ckpt_audit.tpus import TpuRequest, parse_tpu, tpu_model
+
+    out = []
+    for recipe, settings, tflops, mfu in MAXTEXT_PUBLISHED:
+        given = (*settings.split(), "max_target_length=2048", "use_iota_embed=true", "reuse_example_batch=1",
+                 "compile_topology=v5e-256")
+        run = MaxTextRun("base.yml", given, tpu="v5e")
+        row = audit_maxtext(run, ["as-is"], tpu=TpuRequest(parse_tpu("v5e", run.devices), None, True)).results[0]
+        time, plan = row.time, row.tpu_plan
+        assert time is not None and time.seconds is not None and time.mfu is not None and plan is not None, recipe
+        estimated = time.mfu * tpu_model("v5e").bf16_flops / 1e12
+        out.append({"recipe": recipe, "source": "maxtext 0.2.5 configs/tpu/v5e/README.md",
+                    "command": f"te-ckpt-audit maxtext base.yml {' '.join(given)} --tpu v5e --time",
+                    "fits": plan.fits, "plan_bytes": plan.plan_bytes, "compile_seconds": plan.compile_seconds,
+                    "estimated_seconds": time.seconds, "estimated_mfu": time.mfu,
+                    "estimated_tflops_per_chip": estimated, "published_tflops_per_chip": tflops, "published_mfu": mfu,
+                    "error_tflops": estimated / tflops - 1,
+                    "exposed_communication_seconds": time.exposed_communication_seconds,
+                    "tokens_per_second_per_chip": time.tokens_per_second_per_gpu, "jax": jax.__version__,
+                    "libtpu": _libtpu()})
+        print(f"{recipe}: {time.seconds:.2f} s/step, {estimated:.1f} TFLOP/s per chip estimated, {tflops} published "
+              f"({100 * (estimated / tflops - 1):+.1f}%)", flush=True)
     return out
 
 
@@ -542,6 +593,8 @@ def main() -> None:
     where.add_argument("--time-table", type=Path, metavar="ROWS", help="print the Markdown table of --estimate's rows")
     where.add_argument("--rules", nargs="+", type=Path, metavar="FILE",
                        help="KINDS TIME [TIME ...]: rules for timing kernels against the chip's rows")
+    where.add_argument("--maxtext", action="store_true",
+                       help="MaxText's published v5e recipes through maxtext --tpu v5e --time (MaxText's jax)")
     where.add_argument("--on-chip", action="store_true", help="compile and run on this machine's TPU")
     where.add_argument("--profile", type=Path, metavar="DIR",
                        help="on the chip: trace the profiled points, per-kernel times and HLO into DIR")
@@ -582,7 +635,7 @@ def main() -> None:
                       f"{sum(len(v) for v in row['lines'].values())} kernels", flush=True)
         return
     studies = {"kernels": lambda: kernel_rows(), "cost": lambda: cost_rows(), "kinds": lambda: kind_rows(ns.kinds),
-               "estimate": lambda: time_rows(ns.estimate, not ns.held_out)}
+               "estimate": lambda: time_rows(ns.estimate, not ns.held_out), "maxtext": lambda: maxtext_rows()}
     for flag, study in studies.items():
         if getattr(ns, flag):
             rows = study()

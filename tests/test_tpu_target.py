@@ -160,7 +160,7 @@ def _scan_loss(w: jax.Array, x: jax.Array, layers: int) -> jax.Array:
 
 def _scan_time(layers: int) -> Any:
     w = jax.ShapeDtypeStruct((512, 512), jnp.bfloat16)
-    x = jax.ShapeDtypeStruct((8192, 512), jnp.bfloat16)
+    x = jax.ShapeDtypeStruct((2048, 512), jnp.bfloat16)  # 8 layers' residuals fit VMEM as 4 do: the same body
     report = audit(_scan_loss, w, x, layers, policies=["nothing_saveable"], params=0,
                    tpu=TpuRequest(parse_tpu("v5e"), time=True))
     time = report.results[0].time
@@ -174,7 +174,7 @@ def test_a_scan_of_8_layers_is_estimated_twice_a_scan_of_4() -> None:
     so the layers' kernels count 8 times in one and 4 in the other, the rest (the step around the
     loops) once in each."""
     four, eight = _scan_time(4), _scan_time(8)
-    assert eight.seconds == pytest.approx(2 * four.seconds, rel=0.05)
+    assert eight.seconds == pytest.approx(2 * four.seconds, rel=0.02)
     assert eight.kernels > four.kernels
     assert four.device == "chip" and four.hardware == "v5e" and four.estimator == "libtpu's cycle estimates"
     assert four.peak_flops == parse_tpu("v5e").model.bf16_flops

@@ -3,7 +3,9 @@ measured against the deviceless compile of the same steps (bench/tpu_truth.py, b
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import re
 from pathlib import Path
 
@@ -121,11 +123,38 @@ def test_a_tpu_loops_trips_come_from_its_condition_and_each_kernel_from_libtpus_
     assert (by_name["t"].runs, by_name["t"].cycles) == (layers, 3000)
     assert (by_name["e"].runs, by_name["e"].cycles) == (1, 1500)
     chip = tpu_model("v5e")
-    time = steptime.tpu_estimate(kernels, chip, 1, 0.5)
+    tiny = dataclasses.replace(chip, hbm_attained=1e3)  # the bytes' time above libtpu's: libtpu's cycles stand
+    time = steptime.tpu_estimate(kernels, tiny, 1, 0.5)
     cycles = 1500 + layers * 3000
     assert time.seconds == pytest.approx(cycles / chip.clock_hz * steptime.TPU_EFFICIENCY)
     assert time.communication_seconds == 0 and time.compile_seconds == 0.5
     assert (time.device, time.hardware) == ("chip", "v5e")
+
+
+def test_a_tpu_kernel_is_timed_between_libtpus_estimate_and_its_roofline() -> None:
+    """libtpu over-prices what the chip runs (bench/data/tpu-v5e-profile.jsonl): a memory-bound
+    kernel at the lesser of its estimate and its bytes at the attained HBM bandwidth, a GEMM at the
+    geometric mean of its estimate and its roofline (FLOPs at the peak, or bytes if more); the
+    range from the one to the other."""
+    from te_ckpt_audit._target import _steptime as steptime
+    from te_ckpt_audit._target._kernels import Kernel
+    from te_ckpt_audit.records import KernelKind
+
+    chip = tpu_model("v5e")
+    c = steptime.TPU_EFFICIENCY
+    libtpu = 3e-3  # seconds: cycles at the clock
+    cycles = round(libtpu * chip.clock_hz)
+    libtpu = cycles / chip.clock_hz
+    add = Kernel("add", KernelKind.MEMORY, 0, 2**30, cycles=cycles)  # 1 GiB: 1.66 ms at 648 GB/s
+    bound = 2**30 / chip.hbm_attained
+    timed = steptime.tpu_timed(add, chip)
+    assert (timed.seconds, timed.low, timed.high) == pytest.approx((bound * c, bound * c, libtpu * c))
+    gemm = Kernel("mm", KernelKind.GEMM, 2 * 8192**3, 3 * 8192**2 * 2, cycles=cycles)  # 5.6 ms at the peak
+    floor = 2 * 8192**3 / chip.bf16_flops
+    timed = steptime.tpu_timed(gemm, chip)
+    assert timed.seconds == pytest.approx(math.sqrt(libtpu * floor) * c)
+    assert (timed.low, timed.high) == pytest.approx((libtpu * c, floor * c))
+    assert chip.hbm_attained == 648e9 < chip.hbm_bandwidth
 
 
 def test_an_all_reduce_over_ici_moves_twice_its_share_of_the_buffer() -> None:
@@ -211,3 +240,91 @@ def test_a_maxtext_search_on_a_tpu_names_the_slice_in_every_format() -> None:
     assert "a larger slice (compile_topology)" in render_maxtext_recommend_text(refused)
 
 
+
+
+@pytest.mark.parametrize(("conv", "lhs", "rhs", "flops"), [
+    # a weight gradient (libtpu's Llama): the batch (4) is the window, the sequence (1024) the features
+    ("%c = bf16[2048,32000,1]{1,0,2} convolution(%a, %b), window={size=4}, dim_labels=0fb_0io->bf0",
+     "bf16[4,1024,2048]", "bf16[4,1024,32000]", 2 * 2048 * 32000 * 4 * 1024),
+    # bse,ehd->bshd: the 16 heads a window padded 15 on each side, one tap of each output on the input
+    ("%c = bf16[4,1024,16,128]{1,3,2,0} convolution(%a, %b), window={size=1x16 pad=0_0x15_15 rhs_reversal=0x1}, "
+     "dim_labels=0bf1_i1o0->0b1f", "bf16[4,1024,2048,1]", "bf16[2048,16,128,1]", 2 * 4 * 1024 * 2048 * 16 * 128),
+    # a plain dot: no spatial dimension
+    ("%c = f32[64,32]{1,0} convolution(%a, %b), dim_labels=bf_io->bf", "f32[64,128]", "f32[128,32]", 2 * 64 * 128 * 32),
+])
+def test_a_convolutions_flops_count_the_window_taps_on_its_input(conv: str, lhs: str, rhs: str, flops: int) -> None:
+    """libtpu writes its GEMMs as convolutions: the FLOPs are each output's input features times its
+    window taps that read the input (not the padding), never more than the dot they compute."""
+    from te_ckpt_audit._target._kernels import _conv_flops, _instruction
+
+    inst = _instruction(conv)
+    assert inst is not None and _conv_flops(inst, lhs, rhs) == flops
+
+
+_STACKED = """HloModule step
+
+%slice_layer (p0: f32[12,8,128], p1: s32[]) -> f32[8,128] {
+  %p0 = f32[12,8,128]{2,1,0} parameter(0)
+  %p1 = s32[] parameter(1)
+  %zero = s32[] constant(0)
+  %one = f32[1,8,128]{2,1,0} dynamic-slice(%p0, %p1, %zero, %zero), dynamic_slice_sizes={1,8,128}
+  ROOT %b = f32[8,128]{1,0} bitcast(%one)
+}
+
+%layer (q0: f32[12,8,128], q1: s32[], q2: f32[8,128]) -> f32[8,128] {
+  %q0 = f32[12,8,128]{2,1,0} parameter(0)
+  %q1 = s32[] parameter(1)
+  %q2 = f32[8,128]{1,0:T(8,128)S(1)} parameter(2)
+  %s = f32[8,128]{1,0} fusion(%q0, %q1), kind=kLoop, calls=%slice_layer
+  ROOT %m = f32[8,128]{1,0} multiply(%s, %q2)
+}
+
+ENTRY %main (x: f32[12,8,128], i: s32[], v: f32[8,128]) -> f32[8,128] {
+  %x = f32[12,8,128]{2,1,0} parameter(0)
+  %i = s32[] parameter(1)
+  %v = f32[8,128]{1,0:T(8,128)S(1)} parameter(2)
+  ROOT %f = f32[8,128]{1,0} fusion(%x, %i, %v), kind=kLoop, calls=%layer
+}
+"""
+
+
+def test_a_kernel_reads_one_layer_of_a_stacked_buffer_and_nothing_of_vmem_from_hbm() -> None:
+    """A loop's layer of a stacked residual is read through a fusion nested in the kernel: only
+    that layer crosses HBM; an operand libtpu placed in VMEM (`S(1)`) crosses none on a TPU."""
+    from te_ckpt_audit._target._kernels import VMEM, step_kernels
+
+    layer = 8 * 128 * 4
+    (on_tpu,) = step_kernels(_STACKED, on_chip=VMEM)
+    assert on_tpu.bytes == layer + 4 + layer  # the layer, the index, the result; the VMEM operand not
+    (elsewhere,) = step_kernels(_STACKED)
+    assert elsewhere.bytes == layer + 4 + layer + layer  # no memory space is on chip off a TPU
+
+
+def test_the_attained_hbm_bandwidth_is_the_chips_own_measurement() -> None:
+    """x + 1 over 2^28 and 2^29 elements on the v5e (bench/data/tpu-v5e-kernels.jsonl): the bytes it
+    adds over the time it adds (a call's fixed cost drops out), in float32 and bfloat16 alike."""
+    from te_ckpt_audit.tpus import V5E_HBM_ATTAINED
+
+    rows = _rows("tpu-v5e-kernels.jsonl")
+    for dtype, size in (("float32", 4), ("bfloat16", 2)):
+        small, large = rows[f"add-one {2**28} {dtype}"], rows[f"add-one {2**29} {dtype}"]
+        moved = 2 * (2**29 - 2**28) * size  # read and written
+        assert moved / (large["seconds"] - small["seconds"]) == pytest.approx(V5E_HBM_ATTAINED, rel=0.01)
+
+
+def test_the_one_constant_is_the_fit_on_half_the_chips_rows_and_the_rest_are_held_out() -> None:
+    """`TPU_EFFICIENCY` is the median of measured over unscaled estimate on the 1st, 3rd, ... rows
+    of the chip's timed points (bench/data/tpu-v5e-time.jsonl, the estimate's own `--estimate`);
+    every row's estimate is its unscaled time at that constant; the held-out rows are the others."""
+    import statistics
+
+    from te_ckpt_audit._target._steptime import TPU_EFFICIENCY
+
+    rows = list(_rows("tpu-v5e-time.jsonl").values())
+    assert [r["fitted"] for r in rows] == [i % 2 == 0 for i in range(len(rows))] and len(rows) == 20
+    fitted = statistics.median(r["measured_seconds"] / r["unscaled_seconds"] for r in rows if r["fitted"])
+    assert round(fitted, 3) == TPU_EFFICIENCY
+    for name in ("tpu-v5e-time.jsonl", "tpu-v5e-probe-time.jsonl", "tpu-v5e-wide-time.jsonl"):
+        for r in _rows(name).values():
+            assert r["estimated_seconds"] == pytest.approx(r["unscaled_seconds"] * TPU_EFFICIENCY, rel=1e-9), r["case"]
+            assert r["error"] == pytest.approx(r["estimated_seconds"] / r["measured_seconds"] - 1, rel=1e-9)

@@ -32,6 +32,7 @@ _BITS = {
     "u16": 16, "f32": 32, "s32": 32, "u32": 32, "f64": 64, "s64": 64, "u64": 64, "c64": 64, "c128": 128, "token": 0,
 }
 _SHAPE = re.compile(r"\b([a-z]\w*)\[([\d,]*)\]")
+_LEAF = re.compile(r"\b([a-z]\w*)\[([\d,]*)\](\{[^}]*\})?")  # with its layout
 _NO_KERNEL = frozenset({
     "parameter", "constant", "get-tuple-element", "tuple", "bitcast", "after-all", "partition-id", "replica-id",
     "opt-barrier", "add-dependency", "domain", "send", "recv", "send-done", "recv-done", "copy-done", "fusion-done",
@@ -62,13 +63,18 @@ def _leaves(type_text: str) -> list[tuple[str, tuple[int, ...]]]:
     return [(d, tuple(int(x) for x in dims.split(",") if x)) for d, dims in _SHAPE.findall(type_text)]
 
 
-def type_bytes(type_text: str) -> int:
-    """The bytes of an HLO type (a tuple's, all its leaves).
+def type_bytes(type_text: str, on_chip: str = "") -> int:
+    """The bytes of an HLO type (a tuple's, all its leaves); with `on_chip` (a memory space's mark
+    in a layout: libtpu's VMEM), those the leaves in that memory leave out: what crosses HBM.
 
-    >>> type_bytes("(bf16[8,128]{1,0}, s8[4]{0})")
-    2052
+    >>> type_bytes("(bf16[8,128]{1,0}, s8[4]{0})"), type_bytes("(bf16[8,128]{1,0:T(8,128)(2,1)S(1)}, f32[4]{0})", VMEM)
+    (2052, 16)
     """
-    return sum(math.prod(dims) * _bits(d) // 8 for d, dims in _leaves(type_text))
+    return sum(math.prod(int(x) for x in dims.split(",") if x) * _bits(d) // 8
+               for d, dims, layout in _LEAF.findall(type_text) if not on_chip or on_chip not in layout)
+
+
+VMEM = "S(1)"  # libtpu's layouts: the TensorCore's vector memory, beside the HBM
 
 
 @dataclasses.dataclass(slots=True)
@@ -269,12 +275,13 @@ class Kernel:
 
 
 class _Reader:
-    def __init__(self, comps: dict[str, list[Inst]], devices: int, per_host: int) -> None:
-        self.comps, self.devices, self.per_host = comps, devices, per_host
+    def __init__(self, comps: dict[str, list[Inst]], devices: int, per_host: int, on_chip: str = "") -> None:
+        self.comps, self.devices, self.per_host, self.on_chip = comps, devices, per_host, on_chip
         self.types = {name: {i.name: i.type for i in insts} for name, insts in comps.items()}
         self._fused: dict[str, tuple[int, bool, str, int]] = {}
         self._insts: dict[str, dict[str, Inst]] = {}
         self._holds_fp8: dict[str, bool] = {}
+        self._use_maps: dict[str, tuple[dict[int, str], dict[str, list[tuple[Inst, int]]]]] = {}
 
     def quantized(self, comp: str, names: list[str]) -> bool:
         """Whether an operand of a GEMM (`names`) comes out of a quantize-dequantize: a fusion
@@ -316,9 +323,10 @@ class _Reader:
                 flops += _dot_flops(inst, lhs)
                 gemm, precision = True, "fp8" if inst.opcode == "scaled-dot" else _precision(lhs)
                 widening = _widening(lhs, inst.type)
-            elif inst.opcode == "convolution":
-                flops += 2 * math.prod(_first_dims(inst.type)) * max(1, _conv_window(self, name, inst))
-                gemm = True
+            elif inst.opcode == "convolution":  # libtpu's GEMMs
+                lhs, rhs = (self.operand_type(name, o) for o in (*inst.operands, "", "")[:2])
+                flops += _conv_flops(inst, lhs, rhs)
+                gemm, precision, widening = True, _precision(lhs), _widening(lhs, inst.type)
             elif inst.opcode == "fusion" and inst.attr("calls"):
                 f, g, p, w = self.fused(inst.attr("calls") or "")
                 flops += f
@@ -330,59 +338,81 @@ class _Reader:
                 flops += math.prod(_first_dims(self.operand_type(name, inst.operands[0])))
         self._fused[name] = (flops, gemm, precision, widening)
         return self._fused[name]
+
+    def hbm(self, type_text: str) -> int:
+        return type_bytes(type_text, self.on_chip)
+
     def fusion_bytes(self, comp: str, inst: Inst) -> int:
         """What a fusion reads and writes: each operand once, but only the slice a parameter is
-        read at (dynamic-slice) and nothing of a buffer updated in place (dynamic-update-slice),
-        whose result is then only the update."""
+        read at (dynamic-slice, here or in a fusion nested in it: a loop's layer of a stacked
+        buffer) and nothing of a buffer updated in place (dynamic-update-slice), whose result is
+        then only the update."""
         called = inst.attr("calls") or ""
-        body = self.comps.get(called, [])
-        params = {i.name: int(m.group(1)) for i in body if i.opcode == "parameter"
-                  and (m := re.match(r"(\d+)", i.operands[0] if i.operands and i.operands[0] else "")) is not None}
-        if not params:
-            params = {i.name: n for n, i in enumerate(i for i in body if i.opcode == "parameter")}
-        by_param = {v: k for k, v in params.items()}
-        direct: dict[str, list[tuple[Inst, int]]] = {}
-        for i in body:
-            for pos, o in enumerate(i.operands):
-                direct.setdefault(o, []).append((i, pos))
-
-        def uses_of(name: str, depth: int = 0) -> list[tuple[Inst, int]]:
-            """What reads `name`, looking through bitcasts (a view of the same buffer)."""
-            out: list[tuple[Inst, int]] = []
-            for u, pos in direct.get(name, []):
-                if u.opcode == "bitcast" and depth < 8:
-                    out += uses_of(u.name, depth + 1)
-                else:
-                    out.append((u, pos))
-            return out
-
-        users = {name: uses_of(name) for name in params}
         total = 0
         for pos, operand in enumerate(inst.operands):
-            full = type_bytes(self.operand_type(comp, operand))
-            pname = by_param.get(pos)
-            uses = users.get(pname or "", [])
-            if pname is not None and uses and all(u.opcode in ("dynamic-update-slice",) and p == 0 for u, p in uses):
-                continue  # updated in place
-            if pname is not None and uses and all(u.opcode in ("dynamic-slice", "slice", "gather") and p == 0
-                                                  for u, p in uses):
-                total += min(full, sum(type_bytes(u.type) for u, _ in uses))
-            else:
-                total += full
-        root = body[-1] if body else None
-        out = type_bytes(inst.type)
-        if root is not None:
-            out = self._written(called, root, out)
+            read = self._read(called, pos, self.hbm(self.operand_type(comp, operand)))
+            total += read or 0  # None: updated in place
+        body = self.comps.get(called, [])
+        out = self.hbm(inst.type)
+        if body:
+            out = self._written(called, body[-1], out)
         return total + out
+
+    def _uses(self, comp: str) -> tuple[dict[int, str], dict[str, list[tuple[Inst, int]]]]:
+        """A computation's parameters by number, and what reads each instruction (through bitcasts)."""
+        if comp not in self._use_maps:
+            body = self.comps.get(comp, [])
+            params = {int(m.group(1)): i.name for i in body if i.opcode == "parameter"
+                      and (m := re.match(r"(\d+)", i.operands[0] if i.operands and i.operands[0] else "")) is not None}
+            if not params:
+                params = dict(enumerate(i.name for i in body if i.opcode == "parameter"))
+            direct: dict[str, list[tuple[Inst, int]]] = {}
+            for i in body:
+                for pos, o in enumerate(i.operands):
+                    direct.setdefault(o, []).append((i, pos))
+
+            def uses_of(name: str, depth: int = 0) -> list[tuple[Inst, int]]:
+                out: list[tuple[Inst, int]] = []
+                for u, pos in direct.get(name, []):
+                    if u.opcode == "bitcast" and depth < 8:
+                        out += uses_of(u.name, depth + 1)
+                    else:
+                        out.append((u, pos))
+                return out
+
+            self._use_maps[comp] = params, {name: uses_of(name) for name in params.values()}
+        return self._use_maps[comp]
+
+    def _read(self, comp: str, pos: int, full: int, depth: int = 0) -> int | None:
+        """The bytes a fused computation reads of its parameter `pos` (`full` bytes), None where
+        it only updates it in place."""
+        params, users = self._uses(comp)
+        uses = users.get(params.get(pos, ""), [])
+        if not uses:
+            return full
+        if all(u.opcode == "dynamic-update-slice" and p == 0 for u, p in uses):
+            return None
+        total = 0
+        for u, p in uses:
+            if u.opcode in ("dynamic-slice", "slice", "gather") and p == 0:
+                total += self.hbm(u.type)
+            elif u.opcode == "fusion" and u.attr("calls") and depth < 4:
+                inner = self._read(u.attr("calls") or "", p, full, depth + 1)
+                if inner is None:
+                    return None if len(uses) == 1 else full
+                total += inner
+            else:
+                return full
+        return min(full, total)
 
     def _written(self, comp: str, root: Inst, whole: int) -> int:
         types = self.types.get(comp, {})
         if root.opcode == "dynamic-update-slice":
-            return type_bytes(types.get(root.operands[1], "")) if len(root.operands) > 1 else whole
+            return self.hbm(types.get(root.operands[1], "")) if len(root.operands) > 1 else whole
         if root.opcode == "tuple":
             body = {i.name: i for i in self.comps.get(comp, [])}
-            return sum(self._written(comp, body[o], type_bytes(types.get(o, ""))) if o in body
-                       else type_bytes(types.get(o, "")) for o in root.operands)
+            return sum(self._written(comp, body[o], self.hbm(types.get(o, ""))) if o in body
+                       else self.hbm(types.get(o, "")) for o in root.operands)
         if root.opcode == "bitcast" and root.operands:
             body = {i.name: i for i in self.comps.get(comp, [])}
             if root.operands[0] in body:
@@ -466,7 +496,8 @@ class _Reader:
         if code == "copy-start":
             operand = self.operand_type(comp, inst.operands[0]) if inst.operands else ""
             host = "S(5)" in inst.type or "S(5)" in operand
-            yield Kernel(inst.name, HOST if host else MEMORY, 0, type_bytes(operand) * (1 if host else 2),
+            moved = type_bytes(operand) * (1 if host else 2) if host or not self.on_chip else self.hbm(inst.type)
+            yield Kernel(inst.name, HOST if host else MEMORY, 0, moved,
                          xla_us=costs, runs=runs, source=source)
             return
         if code in _NO_KERNEL or code.endswith("-done"):
@@ -487,15 +518,15 @@ class _Reader:
             yield dataclasses.replace(self._custom_call(comp, inst), xla_us=costs, runs=runs, source=source)
             return
         ins = [self.operand_type(comp, o) for o in inst.operands]
-        moved = sum(map(type_bytes, ins)) + type_bytes(inst.type)
+        moved = sum(map(self.hbm, ins)) + self.hbm(inst.type)
         if code == "dot":
             yield Kernel(inst.name, GEMM, _dot_flops(inst, ins[0]), moved, _precision(ins[0]),
                          _widening(ins[0], inst.type), costs, runs, source=source)
             return
         if code == "dynamic-update-slice" and len(ins) > 1:
-            moved = 2 * type_bytes(ins[1])
+            moved = 2 * self.hbm(ins[1])
         elif code in ("dynamic-slice", "slice", "gather"):
-            moved = 2 * type_bytes(inst.type)
+            moved = 2 * self.hbm(inst.type)
         flops = math.prod(_first_dims(inst.type)) if code in _ELEMENTWISE else 0
         yield Kernel(inst.name, MEMORY, flops, moved, xla_us=costs, runs=runs, source=source)
 
@@ -595,10 +626,69 @@ def _dot_flops(inst: Inst, lhs: str) -> int:
     return 2 * math.prod(_first_dims(inst.type)) * k
 
 
-def _conv_window(reader: _Reader, comp: str, inst: Inst) -> int:
-    rhs = _first_dims(reader.operand_type(comp, inst.operands[1])) if len(inst.operands) > 1 else ()
-    out = _first_dims(inst.type)
-    return math.prod(rhs) // max(out[-1] if out else 1, 1) if rhs else 1
+def _conv_flops(inst: Inst, lhs_type: str = "", rhs_type: str = "") -> int:
+    """A convolution's multiply-adds, x 2: each output element sums its input features over the
+    window taps that land on the input, padding left out (libtpu writes a dot as a convolution, a
+    weight gradient's contraction as its window, a per-head contraction as a window padded on both
+    sides, where all but one tap of each output falls in the padding).
+
+    >>> conv = '%c = bf16[2048,32000,1]{1,0,2} convolution(%a, %b), window={size=4}, dim_labels=0fb_0io->bf0'
+    >>> _conv_flops(_instruction(conv), "bf16[4,1024,2048]", "bf16[4,1024,32000]") == 2 * 2048 * 32000 * 4 * 1024
+    True
+    """
+    labels = re.search(r"dim_labels=(\w+)_(\w+)->(\w+)", inst.attrs)
+    lhs, rhs, out = _first_dims(lhs_type), _first_dims(rhs_type), _first_dims(inst.type)
+    if not labels or [len(x) for x in labels.groups()] != [len(lhs), len(rhs), len(out)]:
+        return 2 * math.prod(out)
+    lhs_labels, rhs_labels, out_labels = labels.groups()
+    features = rhs[rhs_labels.index("i")] if "i" in rhs_labels else 1
+    taps = 1
+    window = _window(inst.attrs)
+    for d, label in enumerate(rhs_labels):
+        if not label.isdigit():
+            continue
+        size, (lo, _), stride, lhs_dilate, rhs_dilate = window[int(label)] if int(label) < len(window) else (
+            rhs[d], (0, 0), 1, 1, 1)
+        outputs = out[out_labels.index(label)] if label in out_labels else 1
+        taps *= _taps(outputs, size, lo, stride, lhs_dilate, rhs_dilate,
+                      lhs[lhs_labels.index(label)] if label in lhs_labels else 1)
+    return 2 * math.prod(out) // max(1, math.prod(out[i] for i, c in enumerate(out_labels) if c.isdigit())) \
+        * features * taps
+
+
+def _window(attrs: str) -> list[tuple[int, tuple[int, int], int, int, int]]:
+    """Each spatial dimension's (size, padding, stride, lhs dilation, rhs dilation) of `window={...}`."""
+    found = re.search(r"window=\{([^}]*)\}", attrs)
+    fields = dict(re.findall(r"(\w+)=([\w\-]+)", found.group(1))) if found else {}
+    sizes = [int(x) for x in fields.get("size", "").split("x") if x]
+
+    def each(key: str, default: str) -> list[str]:
+        got = fields.get(key, "").split("x") if key in fields else []
+        return got if len(got) == len(sizes) else [default] * len(sizes)
+
+    pads = [tuple(int(x) for x in p.split("_")) for p in each("pad", "0_0")]
+    return [(n, (p[0], p[1]), int(s), int(ld), int(rd)) for n, p, s, ld, rd in
+            zip(sizes, pads, each("stride", "1"), each("lhs_dilate", "1"), each("rhs_dilate", "1"), strict=True)]
+
+
+def _taps(outputs: int, size: int, lo: int, stride: int, lhs_dilate: int, rhs_dilate: int, inputs: int) -> int:
+    """The (output position, window tap) pairs of one spatial dimension that read an input element
+    (tap w of output p reads padded position p stride + w rhs_dilate - lo).
+
+    >>> _taps(16, 16, 15, 1, 1, 1, 1), _taps(1, 4, 0, 1, 1, 1, 4), _taps(3, 3, 1, 1, 1, 1, 3)
+    (16, 4, 7)
+    """
+    last = (inputs - 1) * lhs_dilate  # the padded input's last element
+    if lhs_dilate == 1:
+        count = 0
+        for w in range(size):
+            start = w * rhs_dilate - lo  # where output 0 reads; output p reads start + p stride
+            first = max(0, -(start // stride) if start < 0 else 0)
+            end = min(outputs - 1, (last - start) // stride) if last >= start else -1
+            count += max(0, end - first + 1)
+        return count
+    p = np.arange(outputs)[:, None] * stride + np.arange(size)[None, :] * rhs_dilate - lo
+    return int(np.count_nonzero((p >= 0) & (p <= last) & (p % lhs_dilate == 0)))
 
 
 def _attention_flops(ins: list[str], target: str, attrs: str) -> int:
@@ -632,7 +722,8 @@ def _trip_count(inst: Inst) -> int:
     return 1
 
 
-def step_kernels(hlo_text: str, devices: int = 1, gpus_per_host: int = 8) -> tuple[Kernel, ...]:
-    """The kernels one step runs, from its optimized HLO text (`compiled.as_text()`)."""
+def step_kernels(hlo_text: str, devices: int = 1, gpus_per_host: int = 8, on_chip: str = "") -> tuple[Kernel, ...]:
+    """The kernels one step runs, from its optimized HLO text (`compiled.as_text()`); `on_chip`:
+    the mark of the memory space a kernel reads without HBM (a TPU's VMEM: `VMEM`, below)."""
     comps, entry = parse_module(hlo_text)
-    return tuple(_Reader(comps, devices, gpus_per_host).kernels(entry))
+    return tuple(_Reader(comps, devices, gpus_per_host, on_chip).kernels(entry))

@@ -18,7 +18,8 @@ timed below its roofline floor:
   constant, fitted on published runs: see docs/guide/step-time.md).
 
 On a TPU, each kernel is timed by libtpu's own estimate, its `estimated_cycles` at the chip's
-clock, times one constant (`TPU_EFFICIENCY`), and a collective by its bytes over ICI.
+clock, against its roofline (`tpu_timed`), times one constant (`TPU_EFFICIENCY`), and a collective
+by its bytes over ICI.
 
 On either, the step's time is its kernels run in the order the latency-hiding scheduler put them
 in (the optimized HLO's order: `elapsed`): compute kernels one after another, each asynchronous collective
@@ -134,14 +135,19 @@ def timed(kernel: Kernel, gpu: GpuModel) -> Timed:
 
 
 # --- TPUs ---------------------------------------------------------------------------------------
-# What a TPU step's kernels take of libtpu's estimate (its cycles at the chip's clock): the one
-# constant, fitted on the v5e's 1st, 3rd, ... rows of bench/data/tpu-v5e-time.jsonl (the others are
-# held out: docs/guide/tpu.md). libtpu's cost model judges every kind of kernel slow, memory-bound
-# ones most (the chip's profile: about 2.2x; GEMMs 1.1-1.6x).
-TPU_EFFICIENCY = 0.741
+# libtpu's cost model prices what the chip runs as a memory-bound kernel at about twice its time,
+# and a GEMM anywhere from its time to 1.6x it (a float32 one in HBM most: the chip's profile,
+# bench/data/tpu-v5e-profile.jsonl). So a kernel bound by memory is timed at the lesser of libtpu's
+# estimate and its bytes at the HBM bandwidth the chip attains; a GEMM (libtpu's estimate above its
+# time, its roofline below: no kernel of the profile beat its FLOPs at the peak) at the geometric
+# mean of the two. One constant on top (`TPU_EFFICIENCY`), fitted on the v5e's 1st, 3rd, ... rows of
+# bench/data/tpu-v5e-time.jsonl (the others are held out: docs/guide/tpu.md).
+TPU_EFFICIENCY = 1.003
 LIBTPU = "libtpu"
-TPU_METHOD = (f"libtpu's estimated cycles per kernel at the chip's clock, x {TPU_EFFICIENCY} (fitted on a v5e); "
-              "loops x trip count; collectives over ICI in the scheduled order")
+TPU_METHOD = ("libtpu's estimated cycles per kernel at the chip's clock, memory-bound kernels at most their bytes at "
+              "the HBM bandwidth the chip attains, GEMMs at the geometric mean of libtpu's estimate and their "
+              f"roofline; x {TPU_EFFICIENCY} (fitted on a v5e); loops x trip count; collectives over ICI in the "
+              "scheduled order")
 
 
 def ici_seconds(kernel: Kernel, chip: TpuModel) -> float:
@@ -155,12 +161,28 @@ def ici_seconds(kernel: Kernel, chip: TpuModel) -> float:
     return kernel.bytes * share / chip.ici_bandwidth
 
 
+def tpu_roofline(kernel: Kernel, chip: TpuModel) -> float:
+    """A kernel's least time on a TPU chip: its bytes at the HBM bandwidth the chip attains, a
+    GEMM's FLOPs at the peak for its operands if more."""
+    seconds = kernel.bytes / chip.hbm_attained
+    if kernel.kind in (KernelKind.GEMM, KernelKind.ATTENTION):
+        seconds = max(seconds, kernel.flops / (chip.int8_ops if kernel.precision == "fp8" else chip.bf16_flops))
+    return seconds
+
+
 def tpu_timed(kernel: Kernel, chip: TpuModel) -> Timed:
+    """One kernel on a TPU chip, from libtpu's estimate (its cycles at the chip's clock) and its
+    roofline: a GEMM at their geometric mean, anything else at the lesser; the range between them."""
     if kernel.kind is KernelKind.COLLECTIVE:
         seconds = ici_seconds(kernel, chip)
         return Timed(kernel, seconds, seconds, seconds, ROOFLINE)
-    seconds = kernel.cycles / chip.clock_hz * TPU_EFFICIENCY
-    return Timed(kernel, seconds, seconds, seconds, LIBTPU)
+    libtpu, roofline = kernel.cycles / chip.clock_hz, tpu_roofline(kernel, chip)
+    if kernel.kind in (KernelKind.GEMM, KernelKind.ATTENTION):
+        seconds = math.sqrt(libtpu * roofline) if libtpu else roofline
+    else:
+        seconds = min(libtpu, roofline)
+    low, high = sorted((libtpu, roofline)) if libtpu else (seconds, seconds)
+    return Timed(kernel, seconds * TPU_EFFICIENCY, low * TPU_EFFICIENCY, high * TPU_EFFICIENCY, LIBTPU)
 
 
 def tpu_estimate(kernels: Iterable[Kernel], chip: TpuModel, devices: int, compile_seconds: float) -> StepTime:

@@ -26,7 +26,7 @@ from ..specs import AsIs, PolicySpec
 from ..tpus import TpuRequest, TpuTarget
 from . import _steptime as steptime
 from ._gpu import _optimizer as optax_update  # the same update the GPU step adds
-from ._kernels import step_kernels
+from ._kernels import VMEM, step_kernels
 from ._placement import gpu_mesh, on, rehomed, replicated
 
 OWN_STEP_AS_IS = "a training step of the target's own is compiled as it is: only as-is"
@@ -96,7 +96,7 @@ class TpuCompiler:
             why = ("the step does not fit the chip's HBM" if plan.fits is False
                    else plan.error or "libtpu gave no program")
             return plan, steptime.tpu_failed(why, model, chips)
-        kernels = step_kernels(text, chips, model.chips_per_host)
+        kernels = step_kernels(text, chips, model.chips_per_host, VMEM)
         return plan, steptime.tpu_estimate(kernels, model, chips, plan.compile_seconds)
 
     def _compiled(self, spec: PolicySpec, scope: Scope) -> tuple[TpuPlan, str | None]:
