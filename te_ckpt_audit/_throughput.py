@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 from ._progress import Progress, quiet
 from ._session import Session
 from ._target._gpu import LogCapture
+from ._target._steptime import TPU_ESTIMATOR
 from .errors import AuditError, UsageError, first_line
 from .gpus import GpuRequest
 from .records import PeakMemory, Point, StepTime, Throughput
@@ -229,7 +230,7 @@ def target_search(
 
 def per_device_of(found: Throughput, request: GpuRequest | TpuRequest) -> Throughput:
     """`found` counted per device of `request`'s kind: per GPU (XLA's cost models), or per TPU chip
-    (libtpu's cycle estimates)."""
+    (libtpu's cycle estimates against the roofline)."""
     if isinstance(request, TpuRequest):
-        return dataclasses.replace(found, device="chip", estimator="libtpu's cycle estimates")
+        return dataclasses.replace(found, device="chip", estimator=TPU_ESTIMATOR)
     return found

@@ -16,6 +16,7 @@ import pytest
 from _maxtext_truth import maxtexts_own_plan
 
 from te_ckpt_audit._jax_compat import GPU_TARGET_SINCE, JAX_VERSION
+from te_ckpt_audit._target._steptime import TPU_ESTIMATOR
 from te_ckpt_audit.maxtext import BY_SPEED, MaxTextRun, audit_maxtext, recommend_maxtext
 from te_ckpt_audit.tpus import TpuRequest, parse_tpu
 
@@ -98,7 +99,7 @@ def test_recommend_searches_the_slice_by_libtpus_verdict_and_by_throughput() -> 
     assert rec.to_dict()["tpu"]["chips"] == 8
     fast = recommend_maxtext(run, _on(run), max_compiles=2, maximize="throughput", remat_policies=["full", "minimal"])
     found = fast.throughput
-    assert found is not None and found.device == "chip" and found.estimator == "libtpu's cycle estimates"
+    assert found is not None and found.device == "chip" and found.estimator == TPU_ESTIMATOR
     assert [(p.policy, p.value) for p in found.points] == [("full", 2), ("minimal", 2)]
     for point in found.points:
         assert point.fits and point.seconds is not None

@@ -17,6 +17,7 @@ import pytest
 from test_cli import MODEL, cli
 
 from te_ckpt_audit import UsageError, audit, audit_target
+from te_ckpt_audit._target._steptime import TPU_ESTIMATOR
 from te_ckpt_audit.gpus import Optimizer
 from te_ckpt_audit.tpus import TpuRequest, parse_tpu
 
@@ -176,7 +177,7 @@ def test_a_scan_of_8_layers_is_estimated_twice_a_scan_of_4() -> None:
     four, eight = _scan_time(4), _scan_time(8)
     assert eight.seconds == pytest.approx(2 * four.seconds, rel=0.02)
     assert eight.kernels > four.kernels
-    assert four.device == "chip" and four.hardware == "v5e" and four.estimator == "libtpu's cycle estimates"
+    assert four.device == "chip" and four.hardware == "v5e" and four.estimator == TPU_ESTIMATOR
     assert four.peak_flops == parse_tpu("v5e").model.bf16_flops
     assert any(k.runs == 8 for k in eight.costliest) and not any(k.runs == 8 for k in four.costliest)
 
@@ -222,10 +223,10 @@ def test_time_on_a_tpu_is_named_per_chip_in_every_format(model: Path, tmp_path: 
             doc = json.loads(text)
             jsonschema.validate(doc, JSON_SCHEMA)
             time = doc["results"][0]["time"]
-            assert (time["device"], time["hardware"], time["estimator"]) == ("chip", "v5e", "libtpu's cycle estimates")
+            assert (time["device"], time["hardware"], time["estimator"]) == ("chip", "v5e", TPU_ESTIMATOR)
             assert time["model"].startswith("libtpu's estimated cycles") and time["seconds"] > 0
         else:
-            assert "Step time on 1 x v5e: an estimate from libtpu's cycle estimates" in text
+            assert "Step time on 1 x v5e: an estimate from libtpu's cycle estimates and the roofline" in text
             assert "per chip" in text and "per GPU" not in text and "XLA's cost models" not in text
 
 
@@ -253,13 +254,13 @@ def test_maximize_throughput_on_a_tpu_searches_policy_and_batch_per_chip() -> No
     assert result.exit_code == 0, result.stderr
     doc = json.loads(result.stdout)
     t = doc["throughput"]
-    assert (t["device"], t["estimator"]) == ("chip", "libtpu's cycle estimates") and len(t["points"]) == 4
+    assert (t["device"], t["estimator"]) == ("chip", TPU_ESTIMATOR) and len(t["points"]) == 4
     best = t["best"]
     assert best["fits"] and best["throughput"] == max(p["throughput"] for p in t["points"] if p["fits"])
     assert best["throughput"] == pytest.approx(best["value"] / best["seconds"])
     text = cli("recommend", str(ROOT / "sample_models" / "mlp.py") + ":loss", "-D", "batch=4096",
                "--tpu", "v5e", "--maximize", "throughput", "--max-compiles", "4")
-    assert "batch/s/chip" in text.stdout and "libtpu's cycle estimates" in text.stdout
+    assert "batch/s/chip" in text.stdout and "libtpu's cycle estimates and the roofline" in text.stdout
     assert "TPU: v5e:1x1 (1 x v5e)" in text.stdout
 
 

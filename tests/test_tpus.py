@@ -223,23 +223,22 @@ def test_a_maxtext_search_on_a_tpu_names_the_slice_in_every_format() -> None:
     chosen = MaxTextPoint("minimal", "4", peak)
     best = Point("minimal", 4, 14 * GIB, True, 2.5, 6553.6)
     searched = Throughput("per_device_batch_size", "tokens", best, (best,), ("minimal",), 4, device="chip",
-                          estimator="libtpu's cycle estimates")
+                          estimator="libtpu's cycle estimates and the roofline")
     rec = MaxTextRecommendation("maxtext base.yml", chosen, (chosen,), None, searched, info)
     assert rec.device_name == "v5e:16x16"
     text = render_maxtext_recommend_text(rec)
     assert "compiled for v5e:16x16, per device" in text and "256 x v5e: 15.8 GiB usable of 16 GiB per chip" in text
-    assert "tokens/s/chip" in text and "libtpu's cycle estimates" in text
+    assert "tokens/s/chip" in text and "libtpu's cycle estimates and the roofline" in text
     assert "peak: the plan per chip, or what a refused step requires" in text
     doc = json.loads(render_maxtext_recommend_json(rec))
     assert doc["schema"] == "te-ckpt-audit-maxtext-recommend/3" and doc["gpu"] is None
     assert doc["tpu"]["topology"] == "v5e:16x16" and doc["tpu"]["chips"] == 256 and doc["tpu"]["libtpu"] == "0.0.50.1"
     assert doc["throughput"]["device"] == "chip"
     assert "tokens/s/chip" in rec._repr_html_()
+    assert "estimates from libtpu&#x27;s cycle estimates and the roofline" in rec._repr_html_()  # not XLA's
     refused = MaxTextRecommendation("maxtext base.yml", None, (MaxTextPoint("full", "64", PeakMemory(
         None, None, None, None, None, None, False, False, None, 1.0)),), None, None, info)
     assert "a larger slice (compile_topology)" in render_maxtext_recommend_text(refused)
-
-
 
 
 @pytest.mark.parametrize(("conv", "lhs", "rhs", "flops"), [

@@ -144,6 +144,7 @@ def timed(kernel: Kernel, gpu: GpuModel) -> Timed:
 # bench/data/tpu-v5e-time.jsonl (the others are held out: docs/guide/tpu.md).
 TPU_EFFICIENCY = 1.003
 LIBTPU = "libtpu"
+TPU_ESTIMATOR = "libtpu's cycle estimates and the roofline"
 TPU_METHOD = ("libtpu's estimated cycles per kernel at the chip's clock, memory-bound kernels at most their bytes at "
               "the HBM bandwidth the chip attains, GEMMs at the geometric mean of libtpu's estimate and their "
               f"roofline; x {TPU_EFFICIENCY} (fitted on a v5e); loops x trip count; collectives over ICI in the "
@@ -188,12 +189,12 @@ def tpu_timed(kernel: Kernel, chip: TpuModel) -> Timed:
 def tpu_estimate(kernels: Iterable[Kernel], chip: TpuModel, devices: int, compile_seconds: float) -> StepTime:
     """A TPU step's time from the kernels libtpu compiled (`tpu_timed`), in its scheduled order."""
     found = _step([tpu_timed(k, chip) for k in kernels], chip.bf16_flops, devices, compile_seconds, TPU_METHOD)
-    return dataclasses.replace(found, device="chip", hardware=chip.name, estimator="libtpu's cycle estimates")
+    return dataclasses.replace(found, device="chip", hardware=chip.name, estimator=TPU_ESTIMATOR)
 
 
 def tpu_failed(why: str, chip: TpuModel, devices: int) -> StepTime:
     return dataclasses.replace(_failed(why, chip.bf16_flops, devices, TPU_METHOD), device="chip", hardware=chip.name,
-                               estimator="libtpu's cycle estimates")
+                               estimator=TPU_ESTIMATOR)
 
 
 MEASURED = "profile"  # a kernel's basis where the profile measured it

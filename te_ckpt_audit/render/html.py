@@ -603,8 +603,8 @@ def throughput_section(t: Throughput, paste: str | None, usable: int | None, pol
     unit = rate_unit(t)
     body = ["<h2>Fastest that fits</h2>",
             f'<p class="meta">{counted(len(t.points), "point")} compiled of at most {t.max_compiles} '
-            f"(searched: {_e(', '.join(t.policies))}); step times are estimates from XLA's "
-            "cost models, each point compiled, none interpolated</p>"]
+            f"(searched: {_e(', '.join(t.policies))}); step times are estimates from {_e(t.estimator)}, "
+            "each point compiled, none interpolated</p>"]
     if t.bounded:
         body.append('<p class="meta">Stopped by --max-compiles: points the search wanted were not compiled.</p>')
     if t.saturated:
