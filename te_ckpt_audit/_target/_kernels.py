@@ -4,9 +4,10 @@ step-time estimate (`_steptime`) costs.
 Each instruction of the entry computation (and of the loops, calls and branches it runs) that
 launches work is one kernel, run as many times as the loops around it turn (`known_trip_count`;
 libtpu gives none: the constant the loop's condition compares with):
-a fusion (its FLOPs those of the dots and elementwise ops inside it, its bytes its operands and
-results, except where it updates or reads a slice of a buffer in place: then the slice's); a cuBLAS
-or TE GEMM; fused attention (cuDNN's, TE's); a copy between host and device; a collective.
+a fusion (its FLOPs those of the dots, libtpu's convolutions and the elementwise ops inside it,
+its bytes its operands and results, except where it, or a fusion nested in it, updates or reads a
+slice of a buffer in place: then the slice's; on a TPU, nothing of what libtpu keeps in VMEM); a
+cuBLAS or TE GEMM; fused attention (cuDNN's, TE's); a copy between host and device; a collective.
 Instructions that launch nothing (parameters, tuples, bitcasts, constants) are left out. Each
 kernel carries XLA's own estimate where the compile collected it (`reification_cost`, compile
 option `xla_gpu_collect_cost_model_stats`; libtpu's `estimated_cycles`, which every TPU compile
