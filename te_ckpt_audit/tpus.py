@@ -37,7 +37,7 @@ class TpuModel:
     dimensions: int  # of its topology: 2 (v5e, v6e: 4x4) or 3 (v4, v5p: 2x2x2)
     source: str
     clock_hz: float = 1.5e9  # the TensorCore's: libtpu's estimated cycles are its (CLOCKS says whence)
-    hbm_attained: float = 0.0  # bytes/s a kernel bound by HBM reaches (ATTAINED says whence)
+    hbm_attained: float = 0.0  # bytes/s a kernel bound by HBM reaches (V5E_HBM_ATTAINED says whence; 0: hbm_bandwidth)
 
 
 def _usable_like_v5e(hbm: int) -> int:

@@ -165,7 +165,7 @@ def ici_seconds(kernel: Kernel, chip: TpuModel) -> float:
 def tpu_roofline(kernel: Kernel, chip: TpuModel) -> float:
     """A kernel's least time on a TPU chip: its bytes at the HBM bandwidth the chip attains, a
     GEMM's FLOPs at the peak for its operands if more."""
-    seconds = kernel.bytes / chip.hbm_attained
+    seconds = kernel.bytes / (chip.hbm_attained or chip.hbm_bandwidth)
     if kernel.kind in (KernelKind.GEMM, KernelKind.ATTENTION):
         seconds = max(seconds, kernel.flops / (chip.int8_ops if kernel.precision == "fp8" else chip.bf16_flops))
     return seconds
