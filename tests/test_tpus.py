@@ -323,7 +323,8 @@ def test_the_one_constant_is_the_fit_on_half_the_chips_rows_and_the_rest_are_hel
     assert [r["fitted"] for r in rows] == [i % 2 == 0 for i in range(len(rows))] and len(rows) == 20
     fitted = statistics.median(r["measured_seconds"] / r["unscaled_seconds"] for r in rows if r["fitted"])
     assert round(fitted, 3) == TPU_EFFICIENCY
-    for name in ("tpu-v5e-time.jsonl", "tpu-v5e-probe-time.jsonl", "tpu-v5e-wide-time.jsonl"):
+    for name in ("tpu-v5e-time.jsonl", "tpu-v5e-probe-time.jsonl", "tpu-v5e-wide-time.jsonl",
+                 "tpu-v5e-search-time.jsonl", "tpu-v5e-remat3-time.jsonl", "tpu-v5e-wide-time-libtpu0.0.50.jsonl"):
         for r in _rows(name).values():
             assert r["estimated_seconds"] == pytest.approx(r["unscaled_seconds"] * TPU_EFFICIENCY, rel=1e-9), r["case"]
             assert r["error"] == pytest.approx(r["estimated_seconds"] / r["measured_seconds"] - 1, rel=1e-9)
