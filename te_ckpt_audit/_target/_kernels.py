@@ -497,7 +497,12 @@ class _Reader:
         if code == "copy-start":
             operand = self.operand_type(comp, inst.operands[0]) if inst.operands else ""
             host = "S(5)" in inst.type or "S(5)" in operand
-            moved = type_bytes(operand) * (1 if host else 2) if host or not self.on_chip else self.hbm(inst.type)
+            if host:  # one side is host memory
+                moved = type_bytes(operand)
+            elif self.on_chip:  # to or from VMEM: only the HBM side of (source, destination, context) counts
+                moved = self.hbm(inst.type)
+            else:
+                moved = 2 * type_bytes(operand)
             yield Kernel(inst.name, HOST if host else MEMORY, 0, moved,
                          xla_us=costs, runs=runs, source=source)
             return
@@ -684,7 +689,7 @@ def _taps(outputs: int, size: int, lo: int, stride: int, lhs_dilate: int, rhs_di
         count = 0
         for w in range(size):
             start = w * rhs_dilate - lo  # where output 0 reads; output p reads start + p stride
-            first = max(0, -(start // stride) if start < 0 else 0)
+            first = -(start // stride) if start < 0 else 0
             end = min(outputs - 1, (last - start) // stride) if last >= start else -1
             count += max(0, end - first + 1)
         return count
