@@ -6,6 +6,8 @@
 - te-ckpt-audit refuses a jax outside its supported range while importing
   (`te_ckpt_audit._jax_compat`); here, before any command exists, that refusal becomes the command
   line's one-line error and exit 2 (bad input), not an ImportError traceback.
+- A JAX environment variable JAX cannot read (`JAX_REMAT3=maybe`) ends JAX's import with a
+  ValueError: it becomes a usage error naming the variable (exit 2), not a traceback and exit 1.
 - When the command is done, the process ends with its code, even where the model's code left a
   thread running that Python would otherwise wait for forever.
 """
@@ -14,10 +16,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sys
 import threading
 
 _USAGE = 2  # ExitCode.USAGE; options.py cannot be imported before the version check passes
+_BAD_TRUTH = re.compile(r"invalid truth value '(.*)' for environment '(\w+)'")  # jax's bool_env
 
 
 def _version() -> str:
@@ -67,6 +71,14 @@ def main() -> None:
         return
     try:
         from .app import run
+    except ValueError as err:  # JAX reads its boolean environment variables while it imports
+        bad = _BAD_TRUTH.search(str(err))
+        if bad is None:
+            raise
+        if sys.stderr is not None:
+            print(f"te-ckpt-audit: error: {bad.group(2)}={bad.group(1)} is not a value JAX takes (hint: set "
+                  f"{bad.group(2)} to 1 or 0, true or false, or unset it)", file=sys.stderr)
+        sys.exit(_USAGE)
     except ImportError as err:
         message = getattr(err, "message", None)
         if getattr(err, "supported", None) is None or message is None:

@@ -527,7 +527,8 @@ OptimizerOption = Annotated[
     typer.Option(
         "--optimizer",
         case_sensitive=False,
-        help="With --gpu or --tpu: add an optax update to the compiled step, its state donated in and out.",
+        help="With --gpu or --tpu: add an optax update to the compiled step, its state donated in and out: "
+        "optax's function of that name with its defaults (sgd keeps no state; momentum is sgd with momentum 0.9).",
         show_default=False,
     ),
 ]

@@ -7,7 +7,9 @@ The library never touches the process; this module owns it:
   CUDA driver preloaded (`emulate.py`), into that process only; `--gpu NAME` emulates that GPU
   wherever the emulated driver is set up (the te_cpu environment);
 - JAX kept on its CPU backend where a step is compiled for a GPU (`--gpu`): the CUDA plugin then
-  registers without looking for a local CUDA, and the trace stays on CPU devices;
+  registers without looking for a local CUDA, and the trace stays on CPU devices; for a TPU
+  (`--tpu`), libtpu's environment for a machine that is no TPU VM, and leave to load it beside
+  other processes (a deviceless compile opens no chip);
 - the worker processes that compile several policies at once (`--jobs`), and XLA's log lines
   kept off stderr while it compiles;
 - Python's cyclic collector, paused while the command traces and analyses.
@@ -103,9 +105,21 @@ def prepare(gpu: str | None, devices: int | None, target: GpuModel | None = None
     if tpu:  # libtpu looks for the TPU VM it runs on: no such machine here, and nothing to say of it
         for name, value in LIBTPU_QUIET.items():
             os.environ.setdefault(name, value)
+        if _platforms() == {"cpu"}:  # a deviceless compile never opens a chip: others may load libtpu too
+            os.environ.setdefault(MULTIPLE_LIBTPU, "1")
     if devices:
         provide_cpu_devices(devices)
 
+
+def _platforms() -> set[str]:
+    """The backends JAX may start in this process (JAX_PLATFORMS, or its config where this set it)."""
+    named = os.environ.get("JAX_PLATFORMS") or getattr(jax.config, "jax_platforms", None) or ""
+    return {p.strip().lower() for p in named.split(",") if p.strip()}
+
+
+# libtpu lets one process per machine load it unless this is set (its lock, /tmp/libtpu_lockfile):
+# set only where JAX runs on the CPU, so the lock still guards a chip a process of the user's may use
+MULTIPLE_LIBTPU = "ALLOW_MULTIPLE_LIBTPU_LOAD"
 
 # libtpu's environment on a machine that is no TPU VM: without them it prints warnings (no
 # accelerator type, no worker hostnames) as it describes a slice for a deviceless compile

@@ -13,7 +13,7 @@ import jax
 from ._args import check_target_arg, gpu_arg, mesh_arg, tpu_arg
 from ._progress import Progress, quiet
 from ._session import Session
-from ._target._gpu import LogCapture
+from ._target import LogCapture
 from ._trained import ALL, ParamsLike
 from .baselines import audit_key
 from .config import DefinesLike, TargetConfig

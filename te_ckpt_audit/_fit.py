@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from ._progress import Progress, quiet
 from ._session import Session
-from ._target._gpu import LogCapture
+from ._target import LogCapture
 from .errors import AuditError, UsageError, first_line
 from .gpus import GpuRequest
 from .records import Candidate, Maximized, Recommendation, Trial

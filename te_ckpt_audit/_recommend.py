@@ -33,7 +33,7 @@ from ._args import check_target_arg, gpu_arg, mesh_arg
 from ._fit import DEFAULT_MAX_COMPILES, fit_on_gpu, largest_fitting
 from ._progress import Progress, quiet
 from ._session import Session
-from ._target._gpu import LogCapture
+from ._target import LogCapture
 from ._throughput import DEFAULT_MAX_COMPILES as THROUGHPUT_MAX_COMPILES
 from ._throughput import spread, target_search, throughput_keyword
 from ._trained import ParamsLike

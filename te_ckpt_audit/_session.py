@@ -41,8 +41,18 @@ from ._mesh import (
 )
 from ._progress import Progress, quiet
 from ._step import trained_paths
-from ._target import Compiled, Compiler, TpuCompiler, gpu_info, peaks_in_workers, step_info, step_mesh, tpu_info
-from ._target._gpu import LogCapture, check_loss
+from ._target import (
+    Compiled,
+    Compiler,
+    LogCapture,
+    TpuCompiler,
+    check_loss,
+    gpu_info,
+    peaks_in_workers,
+    step_info,
+    step_mesh,
+    tpu_info,
+)
 from ._trace import Traced, trace
 from ._trained import ALL, ParamsLike
 from ._warnings import NOTHING, remat3_row, warnings_for
@@ -448,7 +458,7 @@ class Session:
                     r = dataclasses.replace(r, tpu_plan=plan, time=self.timed(r.forward_flops, r.recompute_flops, time))
                 planned.append(r)
             rows = planned
-        report = self.report_of(rows, gpu)
+        report = self.report_of(rows, gpu, tpu)
         if self.compare_remat3 and not self.own_step:
             compared, changes = self._remat3_rows(specs, rows, progress)
             report = dataclasses.replace(report, remat3=compared, findings=report.findings + changes)
@@ -472,8 +482,10 @@ class Session:
                 capture() if capture is not None else contextlib.nullcontext():
             return compiler.plan(spec, self.resolved_scope(spec))
 
-    def report_of(self, results: Sequence[PolicyResult], gpu: GpuRequest | None = None) -> AuditReport:
-        """The report of this trace holding `results` (their peaks compiled for `gpu`)."""
+    def report_of(self, results: Sequence[PolicyResult], gpu: GpuRequest | None = None,
+                  tpu: TpuRequest | None = None) -> AuditReport:
+        """The report of this trace holding `results` (their peaks compiled for `gpu` or `tpu`)."""
+        target = gpu if gpu is not None else tpu
         equations = self._traced.rows.equations()
         return AuditReport(
             target=self._traced.target,
@@ -486,7 +498,7 @@ class Session:
             mesh=None if self.mesh is None else spec_of(self.mesh),
             sharding_source=None if self.mesh is None else source_of(self.mesh),
             gpu=None if gpu is None else self.gpu_info(gpu),
-            step=None if gpu is None else step_info(self._traced, gpu),
+            step=None if target is None else step_info(self._traced, target),
             trained=None if self.own_step else self.trained(),
             findings=self.findings(),
             remat="remat3" if self._traced.remat3 else "remat",

@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 
 from ._progress import Progress, quiet
 from ._session import Session
-from ._target._gpu import LogCapture
+from ._target import LogCapture
 from ._target._steptime import TPU_ESTIMATOR
 from .errors import AuditError, UsageError, first_line
 from .gpus import GpuRequest

@@ -88,9 +88,11 @@ def remat3_row(traced: Traced, spec: PolicySpec, now: PolicyResult, new: PolicyR
     if new is None:
         return Remat3Row(spec.text, now.totals.activation_bytes, 0, now.totals.te_gemm_bytes, 0,
                          now.recompute_flops, 0, error), None
+    same = (now.totals.activation_bytes == new.totals.activation_bytes and _saved(now) == _saved(new)
+            and now.recompute_flops == new.recompute_flops)
     row = Remat3Row(spec.text, now.totals.activation_bytes, new.totals.activation_bytes, now.totals.te_gemm_bytes,
-                    new.totals.te_gemm_bytes, now.recompute_flops, new.recompute_flops)
-    if not row.changed and _saved(now) == _saved(new) and row.remat_recompute_flops == row.remat3_recompute_flops:
+                    new.totals.te_gemm_bytes, now.recompute_flops, new.recompute_flops, changed=not same)
+    if same:
         return row, None  # the same residuals, the same recompute: equations told apart only by attribution
     kept = (Outcome.SAVED, Outcome.OFFLOADED)
     before = {m.equation: m.outcome for m in now.marks}

@@ -19,7 +19,7 @@
     params = [0]                                  # the trained arguments, like --params ("all": every float input)
     gpu = "h100"                                  # compile each policy's step for it (like --gpu)
     gpu_config = "my_gpu.txtpb"                   # or a GPU spec file instead of gpu (like --gpu-config)
-    optimizer = "adamw"                           # sgd, adam, adamw, adafactor (like --optimizer)
+    optimizer = "adamw"                           # sgd, momentum, adam, adamw, adafactor (like --optimizer)
     gpus_per_host = 8                             # like --gpus-per-host
     mem_fraction = 0.9                            # like --mem-fraction
     fit = true                                    # fail a step that does not fit (like --fit)
@@ -53,7 +53,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from . import gpus
+from . import gpus, optimizers
 from ._loading import Defines as Defines  # the -D mapping, as the command line types it
 from ._loading import source_files
 from ._textfile import read_text
@@ -385,10 +385,10 @@ def _tpu(raw: Mapping[str, Any], where: str, p: Path, devices: int | None) -> Tp
     if not isinstance(name, str):
         raise UsageError(f"{p}: {where}.tpu must be a string", 'e.g. tpu = "v5e" (`te-ckpt-audit tpus`)')
     try:
-        chosen = None if optimizer is None else gpus.Optimizer(optimizer)
+        chosen = None if optimizer is None else optimizers.Optimizer(optimizer)
         return TpuRequest(parse_tpu(name, devices or 1), chosen)
     except ValueError:
-        raise UsageError(f"{p}: {where}.optimizer {optimizer!r} is not one of sgd, adam, adamw, adafactor",
+        raise UsageError(f"{p}: {where}.optimizer {optimizer!r} is not one of {optimizers.CHOICES}",
                          'e.g. optimizer = "adamw"') from None
     except UsageError as err:
         raise UsageError(f"{p}: {where}.{err.message}", err.hint) from None
@@ -430,9 +430,9 @@ def _gpu(raw: Mapping[str, Any], where: str, p: Path) -> GpuRequest | None:
     model = gpus.gpu_model(name) if isinstance(name, str) else gpus.model_of_config(p.parent / str(config))
     optimizer = raw.get("optimizer")
     try:
-        chosen = None if optimizer is None else gpus.Optimizer(optimizer)
+        chosen = None if optimizer is None else optimizers.Optimizer(optimizer)
     except ValueError:
-        raise UsageError(f"{p}: {where}.optimizer {optimizer!r} is not one of sgd, adam, adamw, adafactor",
+        raise UsageError(f"{p}: {where}.optimizer {optimizer!r} is not one of {optimizers.CHOICES}",
                          'e.g. optimizer = "adamw"') from None
     per_host, fraction = raw.get("gpus_per_host", gpus.DEFAULT_GPUS_PER_HOST), raw.get("mem_fraction")
     if isinstance(per_host, bool) or not isinstance(per_host, int):

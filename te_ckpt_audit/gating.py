@@ -8,7 +8,7 @@ import math
 from collections.abc import Mapping, Sequence
 
 from .errors import UsageError
-from .records import AuditReport, Budget, Change, CheckResult, Figure, PolicyResult, Violation
+from .records import AuditReport, Budget, Change, CheckResult, Figure, PolicyResult, Remat3Row, Violation
 from .sizes import percent_limit
 
 
@@ -87,10 +87,9 @@ def check(
                 violations.append(
                     Violation(target, result.policy, Figure.ACTIVATION_BYTES, act, b.limit_bytes, per_device)
                 )
-        changed = next((x for x in report.remat3 if x.policy == result.policy and x.changed), None)
-        if changed is not None and any(True for _ in applying(budgets, result.policy)):  # --remat3 both
-            violations.append(Violation(target, result.policy, Figure.CHANGES_UNDER_REMAT3, changed.remat3_bytes,
-                                        changed.remat_bytes))
+        under = next((x for x in report.remat3 if x.policy == result.policy), None)
+        if under is not None and any(True for _ in applying(budgets, result.policy)):  # --remat3 both
+            violations += _remat3_violations(target, under)
         if max_recompute is not None and result.recompute_percent > max_recompute:
             violations.append(
                 Violation(target, result.policy, Figure.RECOMPUTE_PERCENT, result.recompute_percent, max_recompute)
@@ -102,6 +101,16 @@ def check(
             if violation is not None:
                 violations.append(violation)
     return CheckResult(target, tuple(violations), tuple(changes))
+
+
+def _remat3_violations(target: str, row: Remat3Row) -> list[Violation]:
+    """A budgeted policy that JAX's new remat changes (another saved set, equal bytes or not) or
+    cannot differentiate under: the budget would stop meaning what it says when JAX flips its flag."""
+    if row.error is not None:
+        return [Violation(target, row.policy, Figure.FAILS_UNDER_REMAT3, 0, 0, detail=row.error)]
+    if row.changed:
+        return [Violation(target, row.policy, Figure.CHANGES_UNDER_REMAT3, row.remat3_bytes, row.remat_bytes)]
+    return []
 
 
 def _tpu_violations(report: AuditReport, result: PolicyResult) -> list[Violation]:

@@ -23,6 +23,8 @@ from ._profile import Profile
 from ._profile import read_profile as read_profile  # the command line reads --calibrate with it
 from ._textfile import read_text
 from .errors import UsageError
+from .optimizers import Optimizer as Optimizer  # public here since 0.1 (te_ckpt_audit.optimizers is its home)
+from .optimizers import parse_optimizer
 
 GIB = 2**30
 DEFAULT_MEM_FRACTION = 0.75  # JAX preallocates this much of a GPU (XLA_PYTHON_CLIENT_MEM_FRACTION)
@@ -335,15 +337,6 @@ def model_of_config(path: str | Path) -> GpuModel:
     )
 
 
-class Optimizer(enum.StrEnum):
-    """The optax update a compiled step adds (`optimizer`), its state donated in and out."""
-
-    SGD = "sgd"
-    ADAM = "adam"
-    ADAMW = "adamw"
-    ADAFACTOR = "adafactor"
-
-
 # --- the run's environment: how much of the GPU a process may use ---------------------------------
 
 # What a process needs outside JAX's allocator: the CUDA context (with CUDA's lazy loading, the
@@ -485,6 +478,8 @@ class GpuRequest:
     profile: Profile | None = None  # with `time`: the step measured on real GPUs (--calibrate), `_profile`
 
     def __post_init__(self) -> None:
+        if self.optimizer is not None:  # a name is parsed or refused, never taken for another update
+            object.__setattr__(self, "optimizer", parse_optimizer(self.optimizer))
         self._check_types()
         if self.donate and not self.step:
             raise UsageError("$donate$ names the arguments a training step of the target's own donates",

@@ -39,7 +39,7 @@ from ._loading import user_code
 from ._mesh import cpu_devices
 from ._progress import Progress, quiet
 from ._session import Session
-from ._target._gpu import LogCapture
+from ._target import LogCapture
 from ._throughput import THROUGHPUT, per_device_of, point_of, search
 from ._trace import trace
 from .errors import TargetError, UsageError, first_line

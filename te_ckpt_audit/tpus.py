@@ -13,7 +13,7 @@ import difflib
 import re
 
 from .errors import UsageError
-from .gpus import Optimizer
+from .optimizers import Optimizer, parse_optimizer
 
 GIB = 2**30
 CLOUD = "Google Cloud TPU documentation, system architecture pages (cloud.google.com/tpu/docs/{})"
@@ -120,6 +120,8 @@ class TpuRequest:
     donate: tuple[int, ...] = ()  # with `step`: the positional arguments it donates
 
     def __post_init__(self) -> None:
+        if self.optimizer is not None:  # a name is parsed or refused, never taken for another update
+            object.__setattr__(self, "optimizer", parse_optimizer(self.optimizer))
         if not isinstance(self.target, TpuTarget):
             raise UsageError(f"$tpu$ wants a TpuTarget (parse_tpu(\"v5e\")), not {type(self.target).__name__}",
                              'tpu=TpuRequest(parse_tpu("v5e"))')

@@ -128,7 +128,7 @@ def test_both_shows_each_implementation_side_by_side() -> None:
 
     doc = json.loads(render_json(report))
     jsonschema.validate(doc, JSON_SCHEMA)
-    assert doc["schema"] == "te-ckpt-audit/10" and doc["remat"] == "remat" and len(doc["remat3"]) == 4
+    assert doc["schema"] == "te-ckpt-audit/11" and doc["remat"] == "remat" and len(doc["remat3"]) == 4
 
 
 def test_a_budgeted_policy_that_remat3_changes_fails_the_gate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -240,3 +240,73 @@ def test_te_gemms_kept_and_not_recomputed_under_both_flags() -> None:
         a, b = new.result(policy), now.result(policy)
         assert (a.totals.te_gemm_bytes, a.recompute_flops) == (b.totals.te_gemm_bytes, b.recompute_flops)
     assert new.result("te_gemms_saveable").totals.te_gemm_bytes > 0
+
+
+def _two_names(x: jax.Array, w: jax.Array) -> jax.Array:
+    from jax.ad_checkpoint import checkpoint_name
+
+    a = checkpoint_name(jax.numpy.sin(x), "a")  # the same shape as b, a cheaper producer
+    b = checkpoint_name(x @ w, "b")
+    return jax.numpy.sum(jax.numpy.tanh(a) * jax.numpy.tanh(b))
+
+
+def test_equal_bytes_but_another_saved_set_is_a_change() -> None:
+    """Issue 56, item 4: the row said `changes: no` beside a remat3-changes-policy finding because
+    only byte totals were compared. Two policies that keep equally many bytes of different values
+    (one elementwise, one a GEMM) stand for the two implementations here."""
+    from te_ckpt_audit import Session
+    from te_ckpt_audit._warnings import remat3_row
+    from te_ckpt_audit.specs import resolve_policy
+
+    x, w = jax.ShapeDtypeStruct((64, 64), jax.numpy.float32), jax.ShapeDtypeStruct((64, 64), jax.numpy.float32)
+    session = Session.of_function(_two_names, x, w)
+    a, b = resolve_policy("save_only_these_names:a"), resolve_policy("save_only_these_names:b")
+    now, new = session.result(a), session.result(b)
+    assert now.totals.activation_bytes == new.totals.activation_bytes == 64 * 64 * 4
+    assert now.recompute_flops != new.recompute_flops
+    traced = session._traced  # noqa: SLF001 - the trace both results were read from
+    row, finding = remat3_row(traced, a, now, new, None)
+    assert finding is not None and row.changed and row.remat_bytes == row.remat3_bytes
+    same, none = remat3_row(traced, a, now, now, None)
+    assert none is None and not same.changed
+
+
+@pytest.mark.parametrize(("row", "figure", "said"), [
+    ({"changed": True}, "changes under remat3", "under jax_remat3 the policy saves other values: 16 KiB"),
+    ({"error": "ValueError: no rule"}, "fails under remat3",
+     "under jax_remat3 JAX cannot differentiate the function with this policy (ValueError: no rule)"),
+    ({}, None, None),
+])
+def test_the_gate_fails_a_budgeted_policy_remat3_changes_or_breaks(row: dict[str, object], figure: str | None,
+                                                                    said: str | None) -> None:
+    """Issue 56, item 4: equal byte totals passed the gate whatever else changed, and a policy that
+    raised under jax_remat3 exited 0 with "No warnings". A policy without a budget is not gated."""
+    import dataclasses
+
+    from te_ckpt_audit import Budget
+    from te_ckpt_audit.gating import check
+    from te_ckpt_audit.records import Remat3Row
+    from te_ckpt_audit.render import violation_message
+
+    report = __import__("te_ckpt_audit").audit(_two_names, jax.ShapeDtypeStruct((64, 64), jax.numpy.float32),
+                                               jax.ShapeDtypeStruct((64, 64), jax.numpy.float32),
+                                               policies=["save_only_these_names:a"])
+    made = Remat3Row("save_only_these_names:a", 16384, 16384, 0, 0, 0, 256, **row)  # type: ignore[arg-type]
+    report = dataclasses.replace(report, remat3=(made,))
+    budgeted = check(report, [Budget(1 << 20)])
+    assert [v.figure.value for v in budgeted.violations] == ([figure] if figure else [])
+    if said is not None:
+        assert said in violation_message(budgeted.violations[0])
+    assert check(report, max_recompute=100.0).violations == ()  # no budget: --remat3 both only reports
+
+
+@pytest.mark.parametrize(("variable", "value"), [("JAX_REMAT3", "maybe"), ("JAX_CUSTOM_VJP3", "2")])
+def test_a_flag_jax_cannot_read_is_a_usage_error_naming_it(variable: str, value: str) -> None:
+    """Issue 56, item 4: JAX's ValueError while it imported was a traceback and exit 1, which reads
+    as a failed check in CI."""
+    env = dict(os.environ, **{variable: value})
+    done = subprocess.run([sys.executable, "-m", "te_ckpt_audit_cli", "sample_models/mlp.py:loss"], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr == (f"te-ckpt-audit: error: {variable}={value} is not a value JAX takes (hint: set {variable} "
+                           "to 1 or 0, true or false, or unset it)\n")

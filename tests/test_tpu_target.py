@@ -291,3 +291,111 @@ def test_a_training_step_of_the_users_own_compiles_as_it_is_on_a_tpu(tmp_path: P
     plan = row["tpu_plan"]
     assert plan["fits"] is True and plan["alias_bytes"] == 4 * MIB and plan["argument_bytes"] == 5 * MIB
     assert row["time"]["seconds"] > 0 and row["time"]["device"] == "chip"
+
+
+@needs_libtpu
+def test_sgd_compiles_no_state_and_momentum_one_buffer_and_the_report_says_which() -> None:
+    """Issue 56, item 1: `sgd` compiled SGD with momentum 0.9, a state the size of the parameters that
+    the chip refused on steps whose plain SGD ran. Now the plan's arguments grow by exactly the state
+    the report names: none for sgd, w's 4 MiB for momentum, two moments and a count for adamw."""
+    w, x = jax.ShapeDtypeStruct((1024, 1024), jnp.float32), jax.ShapeDtypeStruct((256, 1024), jnp.float32)
+    grown = {}
+    for name in (None, "sgd", "momentum", "adamw"):
+        report = audit(_matmul, w, x, policies=["nothing_saveable"], params=0,
+                       tpu=TpuRequest(parse_tpu("v5e"), optimizer=name))  # type: ignore[arg-type]
+        plan = report.results[0].tpu_plan
+        assert plan is not None and plan.argument_bytes is not None and report.step is not None
+        assert report.step.optimizer == name
+        grown[name] = (plan.argument_bytes - 5 * MIB, report.step.state_bytes)
+    adamw = grown.pop("adamw")
+    assert grown == {None: (0, None), "sgd": (0, 0), "momentum": (4 * MIB, 4 * MIB)}
+    assert adamw[1] == 8 * MIB + 4 and 8 * MIB + 4 <= adamw[0] <= 8 * MIB + 4096  # the count padded to a tile
+
+
+_HOLDER = """
+import os, sys, time
+os.environ.update(TPU_ACCELERATOR_TYPE="v5litepod-1", TPU_WORKER_HOSTNAMES="localhost", TPU_SKIP_MDS_QUERY="1")
+import jax
+jax.config.update("jax_platforms", "cpu")
+from jax.experimental import topologies
+try:
+    topologies.get_topology_desc(platform="tpu", topology_name="v5e:1x1", chip_config_name="default",
+                                 chips_per_host_bounds=(1, 1, 1), num_slices=1)
+except Exception as exc:  # the test's own process already holds it (it loaded libtpu before)
+    print("held" if "lockfile" in str(exc) else repr(exc), flush=True)
+    sys.exit(0)
+print("held", flush=True)
+time.sleep(120)
+"""
+
+
+def _env_without_libtpu_leave() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("ALLOW_MULTIPLE_LIBTPU_LOAD", "JAX_PLATFORMS")}
+    env["PYTHONPATH"] = str(ROOT)
+    return env
+
+
+@needs_libtpu
+def test_two_tpu_runs_at_once_on_one_machine(tmp_path: Path) -> None:
+    """Issue 56, item 3: with another process holding libtpu (a notebook, a second CI job), --tpu
+    failed with libtpu's "sudo rm /tmp/libtpu_lockfile" and a hint about slice shapes. The command
+    line compiles beside it; the library, whose process it does not own, says what to set."""
+    import subprocess
+    import sys
+
+    env = _env_without_libtpu_leave()
+    holder = subprocess.Popen([sys.executable, "-c", _HOLDER], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        command = [sys.executable, "-m", "te_ckpt_audit_cli", str(ROOT / "sample_models/mlp.py") + ":loss",
+                   "--tpu", "v5e", "-p", "nothing_saveable", "--format", "json"]
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["results"][0]["tpu_plan"]["fits"] is True
+        library = ("from te_ckpt_audit import audit_target, UsageError\n"
+                   "from te_ckpt_audit.tpus import TpuRequest, parse_tpu\n"
+                   "try:\n"
+                   f"    audit_target({str(ROOT / 'sample_models/mlp.py')!r} + ':loss', ['none'],"
+                   " tpu=TpuRequest(parse_tpu('v5e')))\n"
+                   "except UsageError as e:\n"
+                   "    print(e.message); print(e.hint)\n")
+        said = subprocess.run([sys.executable, "-c", library], env=dict(env, JAX_PLATFORMS="cpu"),
+                              capture_output=True, text=True, timeout=300, cwd=tmp_path).stdout.splitlines()
+        assert said[0] == "libtpu is in use by another process: it refuses a second one on this machine"
+        assert "ALLOW_MULTIPLE_LIBTPU_LOAD=1" in said[1] and "slice" not in said[1]
+    finally:
+        holder.kill()
+        holder.communicate()
+
+
+@needs_libtpu
+@pytest.mark.parametrize(("made", "why"), [
+    (lambda p: p.write_bytes(b"hello"), "it is not a shared library (no ELF header)"),
+    (lambda p: p.write_bytes(b"\x7fELF\x02\x01" + bytes(12) + b"\xb7\x00" + bytes(44)),
+     "it is built for another machine (ELF machine 183, not x86-64)"),
+    ("truncated", "it is cut short"),
+])
+def test_a_libtpu_that_cannot_load_is_said_to_be_libtpus_problem(made: Any, why: str, tmp_path: Path) -> None:
+    """A truncated libtpu.so ended the process with SIGBUS (exit 135, no word); a foreign one got the
+    hint about slice shapes."""
+    import subprocess
+    import sys
+
+    from te_ckpt_audit._target._tpu import libtpu_file
+
+    library = tmp_path / "libtpu.so"
+    if made == "truncated":
+        real = libtpu_file()
+        assert real is not None
+        with real.open("rb") as f:
+            library.write_bytes(f.read(1 << 20))
+    else:
+        made(library)
+    command = [sys.executable, "-m", "te_ckpt_audit_cli", str(ROOT / "sample_models/mlp.py") + ":loss",
+               "--tpu", "v5e", "-p", "nothing_saveable"]
+    done = subprocess.run(command, env=dict(_env_without_libtpu_leave(), TPU_LIBRARY_PATH=str(library)),
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith(f"te-ckpt-audit: error: libtpu at {library} cannot be loaded: {why}")
+    assert done.stderr.count("\n") == 1 and "TPU_LIBRARY_PATH" in done.stderr

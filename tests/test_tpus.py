@@ -131,6 +131,36 @@ def test_a_tpu_loops_trips_come_from_its_condition_and_each_kernel_from_libtpus_
     assert (time.device, time.hardware) == ("chip", "v5e")
 
 
+def test_a_kernel_libtpu_cannot_estimate_is_named_and_not_timed_at_int64_max() -> None:
+    """Issue 56, item 2: libtpu gave a reduction over a 4 GiB score tensor INT64_MAX cycles; the
+    estimate timed it at its bandwidth floor without a word and its upper bound read 3.7e10 s. Now
+    the kernel is named, counted among the floor's, and no figure carries the sentinel."""
+    from te_ckpt_audit._target import _steptime as steptime
+    from te_ckpt_audit._target._kernels import step_kernels
+    text = _TPU_LOOP.format(layers=4).replace('"estimated_cycles":"1500"', '"estimated_cycles":"9223372036854775807"')
+    kernels = step_kernels(text)
+    chip = tpu_model("v5e")
+    time = steptime.tpu_estimate(kernels, chip, 1, 0.5)
+    e = next(k for k in kernels if k.name == "e")
+    floor = steptime.tpu_roofline(e, chip) * steptime.TPU_EFFICIENCY
+    assert time.unestimated == ("e",) and time.floor_kernels == 1 and time.floor_seconds == pytest.approx(floor)
+    assert time.seconds_high is not None and time.seconds_high < 1.0  # not 9.2e18 cycles at 1.5 GHz
+    assert steptime.from_plain(__import__("te_ckpt_audit").records.to_plain(time)) == time
+    plain = steptime.tpu_estimate(step_kernels(_TPU_LOOP.format(layers=4)), chip, 1, 0.5)
+    assert plain.unestimated == () and plain.floor_kernels == 0
+    import jax
+    import jax.numpy as jnp
+
+    from te_ckpt_audit import audit
+    from te_ckpt_audit.render._common import time_notes
+
+    report = audit(lambda x: jnp.sum(x * x), jax.ShapeDtypeStruct((8,), jnp.float32), policies=["nothing_saveable"])
+    report = dataclasses.replace(report, results=(dataclasses.replace(report.results[0], time=time),))
+    said = [n for n in time_notes(report) if "no estimate" in n]
+    assert said == ["nothing_saveable: not to be trusted: libtpu gave no estimate for 1 kernel(s) (e); they are "
+                    "timed at their roofline floor, and the chip may run them many times slower"]
+
+
 def test_a_tpu_kernel_is_timed_between_libtpus_estimate_and_its_roofline() -> None:
     """libtpu over-prices what the chip runs (bench/data/tpu-v5e-profile.jsonl): a memory-bound
     kernel at the lesser of its estimate and its bytes at the attained HBM bandwidth, a GEMM at the

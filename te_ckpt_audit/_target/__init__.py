@@ -14,6 +14,8 @@ everything but the compiler call, one job per module:
                  their trip counts, with the compiler's own cost estimates (XLA's, libtpu's cycles)
     _steptime    the step's time from its kernels: per target, the compiler's estimates made
                  seconds; one scheduled-order walk and one record for both
+    _train       what both targets' steps share: the loss check, what a step trains and the
+                 update it adds (`StepInfo`), the hook that keeps compiler logs off stderr
     _cache       compiled results on disk, trusted only when they prove they are this key's
     _workers     several policies at once in a caller's executor, each answer checked
 
@@ -21,11 +23,12 @@ The step itself (`value_and_grad` over the trained arguments, the optimizer) is 
 `--compile` shares.
 """
 
-from ._gpu import Compiled, Compiler, check_loss, gpu_info, step_info
+from ._gpu import Compiled, Compiler, gpu_info
 from ._machine import INSTALL_HINT, check_available
 from ._placement import step_mesh
 from ._tpu import TpuCompiler, tpu_info
+from ._train import LogCapture, check_loss, step_info
 from ._workers import peaks_in_workers
 
-__all__ = ["INSTALL_HINT", "Compiled", "Compiler", "TpuCompiler", "check_available", "check_loss", "gpu_info",
-           "peaks_in_workers", "step_info", "step_mesh", "tpu_info"]
+__all__ = ["INSTALL_HINT", "Compiled", "Compiler", "LogCapture", "TpuCompiler", "check_available", "check_loss",
+           "gpu_info", "peaks_in_workers", "step_info", "step_mesh", "tpu_info"]

@@ -21,7 +21,7 @@ import json
 import os
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -31,17 +31,19 @@ from jax.stages import Lowered
 from .. import _jax_compat as jc
 from .._apply import policy_function
 from .._progress import Progress, quiet
-from .._step import TrainingStep, own_step, state_on, trained_paths, training_step
+from .._step import TrainingStep, own_step, state_on, training_step
 from .._trace import Traced
 from ..errors import UsageError, first_line
-from ..gpus import GpuRequest, Optimizer, least_fraction, xla_flags
-from ..records import CompileProgress, GpuInfo, MeshSpec, PeakMemory, Scope, StepInfo, StepTime, to_plain
+from ..gpus import GpuRequest, least_fraction, xla_flags
+from ..optimizers import optax_update
+from ..records import CompileProgress, GpuInfo, MeshSpec, PeakMemory, Scope, StepTime, to_plain
 from ..specs import AsIs, PolicySpec
 from . import _steptime as steptime
 from ._cache import CompileCache, Measured
 from ._kernels import step_kernels
 from ._machine import INSTALL_HINT, check_available, versions
 from ._placement import gpu_mesh, on, rehomed, replicated, step_mesh
+from ._train import LogCapture, argument_of, check_loss
 
 UNBOUNDED = 2**50  # device memory for the compile that says what a step needs
 TRITON_GEMM = "xla_gpu_enable_triton_gemm"
@@ -52,7 +54,6 @@ FDO_PROFILE = "fdo_profile"  # --calibrate: a ProfiledInstructionsProto, as JAX'
 GEMM_TILING = "xla_gpu_experimental_cost_model_gemm_tiling_default"  # Triton GEMMs tiled as tuned, not 16x8
 TIME_SCHEMA = "te-ckpt-audit/gpu-estimate/1"  # the cache's step-time entries
 _REMAT_NAME = re.compile(r"%?([\w.\-]+\.remat\d*)\b")
-LogCapture = Callable[[], contextlib.AbstractContextManager[object]]  # keeps XLA's log lines off stderr
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -108,46 +109,6 @@ def gpu_info(request: GpuRequest, mesh: MeshSpec | None = None, from_model: bool
     )
 
 
-def step_info(traced: Traced, request: GpuRequest) -> StepInfo:
-    if request.step:
-        donated = tuple(n for n in traced.arg_names if _argument(n) in request.donate)
-        return StepInfo(None, donated, True)
-    return StepInfo(None if request.optimizer is None else request.optimizer.value, trained_paths(traced), False)
-
-
-def _argument(name: str) -> int:
-    from .._trained import argument_of
-
-    return argument_of(name)
-
-
-def check_loss(traced: Traced) -> None:
-    """The step differentiates the target's first output: it must be a float scalar (the loss)."""
-    outs = traced.jaxpr.out_avals
-    first: Any = outs[0] if outs else None  # an aval with a shape and a dtype
-    scalar = first is not None and getattr(first, "shape", None) == ()
-    if not scalar or not jax.numpy.issubdtype(first.dtype, jax.numpy.floating):
-        got = "nothing" if first is None else str(first.str_short())
-        raise UsageError(
-            f"{traced.target} returns {got} first, not a scalar loss: the GPU step is value_and_grad of it",
-            "return the loss first (a float scalar); other outputs may follow it",
-        )
-
-
-def _optimizer(kind: Optimizer) -> Any:  # an optax GradientTransformation
-    try:
-        import optax
-    except ImportError:
-        raise UsageError("an optimizer in the step needs optax, which is not installed", INSTALL_HINT) from None
-    if kind is Optimizer.SGD:
-        return optax.sgd(1e-3, momentum=0.9)
-    if kind is Optimizer.ADAM:
-        return optax.adam(1e-3)
-    if kind is Optimizer.ADAMW:
-        return optax.adamw(1e-3)
-    return optax.adafactor(1e-3)
-
-
 _NO_TABLE = re.compile(r"Cannot find key: (sm_\d+)")
 
 
@@ -170,7 +131,7 @@ class Compiler:
                  capture: LogCapture | None = None) -> None:
         check_available()
         if request.step:
-            arguments = {_argument(n) for n in traced.arg_names}
+            arguments = {argument_of(n) for n in traced.arg_names}
             missing = [d for d in request.donate if d not in arguments]
             if missing:
                 raise UsageError(f"$donate$ {missing[0]}: {traced.target} has no array argument {missing[0]}",
@@ -182,7 +143,7 @@ class Compiler:
         self.cache = CompileCache(request.cache)
         self.capture = capture or contextlib.nullcontext
         self.devices = 1 if mesh is None else mesh.devices
-        self.optimizer = None if request.optimizer is None else _optimizer(request.optimizer)
+        self.optimizer = None if request.optimizer is None else optax_update(request.optimizer)
         self._meshes: dict[tuple[int, bool], tuple[Mesh, Traced]] = {}
         self._programs: dict[tuple[str, Scope], str] = {}  # the hash of each policy's lowered step
         self._texts: dict[int, tuple[Lowered, str]] = {}  # id of a lowering -> (it, the hash of its text)

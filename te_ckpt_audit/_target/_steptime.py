@@ -143,6 +143,8 @@ def timed(kernel: Kernel, gpu: GpuModel) -> Timed:
 # mean of the two. One constant on top (`TPU_EFFICIENCY`), fitted on the v5e's 1st, 3rd, ... rows of
 # bench/data/tpu-v5e-time.jsonl (the others are held out: docs/guide/tpu.md).
 TPU_EFFICIENCY = 1.003
+UNESTIMATED_CYCLES = 2**62  # libtpu writes INT64_MAX (9.2e18 cycles) for a kernel it cannot estimate
+NO_ESTIMATE = "no estimate"  # such a kernel's basis: its roofline, which the chip may run far above
 LIBTPU = "libtpu"
 TPU_ESTIMATOR = "libtpu's cycle estimates and the roofline"
 TPU_METHOD = ("libtpu's estimated cycles per kernel at the chip's clock, memory-bound kernels at most their bytes at "
@@ -177,6 +179,9 @@ def tpu_timed(kernel: Kernel, chip: TpuModel) -> Timed:
     if kernel.kind is KernelKind.COLLECTIVE:
         seconds = ici_seconds(kernel, chip)
         return Timed(kernel, seconds, seconds, seconds, ROOFLINE)
+    if kernel.cycles >= UNESTIMATED_CYCLES:  # libtpu's INT64_MAX: no estimate at all, not a slow kernel
+        floor = tpu_roofline(kernel, chip) * TPU_EFFICIENCY
+        return Timed(kernel, floor, floor, floor, NO_ESTIMATE)
     libtpu, roofline = kernel.cycles / chip.clock_hz, tpu_roofline(kernel, chip)
     if kernel.kind in (KernelKind.GEMM, KernelKind.ATTENTION):
         seconds = math.sqrt(libtpu * roofline) if libtpu else roofline
@@ -261,7 +266,9 @@ def _step(rows: list[Timed], peak: float, devices: int, compile_seconds: float, 
     def total(ts: Iterable[Timed], field: str) -> float:
         return sum(getattr(t, field) * t.kernel.runs for t in ts)
 
-    unseen = [t for t in compute if t.basis == ROOFLINE and not t.kernel.xla_us and not t.kernel.cycles]
+    unseen = [t for t in compute if (t.basis == ROOFLINE and not t.kernel.xla_us and not t.kernel.cycles)
+              or t.basis == NO_ESTIMATE]
+    unestimated = sorted({t.kernel.name for t in compute if t.basis == NO_ESTIMATE})
     computing = total(compute, "seconds")
     communicating = total(talk, "seconds")
     exposed = min(communicating, max(0.0, elapsed(rows) - computing))
@@ -290,6 +297,7 @@ def _step(rows: list[Timed], peak: float, devices: int, compile_seconds: float, 
         attention_seconds=total((t for t in compute if t.kernel.kind is KernelKind.ATTENTION), "seconds"),
         floor_seconds=total(unseen, "seconds"),
         floor_kernels=sum(t.kernel.runs for t in unseen),
+        unestimated=tuple(unestimated),
     )
 
 
@@ -432,9 +440,16 @@ def from_plain(raw: Mapping[str, object]) -> StepTime | None:
             estimator=str(raw.get("estimator") or "XLA's cost models"),
             floor_seconds=number("floor_seconds"),
             floor_kernels=count("floor_kernels"),
+            unestimated=_names(raw.get("unestimated", [])),
         )
     except _Invalid:
         return None
+
+
+def _names(raw: object) -> tuple[str, ...]:
+    if not isinstance(raw, list) or not all(isinstance(n, str) for n in raw):
+        raise _Invalid
+    return tuple(raw)
 
 
 def _calibration(raw: object) -> Calibration:

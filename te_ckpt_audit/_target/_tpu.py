@@ -10,8 +10,12 @@ te-ckpt-audit's (`_step.training_step`), laid on the slice as the GPU stage lays
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
+import os
 import re
+import struct
 import time
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -21,11 +25,11 @@ from .._mesh import mesh_context
 from .._step import own_step, state_on, training_step
 from .._trace import Traced
 from ..errors import UsageError, first_line
+from ..optimizers import optax_update
 from ..records import MeshSpec, Scope, StepTime, TpuInfo, TpuPlan
 from ..specs import AsIs, PolicySpec
 from ..tpus import TpuRequest, TpuTarget
 from . import _steptime as steptime
-from ._gpu import _optimizer as optax_update  # the same update the GPU step adds
 from ._kernels import VMEM, step_kernels
 from ._placement import gpu_mesh, on, rehomed, replicated
 
@@ -43,10 +47,59 @@ def libtpu_version() -> str | None:
         return None
 
 
+LOCKED_HINT = ("another process on this machine holds libtpu's lock (/tmp/libtpu_lockfile); a deviceless compile "
+               "needs no chip: set ALLOW_MULTIPLE_LIBTPU_LOAD=1 before JAX starts, where this process uses no TPU "
+               "chip (te-ckpt-audit's command line sets it itself when JAX runs on the CPU)")
+LIBRARY_HINT = "TPU_LIBRARY_PATH must name a whole libtpu.so for this machine; unset it to use the [tpu] extra's"
+_ELF_X86_64 = 62
+
+
+def libtpu_file() -> Path | None:
+    """The libtpu.so jax will load, by jax's own rule: TPU_LIBRARY_PATH where it names a file,
+    else the libtpu package's (None: neither)."""
+    given = os.environ.get("TPU_LIBRARY_PATH")
+    if given and os.path.isfile(given):
+        return Path(given)
+    spec = importlib.util.find_spec("libtpu")
+    if spec is None or spec.origin is None:
+        return None
+    found = Path(spec.origin).parent / "libtpu.so"
+    return found if found.is_file() else None
+
+
+def unloadable(path: Path) -> str | None:
+    """Why `path` is no shared library this machine can load (a truncated copy ends the process
+    with SIGBUS when loaded, before any error can be said), or None: a 64-bit x86-64 ELF file
+    whose section table lies inside it."""
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as f:
+            head = f.read(64)
+    except OSError as exc:
+        return f"it cannot be read ({exc.strerror})"
+    if len(head) < 64 or head[:4] != b"\x7fELF":
+        return "it is not a shared library (no ELF header)"
+    if head[4] != 2 or head[5] != 1:
+        return "it is not a 64-bit little-endian library"
+    machine = struct.unpack_from("<H", head, 18)[0]
+    if machine != _ELF_X86_64:
+        return f"it is built for another machine (ELF machine {machine}, not x86-64)"
+    shoff = struct.unpack_from("<Q", head, 40)[0]
+    shentsize, shnum = struct.unpack_from("<HH", head, 58)
+    if shoff + shentsize * shnum > size:
+        return f"it is cut short ({size:,} bytes; its own header says it holds {shoff + shentsize * shnum:,})"
+    return None
+
+
 def tpu_topology(target: TpuTarget) -> Any:
-    """libtpu's description of the slice, no TPU needed; a UsageError where libtpu is missing."""
+    """libtpu's description of the slice, no TPU needed; a UsageError where libtpu is missing,
+    cannot load, or another process holds it."""
     if libtpu_version() is None:
         raise UsageError("--tpu compiles with libtpu, which is not installed here", INSTALL_HINT)
+    library = libtpu_file()
+    why = None if library is None else unloadable(library)
+    if library is not None and why is not None:
+        raise UsageError(f"libtpu at {library} cannot be loaded: {why}", LIBRARY_HINT)
     from jax.experimental import topologies
 
     per_host = target.model.chips_per_host
@@ -55,8 +108,14 @@ def tpu_topology(target: TpuTarget) -> Any:
         return topologies.get_topology_desc(platform="tpu", topology_name=target.topology,
                                             chip_config_name="default", chips_per_host_bounds=host, num_slices=1)
     except Exception as exc:  # noqa: BLE001 - libtpu says what it refuses
-        raise UsageError(f"libtpu cannot describe the slice {target.topology}: {first_line(exc)}",
-                         "give a slice shape the chip comes in, e.g. v5e:2x4") from None
+        said = first_line(exc)
+        if "lockfile" in said:
+            raise UsageError("libtpu is in use by another process: it refuses a second one on this machine",
+                             LOCKED_HINT) from None
+        if "topolog" in said.lower() or "bounds" in said.lower() or "chip" in said.lower():
+            raise UsageError(f"libtpu cannot describe the slice {target.topology}: {said}",
+                             "give a slice shape the chip comes in, e.g. v5e:2x4") from None
+        raise UsageError(f"libtpu {libtpu_version()} at {library} failed to start: {said}", LIBRARY_HINT) from None
 
 
 def tpu_info(request: TpuRequest, mesh: MeshSpec | None) -> TpuInfo:

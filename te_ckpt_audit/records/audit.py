@@ -253,10 +253,8 @@ class Remat3Row:
     remat_recompute_flops: int
     remat3_recompute_flops: int
     error: str | None = None  # why JAX could not differentiate under remat3
-
-    @property
-    def changed(self) -> bool:
-        return self.error is None and self.remat_bytes != self.remat3_bytes
+    # the two keep other values (the remat3-changes-policy finding fires), equal byte totals or not
+    changed: bool = False
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -349,6 +347,9 @@ class StepTime:
     # a GPU missing from XLA's tables): where the estimate can only be fast
     floor_seconds: float = 0.0
     floor_kernels: int = 0  # their runs per step
+    # the kernels the compiler gave no estimate at all (libtpu's INT64_MAX cycles), by HLO name: among
+    # the floor's, and where the chip may run far slower than the estimate says
+    unestimated: tuple[str, ...] = ()
 
     @property
     def mfu(self) -> float | None:
@@ -405,12 +406,13 @@ class GpuInfo:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class StepInfo:
-    """What was compiled for the GPU: `value_and_grad` over the trained inputs (`donated`), with
+    """What was compiled for the GPU or TPU: `value_and_grad` over the trained inputs (`donated`), with
     an optax update when `optimizer` is set; or (`own`) the target's own step, as it is."""
 
     optimizer: str | None
     donated: tuple[str, ...]  # the donated inputs' paths (the trained ones, for te-ckpt-audit's step)
     own: bool = False
+    state_bytes: int | None = None  # the optimizer state's bytes, all devices together (None: no update)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -33,7 +33,8 @@ class Figure(enum.StrEnum):
     PEAK_BYTES = "peak bytes per device"  # --peak-budget: XLA:GPU's compiled peak (the range's top)
     DOES_NOT_FIT = "does not fit"  # --fit: the peak over the GPU's usable memory
     NOT_COMPILED = "not compiled"  # --fit or --peak-budget, and the step did not compile for the GPU
-    CHANGES_UNDER_REMAT3 = "changes under remat3"  # --remat3 both: a budgeted policy saves other bytes there
+    CHANGES_UNDER_REMAT3 = "changes under remat3"  # --remat3 both: a budgeted policy saves other values there
+    FAILS_UNDER_REMAT3 = "fails under remat3"  # --remat3 both: JAX cannot differentiate under the budgeted policy
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -48,6 +49,7 @@ class Violation:
     per_device: bool = False  # the bytes are one device's, on a mesh
     baseline_bytes: int | None = None  # GROWTH: the baseline's figure
     bytes: int | None = None  # GROWTH, NOT_IN_BASELINE: this audit's figure
+    detail: str | None = None  # FAILS_UNDER_REMAT3: JAX's error
 
     def to_dict(self) -> dict[str, Any]:
         """`value` is null, and `unbounded` true, for growth from a 0-byte baseline: JSON has no Infinity."""
@@ -58,6 +60,7 @@ class Violation:
             "value": self.value if finite else None,
             "unbounded": not finite,
             "limit": self.limit,
+            "detail": self.detail,
         }
 
 

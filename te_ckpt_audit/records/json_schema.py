@@ -195,7 +195,7 @@ JSON_SCHEMA: dict[str, Any] = {
                             tokens_per_second_per_gpu=_OPT_NUMBER, tflops_per_gpu=_OPT_NUMBER,
                             examples={"oneOf": [{"type": "null"}, _INT]}, examples_per_second_per_gpu=_OPT_NUMBER,
                             device={"enum": ["GPU", "chip"]}, hardware=_STR, estimator=_STR,
-                            floor_seconds=_SECONDS, floor_kernels=_INT,
+                            floor_seconds=_SECONDS, floor_kernels=_INT, unestimated=_array(_STR),
                             calibration={"oneOf": [{"type": "null"}, _object(
                                 profile=_STR, instructions=_INT, measured=_INT, missing=_INT,
                                 ratios=_array({"type": "array", "prefixItems": [_enum(KernelKind),
@@ -235,7 +235,8 @@ JSON_SCHEMA: dict[str, Any] = {
                 ),
             ]
         },
-        step={"oneOf": [{"type": "null"}, _object(optimizer=_OPT_STR, donated=_array(_STR), own=_BOOL)]},
+        step={"oneOf": [{"type": "null"}, _object(optimizer=_OPT_STR, donated=_array(_STR), own=_BOOL,
+                                                   state_bytes={"oneOf": [{"type": "null"}, _INT]})]},
         trained={
             "oneOf": [
                 {"type": "null"},
@@ -250,7 +251,7 @@ JSON_SCHEMA: dict[str, Any] = {
         remat={"enum": ["remat", "remat3"]},
         remat3=_array(_object(
             policy=_STR, remat_bytes=_INT, remat3_bytes=_INT, remat_te_gemm_bytes=_INT, remat3_te_gemm_bytes=_INT,
-            remat_recompute_flops=_INT, remat3_recompute_flops=_INT, error=_OPT_STR,
+            remat_recompute_flops=_INT, remat3_recompute_flops=_INT, error=_OPT_STR, changed=_BOOL,
         )),
     ),
 }

@@ -3,24 +3,26 @@ its id."""
 
 from __future__ import annotations
 
-AUDIT = "te-ckpt-audit/10"  # AuditReport.to_dict(), the audit's JSON; /3: gpu, step, results[].peak;
+AUDIT = "te-ckpt-audit/11"  # AuditReport.to_dict(), the audit's JSON; /3: gpu, step, results[].peak;
 # /4: trained, results[].audited, peak.least_fraction and backends, gpu's environment, step.own;
 # mark values are identifiers (outcome saved/offloaded/recomputed/not_needed, verdict none for "-");
 # /5: gpu.mesh and gpu.mesh_source, results[].requantized_equations; /6: results[].time (--time);
 # /7: time.calibration (--calibrate); /8: findings (inputs-replicated), tpu and results[].tpu_plan (--tpu),
 # time.examples and time.examples_per_second_per_gpu; /9: time.device, time.hardware, time.estimator
 # (--tpu --time); /10: remat and remat3 (JAX's new remat, --remat3 both), finding remat3-changes-policy,
-# time.floor_seconds and time.floor_kernels (what no cost model timed)
-RECOMMEND = "te-ckpt-audit-recommend/10"  # Recommendation.to_dict(); /2: gpu, compiles, maximized, peaks;
+# time.floor_seconds and time.floor_kernels (what no cost model timed); /11: step.state_bytes (the optimizer
+# state's bytes), step on a TPU report too, optimizer "momentum" (sgd is optax's sgd, no state),
+# remat3[].changed, time.unestimated (kernels libtpu gave no estimate)
+RECOMMEND = "te-ckpt-audit-recommend/11"  # Recommendation.to_dict(); /2: gpu, compiles, maximized, peaks;
 # /3: peaks and gpu as te-ckpt-audit/4 has them; /4: as te-ckpt-audit/5 has them; /5: to_name;
 # /6: candidates' time (--time), as te-ckpt-audit/6 has it; /7: throughput (--maximize throughput), and
 # time as te-ckpt-audit/7 has it; /8: time as te-ckpt-audit/8 has it;
-# /9: as te-ckpt-audit/9 has it; /10: time as te-ckpt-audit/10 has it
+# /9: as te-ckpt-audit/9 has it; /10: time as te-ckpt-audit/10 has it; /11: time as te-ckpt-audit/11 has it
 MAXTEXT_RECOMMEND = "te-ckpt-audit-maxtext-recommend/3"  # MaxTextRecommendation.to_dict(); /2: throughput;
 # /3: tpu (--tpu: the slice searched, libtpu's verdict), throughput per chip
-CHECK = "te-ckpt-audit-check/10"  # check results; /2: unbounded growth explicit, never a non-finite number;
+CHECK = "te-ckpt-audit-check/11"  # check results; /2: unbounded growth explicit, never a non-finite number;
 # /3: each target's report is te-ckpt-audit/3, and peak figures (--gpu) may be violated; /4: reports are /4;
 # /5: reports are /5; /6: reports are /6; /7: reports are /7; /8: reports are /8;
-# /9: reports are /9; /10: reports are /10
+# /9: reports are /9; /10: reports are /10; /11: reports are /11
 BASELINE = "te-ckpt-audit-baseline/2"  # baseline files: one entry per audit key
 BASELINE_1 = "te-ckpt-audit-baseline/1"  # {target: {policy: bytes}}: still read, never written

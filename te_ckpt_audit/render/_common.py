@@ -297,12 +297,26 @@ def _gpu_bytes(field: str) -> Callable[[AuditReport, PolicyResult], str]:
     return cell
 
 
+_UPDATES = {"sgd": "optax.sgd, no momentum", "momentum": "optax.sgd with momentum 0.9"}  # others: optax.<name>
+
+
+def update_words(report: AuditReport) -> str:
+    """The update the compiled step adds and the state it keeps, in words ("no optimizer")."""
+    step = report.step
+    if step is None or step.optimizer is None:
+        return "no optimizer"
+    words = _UPDATES.get(step.optimizer, f"optax.{step.optimizer}")
+    if step.state_bytes is None:
+        return words
+    state = "no state" if step.state_bytes == 0 else f"state {format_bytes(step.state_bytes)} over all devices"
+    return f"{words}, {state}"
+
+
 def gpu_title(report: AuditReport) -> str:
     assert report.gpu is not None
     if report.step is not None and report.step.own:
         return f"The target's own training step per device: XLA:GPU compile for {report.gpu.name}, no autotuning"
-    optimizer = report.step.optimizer if report.step is not None and report.step.optimizer else "no optimizer"
-    return f"Training step ({optimizer}) per device: XLA:GPU compile for {report.gpu.name}, no autotuning"
+    return f"Training step ({update_words(report)}) per device: XLA:GPU compile for {report.gpu.name}, no autotuning"
 
 
 def trained_note(report: AuditReport) -> str | None:
@@ -462,8 +476,11 @@ TPU_COLUMNS: dict[str, Column] = {
 def tpu_title(report: AuditReport) -> str:
     t = report.tpu
     assert t is not None
-    return (f"Training step per chip: libtpu's compile for {t.topology} ({t.chips} x {t.name}, "
-            f"libtpu {t.libtpu or 'unknown'}), no TPU needed")
+    if report.step is not None and report.step.own:
+        return (f"The target's own training step per chip: libtpu's compile for {t.topology} ({t.chips} x {t.name}, "
+                f"libtpu {t.libtpu or 'unknown'}), no TPU needed")
+    return (f"Training step ({update_words(report)}) per chip: libtpu's compile for {t.topology} "
+            f"({t.chips} x {t.name}, libtpu {t.libtpu or 'unknown'}), no TPU needed")
 
 
 def tpu_notes(report: AuditReport) -> list[str]:
@@ -679,7 +696,13 @@ def time_notes(report: AuditReport) -> list[str]:
                          f"{format_seconds(r.time.compute_seconds)} computing, "
                          f"{format_seconds(r.time.communication_seconds)} in collectives, "
                          f"{format_seconds(r.time.exposed_communication_seconds)} of it exposed")
-            if r.time.floor_kernels:
+            if r.time.unestimated:
+                shown = ", ".join(r.time.unestimated[:5]) + (", ..." if len(r.time.unestimated) > 5 else "")
+                compiler = "libtpu" if r.time.device == "chip" else "XLA"
+                notes.append(f"{r.policy}: not to be trusted: {compiler} gave no estimate for "
+                             f"{len(r.time.unestimated)} kernel(s) ({shown}); they are timed at their roofline "
+                             "floor, and the chip may run them many times slower")
+            elif r.time.floor_kernels:
                 notes.append(f"{r.policy}: {format_seconds(r.time.floor_seconds)} of the computing "
                              f"({_share(r.time.floor_seconds, r.time.compute_seconds)}, {r.time.floor_kernels} kernel "
                              "runs) is kernels no cost model times (custom calls XLA does not cost, such as TE's "

@@ -51,8 +51,12 @@ def violation_message(v: Violation) -> str:
         case Figure.NOT_COMPILED:
             return f"{where}: the step did not compile for the device, so whether it fits is not known"
         case Figure.CHANGES_UNDER_REMAT3:
-            return (f"{where}: under jax_remat3 the policy saves {format_bytes(int(v.value))} of activations, "
+            other = "other values: " if v.value == v.limit else ""
+            return (f"{where}: under jax_remat3 the policy saves {other}{format_bytes(int(v.value))} of activations, "
                     f"{format_bytes(int(v.limit))} now: it changes meaning when JAX turns its new remat on")
+        case Figure.FAILS_UNDER_REMAT3:
+            return (f"{where}: under jax_remat3 JAX cannot differentiate the function with this policy "
+                    f"({v.detail}): it fails when JAX turns its new remat on")
         case _:
             assert_never(v.figure)
 

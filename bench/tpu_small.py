@@ -1,0 +1,202 @@
+"""Small, many-kernel and long-sequence steps on a real TPU chip against the estimate (issue 56,
+item 2): what each kernel pays whatever its work, and the kernels libtpu cannot estimate.
+
+    # on the lent TPU v5e (the device tool), every case in one process:
+    PYTHONPATH=. python bench/tpu_small.py --on-chip --out $OUT/tpu-v5e-small.jsonl
+    # here: the per-kernel cost fitted on the fitted rows, the held-out rows against it
+    python bench/tpu_small.py --fit bench/data/tpu-v5e-small.jsonl
+
+Each case is one training step as te-ckpt-audit builds it (`_step.training_step`, AdamW, the
+state and trained arguments donated), compiled by the chip's libtpu. On the chip: the plan, and
+seconds per step as a training loop runs it (3 steps of warm-up, then N steps dispatched back to
+back with one wait at the end, N chosen so they run about half a second, median of 5 such runs).
+The estimate is te-ckpt-audit's own (`_steptime.tpu_estimate`) read from the chip's own compiled
+program, so each row carries both the measurement and the prediction of the same program, and the
+kernel runs per step; `chain` cases are N small dependent kernels, nothing else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+MLP_SMALL = {"d_in": 2048, "d_hidden": 2048, "d_out": 2048}
+GPT_SMALL = {"layers": 2, "seq": 256, "d_model": 256, "heads": 4, "d_ff": 1024, "vocab": 4096}
+GPT_MID = {"layers": 4, "seq": 512, "d_model": 512, "heads": 8, "d_ff": 2048, "vocab": 8192}
+GPT_LONG = {"layers": 1, "seq": 8192, "d_model": 256, "heads": 4, "d_ff": 1024, "vocab": 4096}  # f32 scores
+LLAMA_SMALL = {"model": "tiny", "seq": 512}
+
+# (case, target, policy, defines); the 1st, 3rd, ... of the fit cases fit the per-kernel cost, the rest
+# and every other case are held out
+CASES: list[tuple[str, str, str, dict[str, Any]]] = [
+    *((f"mlp-small {p} b1024", "sample_models/mlp.py:loss", p, {**MLP_SMALL, "batch": 1024})
+      for p in ("checkpoint_dots", "nothing_saveable", "everything_saveable")),
+    ("mlp-small nothing_saveable b256", "sample_models/mlp.py:loss", "nothing_saveable", {**MLP_SMALL, "batch": 256}),
+    *((f"mlp-4096 nothing_saveable b{b}", "sample_models/mlp.py:loss", "nothing_saveable",
+       {"d_in": 4096, "d_hidden": 4096, "d_out": 4096, "batch": b}) for b in (4096, 16384)),
+    *((f"gpt-small {p} b{b}", "sample_models/gpt.py:loss", p, {**GPT_SMALL, "batch": b})
+      for p in ("nothing_saveable", "checkpoint_dots") for b in (2, 8)),
+    *((f"gpt-mid {p} b8", "sample_models/gpt.py:loss", p, {**GPT_MID, "batch": 8})
+      for p in ("nothing_saveable", "everything_saveable")),
+    *((f"gpt-unrolled {p} b4", "sample_models/gpt.py:loss", p, {**GPT_SMALL, "layers": 8, "scan": False, "batch": 4})
+      for p in ("nothing_saveable", "checkpoint_dots")),
+    *((f"llama-tiny {r} b{b}", "sample_models/llama.py:loss", "as-is",
+       {**LLAMA_SMALL, "remat": r, "per_device_batch": b}) for r in ("full", "minimal") for b in (2, 8)),
+    *((f"convnet {p} b{b}", "bench/models/convnet.py:loss", p, {"batch": b})
+      for p in ("nothing_saveable", "checkpoint_dots") for b in (32, 128)),
+    *((f"gpt-long nothing_saveable b{b}", "sample_models/gpt.py:loss", "nothing_saveable", {**GPT_LONG, "batch": b})
+      for b in (1, 2, 3)),
+]
+CHAINS = [(n, shape) for shape in ((8, 128), (512, 1024)) for n in (64, 256)]
+
+
+def _libtpu() -> str | None:
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("libtpu")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _pipelined(compiled: Any, values: list[Any], feed: Any, budget: float = 0.5, runs: int = 5) -> tuple[float, int]:
+    """Seconds per step, steps dispatched back to back with one wait (a training loop's rhythm):
+    the median over `runs` of about `budget` seconds each; and the steps per run."""
+    import jax
+
+    for _ in range(3):
+        values = feed(values, compiled(*values))
+    jax.block_until_ready(values)
+    begin = time.perf_counter()
+    values = feed(values, compiled(*values))
+    jax.block_until_ready(values)
+    once = max(time.perf_counter() - begin, 1e-6)
+    steps = int(min(2000, max(5, budget / once)))
+    found = []
+    for _ in range(runs):
+        begin = time.perf_counter()
+        for _ in range(steps):
+            values = feed(values, compiled(*values))
+        jax.block_until_ready(values)
+        found.append((time.perf_counter() - begin) / steps)
+    return statistics.median(found), steps
+
+
+def _estimate(text: str) -> dict[str, Any]:
+    from te_ckpt_audit._target import _steptime as steptime
+    from te_ckpt_audit._target._kernels import VMEM, step_kernels
+    from te_ckpt_audit.tpus import tpu_model
+
+    chip = tpu_model("v5e")
+    kernels = step_kernels(text, 1, chip.chips_per_host, VMEM)
+    timed = steptime.tpu_estimate(kernels, chip, 1, 0.0)
+    unestimated = [k.name for k in kernels if k.cycles >= steptime.UNESTIMATED_CYCLES]
+    return {"estimated_seconds": timed.seconds, "kernel_runs": timed.kernels, "unestimated": unestimated,
+            "overhead_seconds": getattr(timed, "overhead_seconds", 0.0), "revision": steptime.TPU_EFFICIENCY}
+
+
+def step_row(name: str, target: str, policy: str, defines: dict[str, Any]) -> dict[str, Any]:
+    import jax
+    import jax.numpy as jnp
+    from tpu_truth import _placed, _plan, _refusal, step_of
+
+    fn, args, donate = step_of(target, policy, defines)
+    device = jax.devices()[0]
+    row: dict[str, Any] = {"case": name, "target": target, "policy": policy, "defines": defines,
+                           "device": device.device_kind, "jax": jax.__version__, "libtpu": _libtpu()}
+    try:
+        compiled = jax.jit(fn, donate_argnums=donate).lower(*_placed(args, device)).compile()
+    except Exception as exc:  # noqa: BLE001 - the chip's verdict, recorded
+        row.update(verdict="refused at compile", refusal=_refusal(exc) or f"{type(exc).__name__}: {str(exc)[:300]}")
+        return row
+    row.update(plan=_plan(compiled), **_estimate(compiled.as_text() or ""))
+    values = list(jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), args))
+    trained = [i for i in donate if i != len(args) - 1]
+
+    def feed(values: list[Any], out: Any) -> list[Any]:
+        _, params, state = out
+        values = list(values)
+        values[trained[0]], values[-1] = params, state
+        return values
+
+    try:
+        seconds, steps = _pipelined(compiled, values, feed)
+    except Exception as exc:  # noqa: BLE001 - the chip's verdict, recorded
+        row.update(verdict="refused at run", refusal=_refusal(exc) or f"{type(exc).__name__}: {str(exc)[:300]}")
+        return row
+    row.update(verdict="ran", seconds_per_step=seconds, pipelined_steps=steps)
+    return row
+
+
+def chain_row(n: int, shape: tuple[int, int]) -> dict[str, Any]:
+    """`n` dependent elementwise kernels (an optimization barrier between each keeps XLA from fusing
+    them), nothing else: the chip's cost per kernel at two sizes."""
+    import jax
+    import jax.numpy as jnp
+
+    def chain(x: jax.Array) -> jax.Array:
+        for _ in range(n):
+            x = jax.lax.optimization_barrier(jnp.sin(x) + 1.0)
+        return x
+
+    x = jnp.ones(shape, jnp.float32)
+    compiled = jax.jit(chain, donate_argnums=0).lower(x).compile()
+    seconds, steps = _pipelined(compiled, [x], lambda values, out: [out])
+    row = {"case": f"chain {n} x f32{list(shape)}", "chain": n, "shape": list(shape), "seconds_per_step": seconds,
+           "pipelined_steps": steps, "device": jax.devices()[0].device_kind, "libtpu": _libtpu(), "verdict": "ran",
+           **_estimate(compiled.as_text() or "")}
+    return row
+
+
+def fit_rows(path: Path) -> None:
+    """The per-kernel cost: on the fitted rows, the median of (measured - estimate without it) over
+    kernel runs; every row's error before and after."""
+    rows = [r for r in map(json.loads, path.read_text().splitlines()) if r.get("verdict") == "ran"]
+    for r in rows:
+        base = r["estimated_seconds"] - r.get("overhead_seconds", 0.0)
+        measured, estimated = r["seconds_per_step"], r["estimated_seconds"]
+        gap = (measured - base) / max(r["kernel_runs"], 1)
+        flagged = "  UNESTIMATED " + ",".join(r["unestimated"]) if r.get("unestimated") else ""
+        print(f"{r['case']:40s} measured {measured * 1e3:9.3f} ms  estimate {estimated * 1e3:9.3f} ms "
+              f"({100 * (estimated / measured - 1):+6.1f}%)  {r['kernel_runs']:6d} kernels  "
+              f"gap/kernel {gap * 1e6:6.2f} us{flagged}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--on-chip", action="store_true", help="compile and run every case on this machine's TPU")
+    where.add_argument("--fit", type=Path, metavar="ROWS", help="the per-kernel cost from the chip's rows")
+    parser.add_argument("--only", default="", help="run only the cases whose name contains this")
+    parser.add_argument("--out", type=Path, help="JSON lines, appended")
+    args = parser.parse_args()
+    if args.fit:
+        fit_rows(args.fit)
+        return
+    sys.path.insert(0, str(ROOT / "bench"))
+    todo: list[Any] = [("step", c) for c in CASES if args.only in c[0]]
+    todo += [("chain", c) for c in CHAINS if args.only in "chain"]
+    for kind, case in todo:
+        begin = time.perf_counter()
+        try:
+            row = step_row(*case) if kind == "step" else chain_row(*case)
+        except Exception as exc:  # noqa: BLE001 - one case's failure is recorded, the others run
+            row = {"case": case[0] if kind == "step" else f"chain {case}", "verdict": "error",
+                   "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+        row["wall_seconds"] = round(time.perf_counter() - begin, 1)
+        print(json.dumps({k: v for k, v in row.items() if k not in ("plan", "defines")}), flush=True)
+        if args.out:
+            with args.out.open("a") as f:
+                f.write(json.dumps(row, sort_keys=True) + "\n")
+
+
+if __name__ == "__main__":
+    main()
