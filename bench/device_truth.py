@@ -12,7 +12,7 @@ needs. Measured: the logical bytes of the arrays the vjp holds that are not the 
 growth of the device's `bytes_in_use` while the vjp is held (its padding included; read a second
 after the forward pass, once what it dropped is freed). Printed per case with their ratios to the
 audit's figure. Arguments kept alive (the parameters, the batch) are the inputs themselves,
-allocated before: neither side counts them. README, "Runs that happened", has the figures.
+allocated before: neither side counts them. docs/runs.md ("Runs that happened") has the figures.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def measure(target: str, defines: dict[str, Any]) -> dict[str, Any]:
     import jax
 
     from te_ckpt_audit import audit_target
-    from te_ckpt_audit._loading import find_inputs_callable, load_target
+    from te_ckpt_audit.trace._loading import find_inputs_callable, load_target
 
     report = audit_target(target, ["as-is"], defines=defines)
     ours = report.results[0].totals.activation_bytes

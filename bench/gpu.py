@@ -48,7 +48,7 @@ import jax
 jax.config.update("jax_platforms", "cpu")
 from jax.experimental import topologies
 from te_ckpt_audit import _jax_compat as jc
-from te_ckpt_audit._loading import find_inputs_callable, load_target, parse_overrides
+from te_ckpt_audit.trace._loading import find_inputs_callable, load_target, parse_overrides
 from te_ckpt_audit.gpus import GpuRequest, gpu_model
 from te_ckpt_audit.config import parse_defines
 

@@ -56,7 +56,7 @@ sys.path.insert(0, {root!r})
 """
 _BASELINE = _PRELUDE + """
 import importlib
-from te_ckpt_audit._loading import load_inputs, load_target
+from te_ckpt_audit.trace._loading import load_inputs, load_target
 from te_ckpt_audit.config import parse_defines
 target = load_target({target!r})
 args = load_inputs(target, defines=parse_defines({defines!r})).args
@@ -159,9 +159,9 @@ def bench_c(repeats: int) -> None:
 
     from te_ckpt_audit import Session
     from te_ckpt_audit._jax_compat import saved_residuals
-    from te_ckpt_audit._loading import load_inputs, load_target
-    from te_ckpt_audit._trace import trace
     from te_ckpt_audit.config import parse_defines
+    from te_ckpt_audit.trace._loading import load_inputs, load_target
+    from te_ckpt_audit.trace._trace import trace
 
     print(f"(c) one more policy after the first vs one linearization (JAX's saved_residuals); one process, "
           f"median of {repeats}")
@@ -219,10 +219,10 @@ def bench_d(repeats: int) -> None:
 def profile() -> None:
     sys.path.insert(0, str(ROOT))
     from te_ckpt_audit import Session
-    from te_ckpt_audit._loading import load_inputs, load_target
-    from te_ckpt_audit._trace import trace
     from te_ckpt_audit.config import parse_defines
     from te_ckpt_audit.render import TableView, render_json, render_table
+    from te_ckpt_audit.trace._loading import load_inputs, load_target
+    from te_ckpt_audit.trace._trace import trace
 
     target = "sample_models/gpt.py:loss"
     t0 = time.perf_counter()

@@ -14,7 +14,7 @@ of the chip's own compile (the plan), whether the chip took it (compiled, then r
 (RESOURCE_EXHAUSTED, at compile or at run, with the first line of its message), and, where it ran,
 seconds per step: 3 steps of warm-up, then the median of 7, each with `block_until_ready`, the
 params and state fed back as a training loop does. Deviceless: the plan only. bench/data/ keeps
-the rows; README, "Runs that happened", and docs/guide/tpu.md show them.
+the rows; docs/runs.md and docs/guide/tpu.md show them.
 
 The time estimate's studies: `--estimate` (te-ckpt-audit's own `--tpu --time` of each point that
 ran, against the chip), `--profile` (on the chip: every kernel's measured time), `--kinds` (those
@@ -385,7 +385,7 @@ def cost_rows(runs: int = 3) -> list[dict[str, Any]]:
 
 def truth_table(chip: Path, here: Path, times: Path) -> str:
     """Every point: the chip's verdict and plan against the deviceless compile's, and where it ran
-    its measured seconds per step against te-ckpt-audit's estimate (README, "Runs that happened")."""
+    its measured seconds per step against te-ckpt-audit's estimate (docs/runs.md)."""
     def rows(path: Path) -> dict[str, dict[str, Any]]:
         return {r["case"]: r for r in map(json.loads, path.read_text().splitlines())}
 

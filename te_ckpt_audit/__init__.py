@@ -14,7 +14,6 @@ from ._mesh import MAX_DEVICES
 from ._recommend import DEFAULT_MAX_EVALS, recommend, recommend_target
 from ._session import Session
 from ._throughput import throughput_keyword
-from ._trained import parse_params
 from .config import TargetConfig, parse_mesh
 from .errors import AuditError, DevicesUnavailable, PolicyError, PolicySpecError, TargetError, UsageError
 from .policies import checkpoint_dots_and_te_gemms, dots_and_te_gemms_with_no_batch_dims, te_gemms_saveable
@@ -49,6 +48,7 @@ from .records import (
 from .registry import DEFAULT_POLICIES
 from .sizes import parse_budget, parse_size
 from .specs import PolicySpec, parse_policies, resolve_policy
+from .trace._trained import parse_params
 
 __version__ = "0.1.0"
 

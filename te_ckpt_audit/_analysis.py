@@ -17,8 +17,6 @@ import jax
 from . import _jax_compat as jc
 from ._apply import policy_function, resolve_scope, row_verdict
 from ._jaxpr import AnyJaxpr, aval_bytes, aval_dtype, aval_shape, is_gemm, open_jaxpr, sub_jaxprs
-from ._source import Origin, user_location
-from ._trace import Row, Traced, id_key
 from .errors import AuditError, TargetError, first_line
 from .policies import QUANTIZED_OUTPUTS, SCALE_OUTPUTS, is_te_gemm, is_te_quantize, is_te_standin
 from .records import (
@@ -32,6 +30,8 @@ from .records import (
     Totals,
 )
 from .specs import PolicySpec
+from .trace._source import Origin, user_location
+from .trace._trace import Row, Traced, id_key
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

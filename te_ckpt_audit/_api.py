@@ -14,7 +14,6 @@ from ._args import check_target_arg, gpu_arg, mesh_arg, tpu_arg
 from ._progress import Progress, quiet
 from ._session import Session
 from ._target import LogCapture
-from ._trained import ALL, ParamsLike
 from .baselines import audit_key
 from .config import DefinesLike, TargetConfig
 from .errors import UsageError
@@ -25,6 +24,7 @@ from .registry import AS_IS, DEFAULT_POLICIES
 from .sizes import percent_limit
 from .specs import PolicyLike, PolicySpec, parse_policies
 from .tpus import TpuRequest
+from .trace._trained import ALL, ParamsLike
 
 Policies = Sequence[PolicyLike]
 

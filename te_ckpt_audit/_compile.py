@@ -15,10 +15,10 @@ import jax
 
 from ._apply import policy_function
 from ._step import training_step
-from ._trace import Traced
 from .errors import first_line
 from .records import CompiledMemory, Scope
 from .specs import PolicySpec
+from .trace._trace import Traced
 
 
 def compiled_memory(traced: Traced, spec: PolicySpec, scope: Scope) -> CompiledMemory:

@@ -36,7 +36,6 @@ from ._session import Session
 from ._target import LogCapture
 from ._throughput import DEFAULT_MAX_COMPILES as THROUGHPUT_MAX_COMPILES
 from ._throughput import spread, target_search, throughput_keyword
-from ._trained import ParamsLike
 from .config import DefinesLike, as_defines
 from .errors import TargetError, UsageError
 from .gpus import GpuRequest
@@ -54,6 +53,7 @@ from .records import (
 from .sizes import MAX_JOBS, count_at_least_one, positive_bytes, size_arg
 from .specs import PolicySpec, names_spec, resolve_policy, spellable
 from .tpus import TpuRequest
+from .trace._trained import ParamsLike
 
 # Presets a subset of names is combined with (`save_only_these_names:...+BASE`): TE-aware where the
 # model has TE GEMMs, JAX's own where it has none (the same policies there, with JAX's names).

@@ -28,7 +28,6 @@ from ._analysis import Analysis, analyse_policy, failed
 from ._apply import resolve_scope
 from ._compile import compiled_memory
 from ._emulated import emulated_device
-from ._loading import anchored, load_inputs, load_target, user_code
 from ._mesh import (
     build_abstract_mesh,
     build_mesh,
@@ -53,8 +52,6 @@ from ._target import (
     step_mesh,
     tpu_info,
 )
-from ._trace import Traced, trace
-from ._trained import ALL, ParamsLike
 from ._warnings import NOTHING, remat3_row, warnings_for
 from .config import DefinesLike, as_defines
 from .errors import TargetError, UsageError
@@ -77,6 +74,9 @@ from .records import (
 )
 from .specs import AsIs, Custom, NoCheckpoint, PolicyLike, PolicySpec, policy_specs
 from .tpus import TpuRequest
+from .trace._loading import anchored, load_inputs, load_target, user_code
+from .trace._trace import Traced, trace
+from .trace._trained import ALL, ParamsLike
 
 REMAT3_MODES = ("on", "off", "both")
 Placement = jax.sharding.Mesh | jax.sharding.AbstractMesh | None

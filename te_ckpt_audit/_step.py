@@ -24,8 +24,8 @@ import jax
 import jax.numpy as jnp
 
 from . import _jax_compat as jc
-from ._trace import Traced
-from ._trained import argument_of
+from .trace._trace import Traced
+from .trace._trained import argument_of
 
 Tree: TypeAlias = Any  # a pytree of arrays or ShapeDtypeStructs: the user's, whatever its types
 Fn: TypeAlias = Callable[..., Tree]

@@ -14,7 +14,6 @@ import jax.numpy as jnp
 from . import _jax_compat as jc
 from ._apply import row_policy, verdict_of
 from ._jaxpr import open_jaxpr, sub_jaxprs
-from ._trace import Traced
 from .records import (
     AuditWarning,
     GemmBatchDimsMissed,
@@ -35,6 +34,7 @@ from .records import (
 )
 from .registry import NOTHING_SAVEABLE
 from .specs import AsIs, NoCheckpoint, PolicySpec, Preset, names_spec, spellable
+from .trace._trace import Traced
 
 NOTHING = Preset(NOTHING_SAVEABLE)
 

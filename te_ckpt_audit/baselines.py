@@ -11,13 +11,13 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from ._loading import Defines, split_target
 from ._textfile import read_text
 from .config import parse_mesh
 from .errors import UsageError
 from .gating import gated_bytes
 from .gpus import GpuRequest
 from .records import AuditKey, AuditReport, Baseline, MeshSpec, Scope, baseline_document, is_file_target, schemas
+from .trace._loading import Defines, split_target
 
 _ENTRY_KEYS = ("target", "inputs", "defines", "scope", "mesh", "activation_bytes")
 _OPTIONAL_KEYS = ("gpu", "params")  # written only when set

@@ -54,10 +54,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from . import gpus, optimizers
-from ._loading import Defines as Defines  # the -D mapping, as the command line types it
-from ._loading import source_files
 from ._textfile import read_text
-from ._trained import parse_params
 from .errors import UsageError
 from .gating import PeakGate
 from .gpus import GpuRequest
@@ -65,6 +62,9 @@ from .records import Budget, MeshAxis, MeshSpec, Scope, ShardingSource
 from .sizes import budget_size, percent_limit
 from .specs import PolicyLike
 from .tpus import TpuRequest, parse_tpu
+from .trace._loading import Defines as Defines  # the -D mapping, as the command line types it
+from .trace._loading import source_files
+from .trace._trained import parse_params
 
 MAX_DEFINE = 4096  # characters in one -D value: no size or flag is longer
 

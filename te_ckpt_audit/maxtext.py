@@ -35,13 +35,11 @@ from typing import Any, TypeVar
 import jax
 
 from . import _jax_compat as jc
-from ._loading import user_code
 from ._mesh import cpu_devices
 from ._progress import Progress, quiet
 from ._session import Session
 from ._target import LogCapture
 from ._throughput import THROUGHPUT, per_device_of, point_of, search
-from ._trace import trace
 from .errors import TargetError, UsageError, first_line
 from .gpus import GpuRequest
 from .records import (
@@ -58,6 +56,8 @@ from .records import (
 )
 from .specs import AsIs
 from .tpus import ALIASES, CATALOG, TpuRequest, tpu_model
+from .trace._loading import user_code
+from .trace._trace import trace
 
 # MaxText's cuDNN flash attention through TE finds no fused backend without a GPU driver (TE falls
 # back to unfused attention, which keeps every S x S score); JAX's own cuDNN flash attention

@@ -306,7 +306,7 @@ def parse_policies(policies: Sequence[PolicyLike], what: str) -> tuple[PolicySpe
     """Policy specs parsed once, at the edge: a spec already parsed passes as it is. A custom
     policy's module (`file.py:attr`) is the user's code, as `what` (the target) is: its failure is
     a TargetError naming it."""
-    from ._loading import user_code  # the user's module runs under its rule
+    from .trace._loading import user_code  # the user's module runs under its rule
 
     if isinstance(policies, str | PolicySpec) or callable(policies):
         policies = (policies,)  # one policy, not its letters
@@ -403,7 +403,7 @@ def _combined(spec: str) -> PolicySpec:
 
 
 def _custom(spec: str, where: str, attr: str) -> PolicySpec:
-    from ._loading import import_attribute  # the user's module: imported only for a custom spec
+    from .trace._loading import import_attribute  # the user's module: imported only for a custom spec
 
     try:
         policy = import_attribute(where, attr)

@@ -33,7 +33,6 @@ from test_cli import MODEL, PREFIX, cli
 from te_ckpt_audit import (
     AuditError,
     TargetConfig,
-    _loading,
     audit,
     audit_target,
     baselines,
@@ -43,6 +42,7 @@ from te_ckpt_audit import (
 )
 from te_ckpt_audit.config import load_config, parse_defines
 from te_ckpt_audit.specs import resolve_policy
+from te_ckpt_audit.trace import _loading
 
 ROOT = Path(__file__).resolve().parent.parent
 

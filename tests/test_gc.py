@@ -17,8 +17,8 @@ import pytest
 from te_ckpt_audit_cli.process import collector_paused
 
 from te_ckpt_audit import Session, audit
-from te_ckpt_audit._trace import trace
 from te_ckpt_audit.errors import TargetError
+from te_ckpt_audit.trace._trace import trace
 
 X = jax.ShapeDtypeStruct((4, 8), jnp.float32)
 ROOT = Path(__file__).resolve().parent.parent

@@ -10,10 +10,10 @@ from _reference import bind_static, module, saved_residuals
 
 from te_ckpt_audit import ResidualKind, audit_target
 from te_ckpt_audit import _jax_compat as jc
-from te_ckpt_audit._loading import load_inputs, load_target
-from te_ckpt_audit._trace import trace
 from te_ckpt_audit.config import parse_defines
 from te_ckpt_audit.specs import resolve_policy
+from te_ckpt_audit.trace._loading import load_inputs, load_target
+from te_ckpt_audit.trace._trace import trace
 
 TARGET = "sample_models/flax_model.py:loss"
 UNROLLED = ["layers=4", "scan=False"]

@@ -175,7 +175,7 @@ def test_saved_residuals_matches_print_saved_residuals_length() -> None:
 
 
 def test_eqn_tags_survive_differentiation() -> None:
-    from te_ckpt_audit._trace import trace
+    from te_ckpt_audit.trace._trace import trace
 
     t = trace(lambda x: jnp.sum(jnp.sin(x)), (jax.ShapeDtypeStruct((3,), jnp.float32),))
     assert [jc.eqn_tag(e) for e in t.jaxpr.jaxpr.eqns] == ["0", "1"]

@@ -7,9 +7,9 @@ import textwrap
 import jax
 import pytest
 
-from te_ckpt_audit._loading import load_inputs, load_target
 from te_ckpt_audit.config import parse_defines
 from te_ckpt_audit.errors import TargetError, UsageError
+from te_ckpt_audit.trace._loading import load_inputs, load_target
 
 
 def _write(tmp_path, name: str, body: str):

@@ -86,7 +86,7 @@ def test_a_mesh_of_other_devices_than_the_models_is_refused() -> None:
     two = Mesh(np.array(jax.devices("cpu")[:2]).reshape(2), ("data",))
     from te_ckpt_audit._mesh import spec_of
     from te_ckpt_audit._target import step_mesh
-    from te_ckpt_audit._trace import trace
+    from te_ckpt_audit.trace._trace import trace
 
     traced = trace(sharded, (W, X), "own.py:sharded")
     assert step_mesh(traced, None) is not None and str(step_mesh(traced, None)) == "data=2,model=2"

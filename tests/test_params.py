@@ -132,7 +132,7 @@ def test_a_dict_of_a_layers_weights_names_no_modules() -> None:
     ],
 )
 def test_display_paths_never_reach_into_site_packages(path: str, shown: str) -> None:
-    from te_ckpt_audit._source import display_path
+    from te_ckpt_audit.trace._source import display_path
 
     assert display_path(path, "/home/me/project") == shown
 

@@ -164,7 +164,7 @@ def test_residuals_equal_jax(case, policy: str) -> None:
 
 def test_our_policies_agree_with_tes_on_every_equation(case) -> None:
     from te_ckpt_audit import Session  # noqa: F401  (rows come from the same trace)
-    from te_ckpt_audit._trace import trace
+    from te_ckpt_audit.trace._trace import trace
 
     _, fn, args, _ = case
     traced = trace(fn, args)

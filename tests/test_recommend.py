@@ -18,12 +18,12 @@ from sample_models import eight_names
 from te_ckpt_audit import Session
 from te_ckpt_audit._analysis import analyse
 from te_ckpt_audit._recommend import pareto_frontier, recommend, spec_text
-from te_ckpt_audit._trace import Traced, trace
 from te_ckpt_audit.errors import PolicySpecError, UsageError
 from te_ckpt_audit.policies import SaveFromBoth
 from te_ckpt_audit.records import Candidate, CandidateKind, Recommendation, Scope
 from te_ckpt_audit.render import format_bytes, maxtext_config, python_snippet, render_recommend_json
 from te_ckpt_audit.specs import Custom, NamePolicy, resolve_policy
+from te_ckpt_audit.trace._trace import Traced, trace
 
 BYTES = {"layer0": 4 * 48 * 4, "layer1": 4 * 160 * 4, "layer2": 4 * 24 * 4, "layer3": 4 * 96 * 4}
 GEMM = {"layer0": 2 * 4 * 32 * 48, "layer1": 2 * 4 * 48 * 160, "layer2": 2 * 4 * 160 * 24, "layer3": 2 * 4 * 24 * 96}

@@ -13,10 +13,10 @@ import pytest
 
 from sample_models import eight_names, mlp, te_transformer
 from te_ckpt_audit import AuditReport, Recommendation, Session, audit, recommend
-from te_ckpt_audit._trace import trace
 from te_ckpt_audit.records import Category
 from te_ckpt_audit.render import format_bytes, render_audit_html, render_recommend_html
 from te_ckpt_audit.render.html import COLOURS, PRODUCER_WORDS
+from te_ckpt_audit.trace._trace import trace
 
 # wbr: a line-break opportunity, void in HTML
 VOID = {"meta", "br", "line", "rect", "circle", "polygon", "path", "img", "hr", "input", "link", "wbr"}

@@ -17,10 +17,10 @@ from te_ckpt_audit import _jax_compat as jc
 from te_ckpt_audit import audit
 from te_ckpt_audit._apply import KEEP, swap_policies
 from te_ckpt_audit._jaxpr import map_sub_jaxprs
-from te_ckpt_audit._loading import load_inputs, load_target
-from te_ckpt_audit._trace import trace
 from te_ckpt_audit.config import parse_defines
 from te_ckpt_audit.specs import resolve_policy
+from te_ckpt_audit.trace._loading import load_inputs, load_target
+from te_ckpt_audit.trace._trace import trace
 
 SDS = jax.ShapeDtypeStruct
 TARGET = "sample_models/flax_model.py:loss"

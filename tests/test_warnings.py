@@ -10,8 +10,8 @@ import pytest
 from jax.ad_checkpoint import checkpoint_name
 
 from te_ckpt_audit import WarningCode, audit, audit_target
-from te_ckpt_audit._trace import trace
 from te_ckpt_audit.render import warning_message
+from te_ckpt_audit.trace._trace import trace
 
 
 def _fn(x, w):

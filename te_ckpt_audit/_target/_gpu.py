@@ -32,12 +32,12 @@ from .. import _jax_compat as jc
 from .._apply import policy_function
 from .._progress import Progress, quiet
 from .._step import TrainingStep, own_step, state_on, training_step
-from .._trace import Traced
 from ..errors import UsageError, first_line
 from ..gpus import GpuRequest, least_fraction, xla_flags
 from ..optimizers import optax_update
 from ..records import CompileProgress, GpuInfo, MeshSpec, PeakMemory, Scope, StepTime, to_plain
 from ..specs import AsIs, PolicySpec
+from ..trace._trace import Traced
 from . import _steptime as steptime
 from ._cache import CompileCache, Measured
 from ._kernels import step_kernels

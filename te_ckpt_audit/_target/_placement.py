@@ -13,9 +13,9 @@ from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
 
 from .. import _jax_compat as jc
 from .._jaxpr import map_sub_jaxprs, open_jaxpr, sub_jaxprs
-from .._trace import Traced
 from ..errors import UsageError
 from ..records import MeshAxis, MeshSpec
+from ..trace._trace import Traced
 
 
 def gpu_mesh(topology: Any, mesh: MeshSpec | None) -> Mesh:

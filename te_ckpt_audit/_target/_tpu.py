@@ -23,12 +23,12 @@ import jax
 from .._apply import policy_function
 from .._mesh import mesh_context
 from .._step import own_step, state_on, training_step
-from .._trace import Traced
 from ..errors import UsageError, first_line
 from ..optimizers import optax_update
 from ..records import MeshSpec, Scope, StepTime, TpuInfo, TpuPlan
 from ..specs import AsIs, PolicySpec
 from ..tpus import TpuRequest, TpuTarget
+from ..trace._trace import Traced
 from . import _steptime as steptime
 from ._kernels import VMEM, step_kernels
 from ._placement import gpu_mesh, on, rehomed, replicated

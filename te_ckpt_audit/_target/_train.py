@@ -11,13 +11,13 @@ from collections.abc import Callable
 import jax
 
 from .._step import trained_paths
-from .._trace import Traced
-from .._trained import argument_of as argument_of  # the positional argument an input path belongs to
 from ..errors import UsageError
 from ..gpus import GpuRequest
 from ..optimizers import state_bytes
 from ..records import StepInfo
 from ..tpus import TpuRequest
+from ..trace._trace import Traced
+from ..trace._trained import argument_of as argument_of  # the positional argument an input path belongs to
 
 LogCapture = Callable[[], contextlib.AbstractContextManager[object]]  # keeps a compiler's log lines off stderr
 

@@ -16,12 +16,12 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .._loading import forget_user_modules
 from .._progress import Progress
 from ..errors import first_line
 from ..gpus import GpuRequest
 from ..records import PeakMemory
 from ..specs import PolicySpec, resolve_policy
+from ..trace._loading import forget_user_modules
 from ._gpu import Compiled
 
 _BUILT: dict[str, Any] = {}  # in a worker: the session of each build (by its key), made once

@@ -26,8 +26,8 @@ from typing import Any
 
 import jax
 
+from ..errors import AuditError, TargetError, UsageError, a_or_an, first_line
 from ._source import raised_in_user_code, unbindable, user_location
-from .errors import AuditError, TargetError, UsageError, a_or_an, first_line
 
 Placement = jax.sharding.Mesh | jax.sharding.AbstractMesh | None  # where the inputs are placed
 Defines = Mapping[str, str]  # `-D key=value`: keyword parameters of the inputs callable, raw text

@@ -17,9 +17,8 @@ import jax
 import numpy as np
 from jax.tree_util import KeyEntry
 
-from . import _jax_compat as jc
-from ._intern import SiteScopes, intern_bodies
-from ._jaxpr import (
+from .. import _jax_compat as jc
+from .._jaxpr import (
     AnyJaxpr,
     aval_dtype,
     aval_shape,
@@ -29,13 +28,14 @@ from ._jaxpr import (
     open_jaxpr,
     sub_jaxprs,
 )
+from ..errors import TargetError, UsageError, first_line
+from ..policies import Policy, is_te_gemm, is_te_quantize, is_te_standin
+from ..records import Equation
+from ._intern import SiteScopes, intern_bodies
 from ._params import Scopes, flow, name_modules, names_own_modules, param_module
 from ._sites import Sites
 from ._source import Origin, SourceFinder, unbindable, user_location
 from ._trained import ALL, ParamsLike, TrainedInputs, parse_params, resolve_trained
-from .errors import TargetError, UsageError, first_line
-from .policies import Policy, is_te_gemm, is_te_quantize, is_te_standin
-from .records import Equation
 
 
 @dataclasses.dataclass(slots=True)

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from typing import cast
 
-from . import _jax_compat as jc
-from ._jaxpr import AnyJaxpr, map_sub_jaxprs, open_jaxpr, sub_jaxprs
+from .. import _jax_compat as jc
+from .._jaxpr import AnyJaxpr, map_sub_jaxprs, open_jaxpr, sub_jaxprs
 
 # id of a checkpoint equation whose body is now shared -> (the equation, kept alive so the id stays
 # unique; the scope names of each of its original body's equations)

@@ -18,7 +18,7 @@ from typing import Any, Literal, TypeAlias
 
 import jax.numpy as jnp
 
-from .errors import UsageError
+from ..errors import UsageError
 
 ALL = "all"  # every float input
 ParamsLike: TypeAlias = Sequence[int | str] | Literal["all"] | int | str | None

@@ -25,8 +25,8 @@ from collections.abc import Iterable, Sequence
 
 from jax.tree_util import DictKey, GetAttrKey, KeyEntry, SequenceKey
 
-from . import _jax_compat as jc
-from ._jaxpr import open_jaxpr, sub_jaxprs
+from .. import _jax_compat as jc
+from .._jaxpr import open_jaxpr, sub_jaxprs
 
 Scopes = tuple[str, ...]
 Flow = dict[tuple[str, tuple[str, ...]], Scopes]  # (equation id, its calls from the top) -> module

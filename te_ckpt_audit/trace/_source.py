@@ -12,8 +12,8 @@ import traceback
 import types
 from pathlib import Path
 
-from . import _jax_compat as jc
-from .records import SourceLocation
+from .. import _jax_compat as jc
+from ..records import SourceLocation
 
 _HERE = str(Path(__file__).parent)
 

@@ -1,0 +1,18 @@
+"""The first stage: a target loaded and traced once.
+
+Enters: a target (`path/to/file.py:attr` or a function) and its example inputs (the inputs
+callable beside it, `-D` keywords, a mesh). Leaves: one `Traced` (`_trace`): the closed jaxpr,
+every equation tagged with an id, its source line, module path and call site, the trained inputs,
+and the user's pytree structure; every later stage reads it and none traces again.
+
+    _loading   import the user's file or module under the tool's rules, call the inputs callable
+    _source    where an equation comes from: the user's frame, the innermost frame, module paths
+    _trace     trace once, tag every equation (`Traced`, `Rows`)
+    _trained   which arguments are trained (`--params`), by position or name
+    _params    module paths of parameters (Flax, Equinox, Keras) for residuals kept alive
+    _sites     one shared jit body's call sites, each with its own module path
+    _intern    identical jaxprs shared by many equations, interned once
+
+May import: `_jax_compat`, `_jaxpr`, `errors`, `policies`, `records` and each other; nothing of a
+later stage (analysis, targets, search, the session).
+"""
