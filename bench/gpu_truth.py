@@ -47,7 +47,7 @@ import glob, json, os, sys, tempfile, time
 import jax, jax.numpy as jnp
 import optax
 from te_ckpt_audit import Session, resolve_policy
-from te_ckpt_audit._apply import policy_function
+from te_ckpt_audit.analysis._apply import policy_function
 from te_ckpt_audit._step import training_step
 from te_ckpt_audit.config import parse_defines
 

@@ -250,8 +250,8 @@ def _linearize(closed: Any, avals: list[Any]) -> None:
 
 def _linearize_policy(traced: Any, policy: str) -> None:
     """JAX's linearization of `traced` with `policy` applied as the audit applies it, alone."""
-    from te_ckpt_audit._apply import policy_function, resolve_scope
     from te_ckpt_audit._jax_compat import linearize_for_vjp
+    from te_ckpt_audit.analysis._apply import policy_function, resolve_scope
     from te_ckpt_audit.records import Scope
     from te_ckpt_audit.specs import resolve_policy
 

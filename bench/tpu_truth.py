@@ -95,9 +95,9 @@ def step_of(target: str, policy: str, defines: dict[str, Any]) -> tuple[Any, tup
     """The training step te-ckpt-audit compiles for this target and policy: (fn, args, donated)."""
     import optax
 
-    from te_ckpt_audit._apply import policy_function
     from te_ckpt_audit._session import Session
     from te_ckpt_audit._step import training_step
+    from te_ckpt_audit.analysis._apply import policy_function
     from te_ckpt_audit.specs import resolve_policy
 
     session = Session.of_target(target, defines=defines)

@@ -10,10 +10,10 @@ from __future__ import annotations
 from . import render as _render  # noqa: F401 (records print through it: records/_display.py)
 from ._api import audit, audit_target, check_config, check_target
 from ._fit import DEFAULT_MAX_COMPILES
-from ._mesh import MAX_DEVICES
 from ._recommend import DEFAULT_MAX_EVALS, recommend, recommend_target
 from ._session import Session
 from ._throughput import throughput_keyword
+from .analysis._mesh import MAX_DEVICES
 from .config import TargetConfig, parse_mesh
 from .errors import AuditError, DevicesUnavailable, PolicyError, PolicySpecError, TargetError, UsageError
 from .policies import checkpoint_dots_and_te_gemms, dots_and_te_gemms_with_no_batch_dims, te_gemms_saveable

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import jax
 
-from ._apply import policy_function
 from ._step import training_step
+from .analysis._apply import policy_function
 from .errors import first_line
 from .records import CompiledMemory, Scope
 from .specs import PolicySpec

@@ -24,20 +24,8 @@ from typing import Any
 import jax
 
 from . import _jax_compat as jc
-from ._analysis import Analysis, analyse_policy, failed
-from ._apply import resolve_scope
 from ._compile import compiled_memory
 from ._emulated import emulated_device
-from ._mesh import (
-    build_abstract_mesh,
-    build_mesh,
-    mesh_context,
-    per_device,
-    place_args,
-    replicated_over,
-    source_of,
-    spec_of,
-)
 from ._progress import Progress, quiet
 from ._step import trained_paths
 from ._target import (
@@ -52,7 +40,19 @@ from ._target import (
     step_mesh,
     tpu_info,
 )
-from ._warnings import NOTHING, remat3_row, warnings_for
+from .analysis._analysis import Analysis, analyse_policy, failed
+from .analysis._apply import resolve_scope
+from .analysis._mesh import (
+    build_abstract_mesh,
+    build_mesh,
+    mesh_context,
+    per_device,
+    place_args,
+    replicated_over,
+    source_of,
+    spec_of,
+)
+from .analysis._warnings import NOTHING, remat3_row, warnings_for
 from .config import DefinesLike, as_defines
 from .errors import TargetError, UsageError
 from .gpus import GpuRequest

@@ -35,11 +35,11 @@ from typing import Any, TypeVar
 import jax
 
 from . import _jax_compat as jc
-from ._mesh import cpu_devices
 from ._progress import Progress, quiet
 from ._session import Session
 from ._target import LogCapture
 from ._throughput import THROUGHPUT, per_device_of, point_of, search
+from .analysis._mesh import cpu_devices
 from .errors import TargetError, UsageError, first_line
 from .gpus import GpuRequest
 from .records import (

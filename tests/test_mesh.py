@@ -33,7 +33,7 @@ from te_ckpt_audit import (
     parse_mesh,
 )
 from te_ckpt_audit._jax_compat import JAX_VERSION
-from te_ckpt_audit._mesh import MAX_DEVICES, build_mesh, cpu_devices, device_bytes
+from te_ckpt_audit.analysis._mesh import MAX_DEVICES, build_mesh, cpu_devices, device_bytes
 from te_ckpt_audit.config import load_config
 from te_ckpt_audit.errors import DevicesUnavailable
 from te_ckpt_audit.gating import check

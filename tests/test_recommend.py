@@ -16,8 +16,8 @@ import pytest
 
 from sample_models import eight_names
 from te_ckpt_audit import Session
-from te_ckpt_audit._analysis import analyse
 from te_ckpt_audit._recommend import pareto_frontier, recommend, spec_text
+from te_ckpt_audit.analysis._analysis import analyse
 from te_ckpt_audit.errors import PolicySpecError, UsageError
 from te_ckpt_audit.policies import SaveFromBoth
 from te_ckpt_audit.records import Candidate, CandidateKind, Recommendation, Scope

@@ -255,7 +255,7 @@ def test_equal_bytes_but_another_saved_set_is_a_change() -> None:
     only byte totals were compared. Two policies that keep equally many bytes of different values
     (one elementwise, one a GEMM) stand for the two implementations here."""
     from te_ckpt_audit import Session
-    from te_ckpt_audit._warnings import remat3_row
+    from te_ckpt_audit.analysis._warnings import remat3_row
     from te_ckpt_audit.specs import resolve_policy
 
     x, w = jax.ShapeDtypeStruct((64, 64), jax.numpy.float32), jax.ShapeDtypeStruct((64, 64), jax.numpy.float32)

@@ -96,7 +96,7 @@ def test_as_is_of_a_model_without_checkpoints_is_plain_autodiffs_linearization()
     linearization's, relabelled, and equal to a linearization of its own."""
     import dataclasses
 
-    from te_ckpt_audit._analysis import analyse_policy
+    from te_ckpt_audit.analysis._analysis import analyse_policy
     from te_ckpt_audit.specs import AsIs
 
     for model in ("mlp", "fp8_block", "eight_names"):

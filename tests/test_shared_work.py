@@ -15,8 +15,8 @@ from test_programs import assert_exact, ours, truth
 
 from te_ckpt_audit import _jax_compat as jc
 from te_ckpt_audit import audit
-from te_ckpt_audit._apply import KEEP, swap_policies
 from te_ckpt_audit._jaxpr import map_sub_jaxprs
+from te_ckpt_audit.analysis._apply import KEEP, swap_policies
 from te_ckpt_audit.config import parse_defines
 from te_ckpt_audit.specs import resolve_policy
 from te_ckpt_audit.trace._loading import load_inputs, load_target

@@ -55,7 +55,7 @@ def test_no_dot_warning_without_te_gemms() -> None:
 
 def test_remat3_is_flagged() -> None:
     """A trace made while jax_remat3 is on (JAX_REMAT3=1) is audited under the new remat, and says so."""
-    from te_ckpt_audit._warnings import _spec_warnings
+    from te_ckpt_audit.analysis._warnings import _spec_warnings
     from te_ckpt_audit.specs import resolve_policy
 
     spec = resolve_policy("checkpoint_dots")

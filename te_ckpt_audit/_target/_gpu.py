@@ -29,9 +29,9 @@ from jax.sharding import Mesh
 from jax.stages import Lowered
 
 from .. import _jax_compat as jc
-from .._apply import policy_function
 from .._progress import Progress, quiet
 from .._step import TrainingStep, own_step, state_on, training_step
+from ..analysis._apply import policy_function
 from ..errors import UsageError, first_line
 from ..gpus import GpuRequest, least_fraction, xla_flags
 from ..optimizers import optax_update

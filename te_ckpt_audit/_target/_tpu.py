@@ -20,9 +20,9 @@ from typing import Any
 
 import jax
 
-from .._apply import policy_function
-from .._mesh import mesh_context
 from .._step import own_step, state_on, training_step
+from ..analysis._apply import policy_function
+from ..analysis._mesh import mesh_context
 from ..errors import UsageError, first_line
 from ..optimizers import optax_update
 from ..records import MeshSpec, Scope, StepTime, TpuInfo, TpuPlan

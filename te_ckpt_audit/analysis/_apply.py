@@ -14,13 +14,13 @@ from typing import Any, TypeAlias
 
 import jax
 
-from . import _jax_compat as jc
-from ._jaxpr import AnyJaxpr, map_sub_jaxprs, open_jaxpr
-from .errors import PolicyError
-from .policies import Policy
-from .records import Scope, Verdict
-from .specs import AsIs, NoCheckpoint, PolicySpec
-from .trace._trace import Row, Segments, Traced
+from .. import _jax_compat as jc
+from .._jaxpr import AnyJaxpr, map_sub_jaxprs, open_jaxpr
+from ..errors import PolicyError
+from ..policies import Policy
+from ..records import Scope, Verdict
+from ..specs import AsIs, NoCheckpoint, PolicySpec
+from ..trace._trace import Row, Segments, Traced
 
 # --- the scope rules: where a policy goes ---------------------------------------------------------
 

@@ -11,10 +11,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from . import _jax_compat as jc
-from ._apply import row_policy, verdict_of
-from ._jaxpr import open_jaxpr, sub_jaxprs
-from .records import (
+from .. import _jax_compat as jc
+from .._jaxpr import open_jaxpr, sub_jaxprs
+from ..records import (
     AuditWarning,
     GemmBatchDimsMissed,
     InnerScopeWithoutCheckpoints,
@@ -32,9 +31,10 @@ from .records import (
     UnknownName,
     Verdict,
 )
-from .registry import NOTHING_SAVEABLE
-from .specs import AsIs, NoCheckpoint, PolicySpec, Preset, names_spec, spellable
-from .trace._trace import Traced
+from ..registry import NOTHING_SAVEABLE
+from ..specs import AsIs, NoCheckpoint, PolicySpec, Preset, names_spec, spellable
+from ..trace._trace import Traced
+from ._apply import row_policy, verdict_of
 
 NOTHING = Preset(NOTHING_SAVEABLE)
 

@@ -14,12 +14,11 @@ from typing import cast
 
 import jax
 
-from . import _jax_compat as jc
-from ._apply import policy_function, resolve_scope, row_verdict
-from ._jaxpr import AnyJaxpr, aval_bytes, aval_dtype, aval_shape, is_gemm, open_jaxpr, sub_jaxprs
-from .errors import AuditError, TargetError, first_line
-from .policies import QUANTIZED_OUTPUTS, SCALE_OUTPUTS, is_te_gemm, is_te_quantize, is_te_standin
-from .records import (
+from .. import _jax_compat as jc
+from .._jaxpr import AnyJaxpr, aval_bytes, aval_dtype, aval_shape, is_gemm, open_jaxpr, sub_jaxprs
+from ..errors import AuditError, TargetError, first_line
+from ..policies import QUANTIZED_OUTPUTS, SCALE_OUTPUTS, is_te_gemm, is_te_quantize, is_te_standin
+from ..records import (
     Category,
     EquationMark,
     Outcome,
@@ -29,9 +28,10 @@ from .records import (
     Scope,
     Totals,
 )
-from .specs import PolicySpec
-from .trace._source import Origin, user_location
-from .trace._trace import Row, Traced, id_key
+from ..specs import PolicySpec
+from ..trace._source import Origin, user_location
+from ..trace._trace import Row, Traced, id_key
+from ._apply import policy_function, resolve_scope, row_verdict
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -27,12 +27,12 @@ import numpy as np
 from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec, Sharding
 from jax.tree_util import KeyEntry
 
-from . import _jax_compat as jc
+from .. import _jax_compat as jc
+from .._jaxpr import Shaped, aval_bytes, aval_shape
+from ..errors import AuditError, DevicesUnavailable, TargetError, UsageError
+from ..records import MeshAxis, MeshSpec, PolicyResult, ResidualKind, ShardingSource
+from ..trace._trace import Traced, is_array_leaf
 from ._analysis import Analysis, residual_outputs
-from ._jaxpr import Shaped, aval_bytes, aval_shape
-from .errors import AuditError, DevicesUnavailable, TargetError, UsageError
-from .records import MeshAxis, MeshSpec, PolicyResult, ResidualKind, ShardingSource
-from .trace._trace import Traced, is_array_leaf
 
 # More virtual devices cost seconds and memory at start-up, and XLA's CPU client runs a mesh of
 # more than 2048 devices as a multi-process computation, which it does not implement.
