@@ -7,7 +7,7 @@ against measured per policy (issue 26, item 10).
 For each case and policy two fresh processes run:
 - predict: `te-ckpt-audit TARGET --gpu NAME -p POLICY -f json`, NAME the catalog's model of the GPU
   found here, compiled without touching the GPU (JAX on its CPU backend, as the command keeps it);
-- measure: the same session's training step (`te_ckpt_audit._step.training_step`, the program the
+- measure: the same session's training step (`te_ckpt_audit.targets._step.training_step`, the program the
   prediction compiled) jitted on the real GPU with random inputs, run twice; the peak of
   `jax.devices()[0].memory_stats()["peak_bytes_in_use"]` and the second step's time.
 Each process is fresh, so the device's peak is that step's alone. The measuring process also
@@ -48,7 +48,7 @@ import jax, jax.numpy as jnp
 import optax
 from te_ckpt_audit import Session, resolve_policy
 from te_ckpt_audit.analysis._apply import policy_function
-from te_ckpt_audit._step import training_step
+from te_ckpt_audit.targets._step import training_step
 from te_ckpt_audit.config import parse_defines
 
 target, policy, defines = sys.argv[1], sys.argv[2], sys.argv[3:]

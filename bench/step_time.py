@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from te_ckpt_audit._target._steptime import TENSOR_EFFICIENCY  # noqa: E402  (the constant the estimate runs at)
+from te_ckpt_audit.targets._steptime import TENSOR_EFFICIENCY  # noqa: E402  (the constant the estimate runs at)
 
 ROOT = Path(__file__).resolve().parent.parent
 A3 = "AI-Hypercomputer/maxtext configs/gpu/a3/llama_2_7b/README.md"

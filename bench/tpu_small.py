@@ -91,8 +91,8 @@ def _pipelined(compiled: Any, values: list[Any], feed: Any, budget: float = 0.5,
 
 
 def _estimate(text: str) -> dict[str, Any]:
-    from te_ckpt_audit._target import _steptime as steptime
-    from te_ckpt_audit._target._kernels import VMEM, step_kernels
+    from te_ckpt_audit.targets import _steptime as steptime
+    from te_ckpt_audit.targets._kernels import VMEM, step_kernels
     from te_ckpt_audit.tpus import tpu_model
 
     chip = tpu_model("v5e")

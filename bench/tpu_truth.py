@@ -96,9 +96,9 @@ def step_of(target: str, policy: str, defines: dict[str, Any]) -> tuple[Any, tup
     import optax
 
     from te_ckpt_audit._session import Session
-    from te_ckpt_audit._step import training_step
     from te_ckpt_audit.analysis._apply import policy_function
     from te_ckpt_audit.specs import resolve_policy
+    from te_ckpt_audit.targets._step import training_step
 
     session = Session.of_target(target, defines=defines)
     spec = resolve_policy(policy)
@@ -185,7 +185,7 @@ def deviceless(name: str, target: str, policy: str, defines: dict[str, Any], top
 def estimated_cycles(hlo_text: str) -> int:
     """libtpu's own per-kernel estimates of a compiled module, summed over one step as
     te-ckpt-audit sums them (`_target._kernels`: a loop's body times its trips)."""
-    from te_ckpt_audit._target._kernels import step_kernels
+    from te_ckpt_audit.targets._kernels import step_kernels
 
     return sum(k.cycles * k.runs for k in step_kernels(hlo_text))
 
@@ -197,8 +197,8 @@ def time_rows(chip: Path, fitted_on: bool = True) -> list[dict[str, Any]]:
     unscaled estimate); the others are held out. `fitted_on=False`: rows the constant never saw,
     every one held out."""
     from te_ckpt_audit import audit_target
-    from te_ckpt_audit._target._steptime import TPU_EFFICIENCY
     from te_ckpt_audit.gpus import Optimizer
+    from te_ckpt_audit.targets._steptime import TPU_EFFICIENCY
     from te_ckpt_audit.tpus import TpuRequest, parse_tpu
 
     request = TpuRequest(parse_tpu("v5e"), Optimizer.ADAMW, time=True)
@@ -238,8 +238,8 @@ def kind_rows(profile: Path, topology: str = "v5e:1x1") -> list[dict[str, Any]]:
     import jax
     from jax.experimental import topologies
 
-    from te_ckpt_audit._target._kernels import VMEM, step_kernels
-    from te_ckpt_audit._target._steptime import TPU_EFFICIENCY, tpu_roofline, tpu_timed
+    from te_ckpt_audit.targets._kernels import VMEM, step_kernels
+    from te_ckpt_audit.targets._steptime import TPU_EFFICIENCY, tpu_roofline, tpu_timed
     from te_ckpt_audit.tpus import tpu_model
 
     chip = tpu_model("v5e")

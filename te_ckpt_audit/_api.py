@@ -13,7 +13,6 @@ import jax
 from ._args import check_target_arg, gpu_arg, mesh_arg, tpu_arg
 from ._progress import Progress, quiet
 from ._session import Session
-from ._target import LogCapture
 from .baselines import audit_key
 from .config import DefinesLike, TargetConfig
 from .errors import UsageError
@@ -23,6 +22,7 @@ from .records import AuditReport, Baseline, CheckResult, MeshSpec, Scope, Shardi
 from .registry import AS_IS, DEFAULT_POLICIES
 from .sizes import percent_limit
 from .specs import PolicyLike, PolicySpec, parse_policies
+from .targets import LogCapture
 from .tpus import TpuRequest
 from .trace._trained import ALL, ParamsLike
 

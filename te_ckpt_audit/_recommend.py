@@ -33,7 +33,6 @@ from ._args import check_target_arg, gpu_arg, mesh_arg
 from ._fit import DEFAULT_MAX_COMPILES, fit_on_gpu, largest_fitting
 from ._progress import Progress, quiet
 from ._session import Session
-from ._target import LogCapture
 from ._throughput import DEFAULT_MAX_COMPILES as THROUGHPUT_MAX_COMPILES
 from ._throughput import spread, target_search, throughput_keyword
 from .config import DefinesLike, as_defines
@@ -52,6 +51,7 @@ from .records import (
 )
 from .sizes import MAX_JOBS, count_at_least_one, positive_bytes, size_arg
 from .specs import PolicySpec, names_spec, resolve_policy, spellable
+from .targets import LogCapture
 from .tpus import TpuRequest
 from .trace._trained import ParamsLike
 

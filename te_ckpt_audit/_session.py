@@ -24,22 +24,8 @@ from typing import Any
 import jax
 
 from . import _jax_compat as jc
-from ._compile import compiled_memory
 from ._emulated import emulated_device
 from ._progress import Progress, quiet
-from ._step import trained_paths
-from ._target import (
-    Compiled,
-    Compiler,
-    LogCapture,
-    TpuCompiler,
-    check_loss,
-    gpu_info,
-    peaks_in_workers,
-    step_info,
-    step_mesh,
-    tpu_info,
-)
 from .analysis._analysis import Analysis, analyse_policy, failed
 from .analysis._apply import resolve_scope
 from .analysis._mesh import (
@@ -73,6 +59,20 @@ from .records import (
     Trained,
 )
 from .specs import AsIs, Custom, NoCheckpoint, PolicyLike, PolicySpec, policy_specs
+from .targets import (
+    Compiled,
+    Compiler,
+    LogCapture,
+    TpuCompiler,
+    check_loss,
+    gpu_info,
+    peaks_in_workers,
+    step_info,
+    step_mesh,
+    tpu_info,
+)
+from .targets._cpu import compiled_memory
+from .targets._step import trained_paths
 from .tpus import TpuRequest
 from .trace._loading import anchored, load_inputs, load_target, user_code
 from .trace._trace import Traced, trace

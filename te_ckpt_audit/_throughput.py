@@ -30,12 +30,12 @@ from collections.abc import Callable, Sequence
 
 from ._progress import Progress, quiet
 from ._session import Session
-from ._target import LogCapture
-from ._target._steptime import TPU_ESTIMATOR
 from .errors import AuditError, UsageError, first_line
 from .gpus import GpuRequest
 from .records import PeakMemory, Point, StepTime, Throughput
 from .specs import resolve_policy
+from .targets import LogCapture
+from .targets._steptime import TPU_ESTIMATOR
 from .tpus import TpuRequest
 
 THROUGHPUT = "throughput"  # `--maximize throughput`

@@ -13,10 +13,10 @@ from test_step_time import H100, LOOP
 
 from te_ckpt_audit import UsageError
 from te_ckpt_audit._profile import Profile, read_profile
-from te_ckpt_audit._target import _steptime as steptime
-from te_ckpt_audit._target._kernels import Kernel, step_kernels
 from te_ckpt_audit.gpus import GpuRequest
 from te_ckpt_audit.records import KernelKind, to_plain
+from te_ckpt_audit.targets import _steptime as steptime
+from te_ckpt_audit.targets._kernels import Kernel, step_kernels
 
 
 def _two_gemms() -> list[Kernel]:

@@ -16,8 +16,8 @@ import pytest
 from _maxtext_truth import maxtexts_own_plan
 
 from te_ckpt_audit._jax_compat import GPU_TARGET_SINCE, JAX_VERSION
-from te_ckpt_audit._target._steptime import TPU_ESTIMATOR
 from te_ckpt_audit.maxtext import BY_SPEED, MaxTextRun, audit_maxtext, recommend_maxtext
+from te_ckpt_audit.targets._steptime import TPU_ESTIMATOR
 from te_ckpt_audit.tpus import TpuRequest, parse_tpu
 
 LANE = os.environ.get("TE_CKPT_AUDIT_MAXTEXT_TPU_LANE") == "1"

@@ -24,10 +24,10 @@ import pytest
 from _gpu_lane import LANE, MISSING_GPU_TARGET, ROOT, cli, compiles
 
 from te_ckpt_audit import audit
-from te_ckpt_audit._target import _steptime as steptime
-from te_ckpt_audit._target._kernels import Kernel, step_kernels
 from te_ckpt_audit.gpus import BF16, F32, GpuRequest, gpu_model
 from te_ckpt_audit.records import JSON_SCHEMA, KernelKind, StepTime, to_plain
+from te_ckpt_audit.targets import _steptime as steptime
+from te_ckpt_audit.targets._kernels import Kernel, step_kernels
 
 H100 = gpu_model("h100")
 PEAK_BF16 = H100.dense_flops(BF16)
@@ -835,7 +835,7 @@ def test_calibrating_in_workers_keeps_xlas_log_off_stderr(tmp_path: Any) -> None
 
 def test_a_gpu_without_xlas_cost_tables_is_said_in_words() -> None:
     """Issue 46, item 14: `--gpu a100 --time` ended with XLA's own "Cannot find key: sm_80"."""
-    from te_ckpt_audit._target._gpu import _time_failure
+    from te_ckpt_audit.targets._gpu import _time_failure
 
     said = _time_failure(RuntimeError("NOT_FOUND: Cannot find key: sm_80"), "a100-80gb")
     assert said.startswith("XLA's GPU cost tables have no entry for sm_80, the a100-80gb's architecture")

@@ -17,8 +17,8 @@ import pytest
 from test_cli import MODEL, cli
 
 from te_ckpt_audit import UsageError, audit, audit_target
-from te_ckpt_audit._target._steptime import TPU_ESTIMATOR
 from te_ckpt_audit.gpus import Optimizer
+from te_ckpt_audit.targets._steptime import TPU_ESTIMATOR
 from te_ckpt_audit.tpus import TpuRequest, parse_tpu
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -382,7 +382,7 @@ def test_a_libtpu_that_cannot_load_is_said_to_be_libtpus_problem(made: Any, why:
     import subprocess
     import sys
 
-    from te_ckpt_audit._target._tpu import libtpu_file
+    from te_ckpt_audit.targets._tpu import libtpu_file
 
     library = tmp_path / "libtpu.so"
     if made == "truncated":

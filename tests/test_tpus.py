@@ -115,8 +115,8 @@ ENTRY %main (x: f32[8,128]) -> f32[8,128] {{
 def test_a_tpu_loops_trips_come_from_its_condition_and_each_kernel_from_libtpus_cycles(layers: int) -> None:
     """libtpu writes no known_trip_count: the loop's trips are the constant its condition compares
     with; each kernel costs its estimated cycles at the chip's clock, times the one constant."""
-    from te_ckpt_audit._target import _steptime as steptime
-    from te_ckpt_audit._target._kernels import step_kernels
+    from te_ckpt_audit.targets import _steptime as steptime
+    from te_ckpt_audit.targets._kernels import step_kernels
 
     kernels = step_kernels(_TPU_LOOP.format(layers=layers))
     by_name = {k.name: k for k in kernels}
@@ -135,8 +135,8 @@ def test_a_kernel_libtpu_cannot_estimate_is_named_and_not_timed_at_int64_max() -
     """Issue 56, item 2: libtpu gave a reduction over a 4 GiB score tensor INT64_MAX cycles; the
     estimate timed it at its bandwidth floor without a word and its upper bound read 3.7e10 s. Now
     the kernel is named, counted among the floor's, and no figure carries the sentinel."""
-    from te_ckpt_audit._target import _steptime as steptime
-    from te_ckpt_audit._target._kernels import step_kernels
+    from te_ckpt_audit.targets import _steptime as steptime
+    from te_ckpt_audit.targets._kernels import step_kernels
     text = _TPU_LOOP.format(layers=4).replace('"estimated_cycles":"1500"', '"estimated_cycles":"9223372036854775807"')
     kernels = step_kernels(text)
     chip = tpu_model("v5e")
@@ -166,9 +166,9 @@ def test_a_tpu_kernel_is_timed_between_libtpus_estimate_and_its_roofline() -> No
     kernel at the lesser of its estimate and its bytes at the attained HBM bandwidth, a GEMM at the
     geometric mean of its estimate and its roofline (FLOPs at the peak, or bytes if more); the
     range from the one to the other."""
-    from te_ckpt_audit._target import _steptime as steptime
-    from te_ckpt_audit._target._kernels import Kernel
     from te_ckpt_audit.records import KernelKind
+    from te_ckpt_audit.targets import _steptime as steptime
+    from te_ckpt_audit.targets._kernels import Kernel
 
     chip = tpu_model("v5e")
     c = steptime.TPU_EFFICIENCY
@@ -188,9 +188,9 @@ def test_a_tpu_kernel_is_timed_between_libtpus_estimate_and_its_roofline() -> No
 
 
 def test_an_all_reduce_over_ici_moves_twice_its_share_of_the_buffer() -> None:
-    from te_ckpt_audit._target import _steptime as steptime
-    from te_ckpt_audit._target._kernels import Kernel
     from te_ckpt_audit.records import KernelKind
+    from te_ckpt_audit.targets import _steptime as steptime
+    from te_ckpt_audit.targets._kernels import Kernel
 
     chip = tpu_model("v5e")
     reduce = Kernel("ar", KernelKind.COLLECTIVE, 0, 2**30, group=4, collective="all-reduce")
@@ -284,7 +284,7 @@ def test_a_maxtext_search_on_a_tpu_names_the_slice_in_every_format() -> None:
 def test_a_convolutions_flops_count_the_window_taps_on_its_input(conv: str, lhs: str, rhs: str, flops: int) -> None:
     """libtpu writes its GEMMs as convolutions: the FLOPs are each output's input features times its
     window taps that read the input (not the padding), never more than the dot they compute."""
-    from te_ckpt_audit._target._kernels import _conv_flops, _instruction
+    from te_ckpt_audit.targets._kernels import _conv_flops, _instruction
 
     inst = _instruction(conv)
     assert inst is not None and _conv_flops(inst, lhs, rhs) == flops
@@ -320,7 +320,7 @@ ENTRY %main (x: f32[12,8,128], i: s32[], v: f32[8,128]) -> f32[8,128] {
 def test_a_kernel_reads_one_layer_of_a_stacked_buffer_and_nothing_of_vmem_from_hbm() -> None:
     """A loop's layer of a stacked residual is read through a fusion nested in the kernel: only
     that layer crosses HBM; an operand libtpu placed in VMEM (`S(1)`) crosses none on a TPU."""
-    from te_ckpt_audit._target._kernels import VMEM, step_kernels
+    from te_ckpt_audit.targets._kernels import VMEM, step_kernels
 
     layer = 8 * 128 * 4
     (on_tpu,) = step_kernels(_STACKED, on_chip=VMEM)
@@ -347,7 +347,7 @@ def test_the_one_constant_is_the_fit_on_half_the_chips_rows_and_the_rest_are_hel
     every row's estimate is its unscaled time at that constant; the held-out rows are the others."""
     import statistics
 
-    from te_ckpt_audit._target._steptime import TPU_EFFICIENCY
+    from te_ckpt_audit.targets._steptime import TPU_EFFICIENCY
 
     rows = list(_rows("tpu-v5e-time.jsonl").values())
     assert [r["fitted"] for r in rows] == [i % 2 == 0 for i in range(len(rows))] and len(rows) == 20

@@ -27,8 +27,6 @@ from _gpu_lane import stack as _stack
 
 from te_ckpt_audit import UsageError, audit, audit_target
 from te_ckpt_audit._jax_compat import saved_residuals
-from te_ckpt_audit._target import Compiled
-from te_ckpt_audit._target._cache import CompileCache, Measured
 from te_ckpt_audit.baselines import audit_key
 from te_ckpt_audit.gating import check
 from te_ckpt_audit.gpus import (
@@ -44,6 +42,8 @@ from te_ckpt_audit.gpus import (
     xla_flags,
 )
 from te_ckpt_audit.records import Baseline, Candidate, CandidateKind, Figure, PeakMemory, Recommendation
+from te_ckpt_audit.targets import Compiled
+from te_ckpt_audit.targets._cache import CompileCache, Measured
 
 CNN = """\
 import jax, jax.numpy as jnp
@@ -340,7 +340,7 @@ class _FakeSession:
         return None
 
     def target_info(self, request: GpuRequest) -> dict[str, Any]:
-        from te_ckpt_audit._target import gpu_info
+        from te_ckpt_audit.targets import gpu_info
 
         return {"gpu": gpu_info(request)}
 
@@ -569,7 +569,7 @@ def test_a_run_that_fits_at_its_own_fraction_is_said_to(tmp_path: Path) -> None:
 def test_needed_bytes_is_the_plan_without_xla_remat_and_unbounded(tmp_path: Path) -> None:
     """Finding 8: needed_bytes was below the rematerialized peak on one step and above the
     remat-off plan on another; now it is one compile by its definition."""
-    from te_ckpt_audit._target._gpu import UNBOUNDED
+    from te_ckpt_audit.targets._gpu import UNBOUNDED
 
     model = model_of_config(_small_gpu(tmp_path, 300))
     request = GpuRequest(model, environment=GpuEnvironment(1.0, FractionSource.GIVEN))

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import jax
 
+from ..analysis._apply import policy_function
+from ..errors import first_line
+from ..records import CompiledMemory, Scope
+from ..specs import PolicySpec
+from ..trace._trace import Traced
 from ._step import training_step
-from .analysis._apply import policy_function
-from .errors import first_line
-from .records import CompiledMemory, Scope
-from .specs import PolicySpec
-from .trace._trace import Traced
 
 
 def compiled_memory(traced: Traced, spec: PolicySpec, scope: Scope) -> CompiledMemory:

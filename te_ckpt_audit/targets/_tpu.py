@@ -20,7 +20,6 @@ from typing import Any
 
 import jax
 
-from .._step import own_step, state_on, training_step
 from ..analysis._apply import policy_function
 from ..analysis._mesh import mesh_context
 from ..errors import UsageError, first_line
@@ -32,6 +31,7 @@ from ..trace._trace import Traced
 from . import _steptime as steptime
 from ._kernels import VMEM, step_kernels
 from ._placement import gpu_mesh, on, rehomed, replicated
+from ._step import own_step, state_on, training_step
 
 OWN_STEP_AS_IS = "a training step of the target's own is compiled as it is: only as-is"
 INSTALL_HINT = 'install the [tpu] extra: pip install -e ".[tpu]" (jax[tpu]: libtpu, Linux x86-64)'

@@ -23,9 +23,9 @@ from typing import Any, TypeAlias
 import jax
 import jax.numpy as jnp
 
-from . import _jax_compat as jc
-from .trace._trace import Traced
-from .trace._trained import argument_of
+from .. import _jax_compat as jc
+from ..trace._trace import Traced
+from ..trace._trained import argument_of
 
 Tree: TypeAlias = Any  # a pytree of arrays or ShapeDtypeStructs: the user's, whatever its types
 Fn: TypeAlias = Callable[..., Tree]

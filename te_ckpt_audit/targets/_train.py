@@ -6,20 +6,29 @@ compiler's log lines off the user's terminal. A third target imports these, neve
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable
 
 import jax
 
-from .._step import trained_paths
 from ..errors import UsageError
 from ..gpus import GpuRequest
 from ..optimizers import state_bytes
-from ..records import StepInfo
+from ..records import PeakMemory, StepInfo, StepTime
 from ..tpus import TpuRequest
 from ..trace._trace import Traced
 from ..trace._trained import argument_of as argument_of  # the positional argument an input path belongs to
+from ._step import trained_paths
 
 LogCapture = Callable[[], contextlib.AbstractContextManager[object]]  # keeps a compiler's log lines off stderr
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Compiled:
+    """What a target says of one policy's step: its peak and (`--time`) its time."""
+
+    peak: PeakMemory
+    time: StepTime | None
 
 
 def step_info(traced: Traced, request: GpuRequest | TpuRequest) -> StepInfo:

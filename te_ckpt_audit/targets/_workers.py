@@ -22,7 +22,7 @@ from ..gpus import GpuRequest
 from ..records import PeakMemory
 from ..specs import PolicySpec, resolve_policy
 from ..trace._loading import forget_user_modules
-from ._gpu import Compiled
+from ._train import Compiled
 
 _BUILT: dict[str, Any] = {}  # in a worker: the session of each build (by its key), made once
 _BUILDING = threading.Lock()  # a worker of several threads (a Dask worker's) builds one session at a time

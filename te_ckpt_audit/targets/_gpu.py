@@ -30,7 +30,6 @@ from jax.stages import Lowered
 
 from .. import _jax_compat as jc
 from .._progress import Progress, quiet
-from .._step import TrainingStep, own_step, state_on, training_step
 from ..analysis._apply import policy_function
 from ..errors import UsageError, first_line
 from ..gpus import GpuRequest, least_fraction, xla_flags
@@ -43,7 +42,8 @@ from ._cache import CompileCache, Measured
 from ._kernels import step_kernels
 from ._machine import INSTALL_HINT, check_available, versions
 from ._placement import gpu_mesh, on, rehomed, replicated, step_mesh
-from ._train import LogCapture, argument_of, check_loss
+from ._step import TrainingStep, own_step, state_on, training_step
+from ._train import Compiled, LogCapture, argument_of, check_loss
 
 UNBOUNDED = 2**50  # device memory for the compile that says what a step needs
 TRITON_GEMM = "xla_gpu_enable_triton_gemm"
@@ -54,14 +54,6 @@ FDO_PROFILE = "fdo_profile"  # --calibrate: a ProfiledInstructionsProto, as JAX'
 GEMM_TILING = "xla_gpu_experimental_cost_model_gemm_tiling_default"  # Triton GEMMs tiled as tuned, not 16x8
 TIME_SCHEMA = "te-ckpt-audit/gpu-estimate/1"  # the cache's step-time entries
 _REMAT_NAME = re.compile(r"%?([\w.\-]+\.remat\d*)\b")
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Compiled:
-    """What the GPU stage says of one policy's step: its peak and (`--time`) its time."""
-
-    peak: PeakMemory
-    time: StepTime | None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
