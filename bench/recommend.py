@@ -32,8 +32,8 @@ sys.path.insert(0, str(ROOT))
 
 from sample_models import eight_names  # noqa: E402
 from te_ckpt_audit._jax_compat import saved_residuals  # noqa: E402
-from te_ckpt_audit._recommend import _estimated_frontier, _Marginal, recommend  # noqa: E402
 from te_ckpt_audit._session import Session  # noqa: E402
+from te_ckpt_audit.search._recommend import _estimated_frontier, _Marginal, recommend  # noqa: E402
 from te_ckpt_audit.trace._trace import trace  # noqa: E402
 
 

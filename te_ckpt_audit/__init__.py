@@ -9,10 +9,7 @@ from __future__ import annotations
 
 from . import render as _render  # noqa: F401 (records print through it: records/_display.py)
 from ._api import audit, audit_target, check_config, check_target
-from ._fit import DEFAULT_MAX_COMPILES
-from ._recommend import DEFAULT_MAX_EVALS, recommend, recommend_target
 from ._session import Session
-from ._throughput import throughput_keyword
 from .analysis._mesh import MAX_DEVICES
 from .config import TargetConfig, parse_mesh
 from .errors import AuditError, DevicesUnavailable, PolicyError, PolicySpecError, TargetError, UsageError
@@ -46,6 +43,9 @@ from .records import (
     WarningCode,
 )
 from .registry import DEFAULT_POLICIES
+from .search._fit import DEFAULT_MAX_COMPILES
+from .search._recommend import DEFAULT_MAX_EVALS, recommend, recommend_target
+from .search._throughput import throughput_keyword
 from .sizes import parse_budget, parse_size
 from .specs import PolicySpec, parse_policies, resolve_policy
 from .trace._trained import parse_params

@@ -37,7 +37,6 @@ import jax
 from . import _jax_compat as jc
 from ._progress import Progress, quiet
 from ._session import Session
-from ._throughput import THROUGHPUT, per_device_of, point_of, search
 from .analysis._mesh import cpu_devices
 from .errors import TargetError, UsageError, first_line
 from .gpus import GpuRequest
@@ -53,6 +52,7 @@ from .records import (
     Throughput,
     TpuInfo,
 )
+from .search._throughput import THROUGHPUT, per_device_of, point_of, search
 from .specs import AsIs
 from .targets import LogCapture
 from .tpus import ALIASES, CATALOG, TpuRequest, tpu_model

@@ -341,7 +341,7 @@ def test_the_search_estimator_is_the_exact_frontier_of_its_estimates() -> None:
     import itertools
     import random
 
-    from te_ckpt_audit._recommend import _estimated_frontier, _Marginal
+    from te_ckpt_audit.search._recommend import _estimated_frontier, _Marginal
 
     rng = random.Random(1)
     names = [f"n{i}" for i in range(9)]

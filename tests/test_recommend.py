@@ -16,12 +16,12 @@ import pytest
 
 from sample_models import eight_names
 from te_ckpt_audit import Session
-from te_ckpt_audit._recommend import pareto_frontier, recommend, spec_text
 from te_ckpt_audit.analysis._analysis import analyse
 from te_ckpt_audit.errors import PolicySpecError, UsageError
 from te_ckpt_audit.policies import SaveFromBoth
 from te_ckpt_audit.records import Candidate, CandidateKind, Recommendation, Scope
 from te_ckpt_audit.render import format_bytes, maxtext_config, python_snippet, render_recommend_json
+from te_ckpt_audit.search._recommend import pareto_frontier, recommend, spec_text
 from te_ckpt_audit.specs import Custom, NamePolicy, resolve_policy
 from te_ckpt_audit.trace._trace import Traced, trace
 
@@ -377,13 +377,13 @@ def test_maximize_checks_its_keyword_before_any_compile(keyword: str, said: str,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 38, item 18: --maximize's keyword and start value are checked before the search."""
     from te_ckpt_audit import UsageError, recommend_target
-    from te_ckpt_audit._fit import fit_on_gpu
     from te_ckpt_audit.gpus import GpuRequest, gpu_model
+    from te_ckpt_audit.search._fit import fit_on_gpu
 
     def no_compile(*args: object, **kwargs: object) -> None:
         raise AssertionError("compiled before the keyword was checked")
 
-    monkeypatch.setattr("te_ckpt_audit._recommend.fit_on_gpu", no_compile)
+    monkeypatch.setattr("te_ckpt_audit.search._recommend.fit_on_gpu", no_compile)
     assert fit_on_gpu is not no_compile
     with pytest.raises(UsageError) as caught:
         recommend_target("sample_models/mlp.py:loss", gpu=GpuRequest(gpu_model("h100")), maximize=keyword)
@@ -456,8 +456,8 @@ def test_maximize_throughput_answers_once_within_its_one_compile_limit(monkeypat
         best = Point(policies[-1], 2 * start, 10**6, True, 0.001, 2 * start / 0.001)
         return Throughput(keyword, keyword, best, (best,), tuple(policies), kw["max_compiles"], False, ())
 
-    monkeypatch.setattr("te_ckpt_audit._recommend.fit_on_gpu", no_fit)
-    monkeypatch.setattr("te_ckpt_audit._recommend.target_search", fake_search)
+    monkeypatch.setattr("te_ckpt_audit.search._recommend.fit_on_gpu", no_fit)
+    monkeypatch.setattr("te_ckpt_audit.search._recommend.target_search", fake_search)
     rec = recommend_target("sample_models/mlp.py:loss", gpu=GpuRequest(gpu_model("h100")), maximize="throughput",
                            max_compiles=1)
     assert asked["max_compiles"] == 1 and asked["keyword"] == "batch" and asked["start"] == 8

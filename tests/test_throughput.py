@@ -11,8 +11,8 @@ from collections.abc import Sequence
 import pytest
 
 from te_ckpt_audit import UsageError
-from te_ckpt_audit._throughput import grain_of, search, spread, throughput_keyword, throughput_of
 from te_ckpt_audit.records import Point, Throughput
+from te_ckpt_audit.search._throughput import grain_of, search, spread, throughput_keyword, throughput_of
 
 MEMORY = 1000  # bytes the synthetic GPU holds
 

@@ -359,7 +359,7 @@ class _FakeSession:
 def test_recommend_compiles_in_order_of_recompute_until_one_fits() -> None:
     """Finding 7: nothing_saveable keeps the fewest activation bytes and peaks highest (a
     checkpoint around a whole scanned loss): bisection over the frontier skipped the one that fits."""
-    from te_ckpt_audit._fit import fit_on_gpu
+    from te_ckpt_audit.search._fit import fit_on_gpu
 
     frontier = [
         ("everything_saveable", 900, 0, 5000), ("checkpoint_dots", 500, 10, 4000),

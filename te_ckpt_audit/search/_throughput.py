@@ -28,15 +28,15 @@ import concurrent.futures
 import dataclasses
 from collections.abc import Callable, Sequence
 
-from ._progress import Progress, quiet
-from ._session import Session
-from .errors import AuditError, UsageError, first_line
-from .gpus import GpuRequest
-from .records import PeakMemory, Point, StepTime, Throughput
-from .specs import resolve_policy
-from .targets import LogCapture
-from .targets._steptime import TPU_ESTIMATOR
-from .tpus import TpuRequest
+from .._progress import Progress, quiet
+from .._session import Session
+from ..errors import AuditError, UsageError, first_line
+from ..gpus import GpuRequest
+from ..records import PeakMemory, Point, StepTime, Throughput
+from ..specs import resolve_policy
+from ..targets import LogCapture
+from ..targets._steptime import TPU_ESTIMATOR
+from ..tpus import TpuRequest
 
 THROUGHPUT = "throughput"  # `--maximize throughput`
 DEFAULT_MAX_COMPILES = 8  # points (each the memory compiles and the time compile of one step): ~1 min on a small model

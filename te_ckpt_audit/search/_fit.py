@@ -17,14 +17,14 @@ import concurrent.futures
 import dataclasses
 from collections.abc import Callable
 
-from ._progress import Progress, quiet
-from ._session import Session
-from .errors import AuditError, UsageError, first_line
-from .gpus import GpuRequest
-from .records import Candidate, Maximized, Recommendation, Trial
-from .specs import resolve_policy
-from .targets import LogCapture
-from .tpus import TpuRequest
+from .._progress import Progress, quiet
+from .._session import Session
+from ..errors import AuditError, UsageError, first_line
+from ..gpus import GpuRequest
+from ..records import Candidate, Maximized, Recommendation, Trial
+from ..specs import resolve_policy
+from ..targets import LogCapture
+from ..tpus import TpuRequest
 
 DEFAULT_MAX_COMPILES = 8
 

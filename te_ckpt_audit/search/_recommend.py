@@ -28,17 +28,14 @@ import math
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 
-from . import registry
-from ._args import check_target_arg, gpu_arg, mesh_arg
-from ._fit import DEFAULT_MAX_COMPILES, fit_on_gpu, largest_fitting
-from ._progress import Progress, quiet
-from ._session import Session
-from ._throughput import DEFAULT_MAX_COMPILES as THROUGHPUT_MAX_COMPILES
-from ._throughput import spread, target_search, throughput_keyword
-from .config import DefinesLike, as_defines
-from .errors import TargetError, UsageError
-from .gpus import GpuRequest
-from .records import (
+from .. import registry
+from .._args import check_target_arg, gpu_arg, mesh_arg
+from .._progress import Progress, quiet
+from .._session import Session
+from ..config import DefinesLike, as_defines
+from ..errors import TargetError, UsageError
+from ..gpus import GpuRequest
+from ..records import (
     Candidate,
     CandidateKind,
     MeshSpec,
@@ -49,11 +46,14 @@ from .records import (
     ResidualKind,
     Scope,
 )
-from .sizes import MAX_JOBS, count_at_least_one, positive_bytes, size_arg
-from .specs import PolicySpec, names_spec, resolve_policy, spellable
-from .targets import LogCapture
-from .tpus import TpuRequest
-from .trace._trained import ParamsLike
+from ..sizes import MAX_JOBS, count_at_least_one, positive_bytes, size_arg
+from ..specs import PolicySpec, names_spec, resolve_policy, spellable
+from ..targets import LogCapture
+from ..tpus import TpuRequest
+from ..trace._trained import ParamsLike
+from ._fit import DEFAULT_MAX_COMPILES, fit_on_gpu, largest_fitting
+from ._throughput import DEFAULT_MAX_COMPILES as THROUGHPUT_MAX_COMPILES
+from ._throughput import spread, target_search, throughput_keyword
 
 # Presets a subset of names is combined with (`save_only_these_names:...+BASE`): TE-aware where the
 # model has TE GEMMs, JAX's own where it has none (the same policies there, with JAX's names).
