@@ -123,6 +123,9 @@ Params: TypeAlias = dict[str, Any]  # an equation's parameters: JAX's own, of an
 Frame = _siu.Frame
 Traceback = _siu.Traceback
 ArrayFn: TypeAlias = Callable[..., Any]  # what JAX traces: arrays (or tracers) in, a pytree of them out
+Value: TypeAlias = Any  # what JAX binds and returns: an array, a tracer or a Python scalar
+Tree: TypeAlias = Any  # a pytree of Values, in whatever structure the user's code gives it
+Topology: TypeAlias = Any  # jax.experimental.topologies' description of devices that are not here
 jaxpr_as_fun = jex.jaxpr_as_fun
 
 remat_p = _prims.remat_p
@@ -207,9 +210,9 @@ def user_frames(eqn: JaxprEqn) -> Iterator[Frame]:
 def wrap_jaxpr_thunk(thunk: _lu.WrappedFun, transform: Callable[[Jaxpr], Jaxpr]) -> _lu.WrappedFun:
     """Wrap a custom_vjp `fwd_jaxpr_thunk` or custom_jvp `jvp_jaxpr_fun` (each returns a tuple
     whose first item is a jaxpr) so that the jaxpr passes through `transform`; memoized."""
-    cache: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+    cache: dict[tuple[Value, ...], tuple[Value, ...]] = {}
 
-    def wrapped(*zeros: Any) -> tuple[Any, ...]:
+    def wrapped(*zeros: Value) -> tuple[Value, ...]:
         if zeros not in cache:
             with current_autodiff():  # the rule's checkpoints as the trace holds them (remat3's are made from it)
                 jaxpr, *rest = thunk.call_wrapped(*zeros)
@@ -266,12 +269,12 @@ def _unwrap_vjp_nodes(jaxpr: Jaxpr, memo: dict[int, tuple[Jaxpr, Jaxpr]]) -> Jax
 
 def _unwrap_eqn(eqn: JaxprEqn, memo: dict[int, tuple[Jaxpr, Jaxpr]]) -> JaxprEqn:
     params: Params = {}
-    value: Any
+    value: Value
     for name, value in eqn.params.items():
         if _is_jaxpr(value):
             value = _unwrap_vjp_nodes(value, memo)
         elif isinstance(value, tuple | list) and any(_is_jaxpr(v) for v in value):
-            items: list[Any] = [_unwrap_vjp_nodes(v, memo) if _is_jaxpr(v) else v for v in value]
+            items: list[Value] = [_unwrap_vjp_nodes(v, memo) if _is_jaxpr(v) else v for v in value]
             if any(a is not b for a, b in zip(items, value, strict=True)):  # a named tuple stays one
                 value = type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
         params[name] = value
@@ -323,7 +326,7 @@ def run_body(jaxpr: Jaxpr) -> ArrayFn:
 def bind_alone(eqn: JaxprEqn) -> ArrayFn:
     """A function that binds `eqn`'s primitive with its params and its name stack."""
 
-    def alone(*xs: Any) -> Any:
+    def alone(*xs: Value) -> Value:
         with _siu.user_context(eqn.source_info.traceback, name_stack=eqn.source_info.name_stack):
             return eqn.primitive.bind(*xs, **eqn.params)
 
@@ -338,7 +341,7 @@ class CudaPluginMissing(ImportError):
     """jax's CUDA plugin (jax-cuda12-plugin, jax-cuda12-pjrt) is not installed, or not for this jax."""
 
 
-def cuda_topology(config_text: str, shape: str) -> Any:
+def cuda_topology(config_text: str, shape: str) -> Topology:
     """JAX's description of `shape` ("PARTITIONS x HOSTS x DEVICES") GPUs of the kind
     `config_text` (a GpuTargetConfigProto) describes: no driver and no device needed. The CUDA
     plugin is registered first, without its check of the local CUDA installation."""
@@ -401,7 +404,7 @@ def _register_cuda_plugin() -> None:
         raise CudaPluginMissing("jax's CUDA plugin did not register a topology for cuda")
 
 
-def with_context_mesh(eqn: JaxprEqn, mesh_of: Callable[[Any], Any]) -> JaxprEqn:
+def with_context_mesh(eqn: JaxprEqn, mesh_of: Callable[[Value], Value]) -> JaxprEqn:
     """`eqn` whose context's abstract mesh (the mesh its rule runs under when the equation is
     evaluated again: a shard_map body's manual mesh, `jax.set_mesh`'s) is `mesh_of(mesh)`; the
     rest of its context (compute type, metadata, ...) kept. Unchanged where JAX records none."""
@@ -457,7 +460,7 @@ def rebuilt(closed: ClosedJaxpr, remat3: bool, custom_vjp3: bool) -> ArrayFn:
     these are rebuilt the same way."""
     rebuild = _Rebuild(remat3, custom_vjp3)
 
-    def fun(*xs: Any) -> Any:
+    def fun(*xs: Value) -> Value:
         with _config.remat3(remat3), _custom_vjp3(custom_vjp3):
             return rebuild.eval(closed.jaxpr, closed.consts, xs)
 
@@ -469,11 +472,11 @@ def _custom_vjp3(on: bool) -> contextlib.AbstractContextManager[None]:
     return contextlib.nullcontext() if state is None else state(on)
 
 
-def _open(j: Any) -> Jaxpr:
+def _open(j: Value) -> Jaxpr:
     return j.jaxpr if isinstance(j, ClosedJaxpr) and j.jaxpr is not j else j
 
 
-def _subs(params: Params) -> Iterator[Any]:
+def _subs(params: Params) -> Iterator[Value]:
     for value in params.values():
         if _is_jaxpr(value):
             yield value
@@ -505,7 +508,7 @@ class _Rebuild:
                                  for e in jaxpr.eqns)
         return self.memo[key]
 
-    def body(self, sub: Any) -> Any:
+    def body(self, sub: Value) -> Value:
         """A body (Jaxpr or ClosedJaxpr) holding what is rebuilt, traced again."""
         opened = _open(sub)
         if not self.holds(opened):
@@ -533,15 +536,15 @@ class _Rebuild:
         opened = _open(made)
         return opened.replace(constvars=list(opened.invars[:n]), invars=list(opened.invars[n:]))
 
-    def checkpoint_body(self, body: Any) -> ArrayFn:
+    def checkpoint_body(self, body: Value) -> ArrayFn:
         opened = _open(body)
         consts = body.consts if opened is not body else ()
         return lambda *xs: self.eval(opened, consts, xs)
 
-    def eval(self, jaxpr: Jaxpr, consts: Sequence[Any], args: Sequence[Any]) -> list[Any]:
-        env: dict[Var, Any] = {}
+    def eval(self, jaxpr: Jaxpr, consts: Sequence[Value], args: Sequence[Value]) -> list[Value]:
+        env: dict[Var, Value] = {}
 
-        def read(v: Atom) -> Any:
+        def read(v: Atom) -> Value:
             return v.val if isinstance(v, Literal) else env[v]
 
         env.update(zip(jaxpr.constvars, consts, strict=True))
@@ -554,7 +557,7 @@ class _Rebuild:
             env.update(zip(eqn.outvars, outs, strict=True))
         return [read(v) for v in jaxpr.outvars]
 
-    def _bind(self, eqn: JaxprEqn, ins: list[Any]) -> list[Any]:
+    def _bind(self, eqn: JaxprEqn, ins: list[Value]) -> list[Value]:
         if self.remat3 and eqn.primitive is remat_p:
             policy = eqn.params["policy"] or jax.checkpoint_policies.nothing_saveable
             body = self.checkpoint_body(eqn.params["jaxpr"])
@@ -571,7 +574,7 @@ class _Rebuild:
         outs = eqn.primitive.bind(*ins, **eqn.primitive.get_bind_params(params))
         return outs if eqn.primitive.multiple_results else [outs]
 
-    def _custom_vjp3(self, params: Params, ins: list[Any]) -> list[Any]:
+    def _custom_vjp3(self, params: Params, ins: list[Value]) -> list[Value]:
         """A custom_vjp call made again as `jax.custom_vjp` makes it under `jax_custom_vjp3`: its
         primal, its forward rule (as the trace tagged it) and its backward rule, flat."""
         n = params["num_consts"]
@@ -583,10 +586,10 @@ class _Rebuild:
         avals = call_open.in_avals if hasattr(call_open, "in_avals") else [v.aval for v in call_open.invars]
         nonzeros = tuple(bool(jax.numpy.issubdtype(getattr(a, "dtype", int), jax.numpy.inexact)) for a in avals)
 
-        def primal(*xs: Any) -> list[Any]:
+        def primal(*xs: Value) -> list[Value]:
             return list(_core.eval_jaxpr(call_open, call_consts, *xs))
 
-        def forward(*xs: Any) -> tuple[list[Any], list[Any]]:
+        def forward(*xs: Value) -> tuple[list[Value], list[Value]]:
             fwd_jaxpr, fwd_consts = thunk.call_wrapped(*nonzeros)[:2]
             outs = _core.eval_jaxpr(fwd_jaxpr, fwd_consts, *xs)
             _, res_tree, input_fwds = out_trees()
@@ -595,7 +598,7 @@ class _Rebuild:
             res = [xs[i] if i is not None else next(res_out) for i in input_fwds]
             return list(outs[made:]), res
 
-        def backward(res: list[Any], cts: list[Any]) -> tuple[Any, ...]:
+        def backward(res: list[Value], cts: list[Value]) -> tuple[Value, ...]:
             got = bwd.call_wrapped(*res, *cts)
             cts_in = got[0] if isinstance(got, tuple) else got
             return tuple(jax.numpy.zeros(a.shape, a.dtype) if c is None or isinstance(c, _ad_util.Zero) else c
@@ -645,7 +648,7 @@ def _primal_live(jaxpr: Jaxpr) -> Jaxpr:
     return jaxpr.replace(eqns=kept[::-1])
 
 
-def _map_subs(params: Params, fn: Callable[[Any], Any]) -> Params:
+def _map_subs(params: Params, fn: Callable[[Value], Value]) -> Params:
     new = dict(params)
     for key, value in params.items():
         if _is_jaxpr(value):
@@ -661,7 +664,7 @@ def _map_subs(params: Params, fn: Callable[[Any], Any]) -> Params:
 REMAT3_RULES_TAKE_POLICIES = JAX_VERSION >= (0, 12, 0)
 
 
-def keep_under_remat3(picks: Callable[[Any], bool]) -> bool:
+def keep_under_remat3(picks: Callable[[Primitive], bool]) -> bool:
     """Give JAX's new remat a rule, as its dot_general's, for every primitive `picks` (TE's GEMMs):
     the checkpoint's policy then decides whether its outputs are saved, offloaded or recomputed,
     where without one they are always recomputed. JAX's table of rules is wrapped once, so a
@@ -680,20 +683,20 @@ def keep_under_remat3(picks: Callable[[Any], bool]) -> bool:
     return True
 
 
-class _RematRules(dict[Any, Callable[..., Any]]):
+class _RematRules(dict[Primitive, Callable[..., Value]]):
     """JAX's remat table, with a rule made on demand for the primitives `picks` chooses."""
 
-    def __init__(self, table: dict[Any, Callable[..., Any]]) -> None:
+    def __init__(self, table: dict[Primitive, Callable[..., Value]]) -> None:
         super().__init__(table)
-        self.picks: list[Callable[[Any], bool]] = []
+        self.picks: list[Callable[[Primitive], bool]] = []
 
-    def _made(self, prim: Any) -> Callable[..., Any] | None:
+    def _made(self, prim: Primitive) -> Callable[..., Value] | None:
         return _policy_rule(prim) if any(p(prim) for p in self.picks) else None
 
     def __contains__(self, prim: object) -> bool:
-        return dict.__contains__(self, prim) or self._made(prim) is not None
+        return dict.__contains__(self, prim) or (isinstance(prim, Primitive) and self._made(prim) is not None)
 
-    def __getitem__(self, prim: Any) -> Callable[..., Any]:
+    def __getitem__(self, prim: Primitive) -> Callable[..., Value]:
         if dict.__contains__(self, prim):
             return dict.__getitem__(self, prim)
         made = self._made(prim)
@@ -703,13 +706,13 @@ class _RematRules(dict[Any, Callable[..., Any]]):
         return made
 
 
-def _policy_rule(prim: Any) -> Callable[..., Any]:
+def _policy_rule(prim: Primitive) -> Callable[..., Value]:
     """A remat3 rule that asks the policy about `prim`, as JAX's rule for dot_general does."""
     from jax._src.ad_checkpoint import primal_left_tangent_right
     from jax._src.interpreters import remat as _remat
 
-    def rule(trace: Any, *args: Any, **params: Any) -> tuple[Any, Any, Callable[..., Any]]:
-        def bind(*xs: Any) -> Any:
+    def rule(trace: Value, *args: Value, **params: Value) -> tuple[Value, Value, Callable[..., Value]]:
+        def bind(*xs: Value) -> Value:
             return prim.bind(*xs, **params)
 
         out = bind(*args)
@@ -723,7 +726,7 @@ def _policy_rule(prim: Any) -> Callable[..., Any]:
         if isinstance(case, _pe.Offloadable):
             kept = [jax.device_put(o, _core.mem_kind_to_space(case.dst), may_alias=False) for o in outs]
 
-        def rem(res: Any, *xs: Any) -> Any:
+        def rem(res: Value, *xs: Value) -> Value:
             if isinstance(case, _pe.Offloadable):
                 res = [jax.device_put(r, _core.mem_kind_to_space(case.src), may_alias=False) for r in res]
             again = bind(*xs)

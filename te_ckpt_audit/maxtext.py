@@ -30,7 +30,8 @@ import os
 import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from types import ModuleType
+from typing import Any, TypeAlias, TypeVar
 
 import jax
 
@@ -74,6 +75,8 @@ REMAT_POLICIES = (
     "save_dot_with_context_except_mlp", "save_dot_except_mlpwi", "save_dot_except_mlp", "save_qkv_proj",
     "qkv_proj_offloaded", "minimal_offloaded", "save_out_proj", "full",
 )
+
+MaxTextObject: TypeAlias = Any  # MaxText's own: its HyperParameters, its train module (only where installed)
 
 
 # Fastest first: MaxText's own order ("a trade-off between speed (fastest to slowest) and HBM usage
@@ -269,7 +272,7 @@ def _sized(run: MaxTextRun) -> MaxTextRun:
     return run if known else resolved(run)
 
 
-def check_settings(config: Any) -> None:
+def check_settings(config: MaxTextObject) -> None:
     """MaxText's resolved `config` as the tool can size it: a positive, finite per-device batch
     whose tokens an int32 can count, a positive count of hosts (or unset), a known remat_policy."""
     batch, seq = float(config.per_device_batch_size), int(config.max_target_length)
@@ -315,7 +318,7 @@ def _argv(run: MaxTextRun, remat_policy: str | None) -> list[str | None]:
     return argv
 
 
-def _config(run: MaxTextRun, remat_policy: str | None) -> Any:  # MaxText's HyperParameters
+def _config(run: MaxTextRun, remat_policy: str | None) -> MaxTextObject:
     try:
         from maxtext.configs import pyconfig
     except ImportError as exc:
@@ -368,7 +371,7 @@ def _placed(sharding: jax.sharding.Sharding | None, values: object) -> object:
     return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding), values)
 
 
-def _device_mesh(config: Any, devices: list[jax.Device]) -> Any:  # an ndarray of devices
+def _device_mesh(config: MaxTextObject, devices: list[jax.Device]) -> jc.Tree:  # an ndarray of devices
     """The CPU devices as MaxText's mesh: its own `create_device_mesh` on one slice; over several
     (hosts), whose hybrid mesh needs each device's slice, the same shape: each axis's ICI
     parallelism times its DCN parallelism, as MaxText fills them in. The GPU stage lays the shape
@@ -389,17 +392,18 @@ class _GradNoted:
     `value_and_grad` that notes what it differentiates (the function, the arguments' positions and
     shapes) before differentiating it as jax does."""
 
-    def __init__(self, real: Any) -> None:
+    def __init__(self, real: ModuleType) -> None:
         self._real = real
-        self.noted: list[tuple[Any, Any, bool, tuple[Any, ...]]] = []
+        self.noted: list[tuple[jc.ArrayFn, int | tuple[int, ...], bool, tuple[jc.Tree, ...]]] = []
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> Any:  # whatever jax has
         return getattr(self._real, name)
 
-    def value_and_grad(self, fun: Any, argnums: Any = 0, has_aux: bool = False, **kw: Any) -> Any:
+    def value_and_grad(self, fun: jc.ArrayFn, argnums: int | tuple[int, ...] = 0, has_aux: bool = False,
+                       **kw: bool) -> jc.ArrayFn:
         grad = self._real.value_and_grad(fun, argnums=argnums, has_aux=has_aux, **kw)
 
-        def noted(*args: Any) -> Any:
+        def noted(*args: jc.Tree) -> jc.Tree:
             shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype)
                                   if isinstance(x, jax.Array | jax.core.Tracer) else x, args)
             self.noted.append((fun, argnums, has_aux, shapes))
@@ -409,7 +413,7 @@ class _GradNoted:
 
 
 @contextlib.contextmanager
-def _noting_grads(module: Any) -> Iterator[_GradNoted]:
+def _noting_grads(module: MaxTextObject) -> Iterator[_GradNoted]:
     real = module.jax
     module.jax = noting = _GradNoted(real)
     try:
@@ -422,12 +426,12 @@ def _noting_grads(module: Any) -> Iterator[_GradNoted]:
 class _Loss:
     """The function MaxText's step differentiates, to trace as a loss of its own."""
 
-    fn: Any
+    fn: jc.ArrayFn
     argnums: tuple[int, ...]
     has_aux: bool
-    shapes: tuple[Any, ...]
+    shapes: tuple[jc.Tree, ...]
 
-    def __call__(self, *args: Any) -> Any:
+    def __call__(self, *args: jc.Tree) -> jc.Tree:
         out = self.fn(*args)
         return out[0] if self.has_aux else out
 
@@ -444,7 +448,7 @@ def maxtext_session(run: MaxTextRun, remat_policy: str | None = None) -> Session
     return _maxtext_sessions(run, remat_policy, residuals=False)[0]
 
 
-def _stand_in(config: Any) -> tuple[str | None, str]:
+def _stand_in(config: MaxTextObject) -> tuple[str | None, str]:
     """The attention that compiles here for MaxText's `cudnn_flash_te` (None for any other), and
     what the run's target adds to say so. JAX's own cuDNN flash attention (the same kernel's
     memory), which needs cuDNN; where the model uses attention sinks (gpt-oss), which only TE's
@@ -508,7 +512,7 @@ def _maxtext_sessions(run: MaxTextRun, remat_policy: str | None,
                                donate_argnums=donate)
                 placed = jax.tree.map(_placed, in_shard, args, is_leaf=_sharding_or_none)
 
-                def train_step(state: Any, batch: Any) -> Any:
+                def train_step(state: jc.Tree, batch: jc.Tree) -> jc.Tree:
                     with logical_axis_rules(config.logical_axis_rules), jax.numpy_dtype_promotion("standard"):
                         return step(state, batch, **kwargs)
 

@@ -18,14 +18,15 @@ from ..records import MeshAxis, MeshSpec
 from ..trace._trace import Traced
 
 
-def gpu_mesh(topology: Any, mesh: MeshSpec | None) -> Mesh:
+def gpu_mesh(topology: jc.Topology, mesh: MeshSpec | None) -> Mesh:
     """The GPU devices of `topology` as a mesh of `mesh`'s axes (one axis `gpu` without one)."""
     if mesh is None:
         return _over(topology, ("gpu",), (1,))
     return _over(topology, tuple(a.name for a in mesh.axes), tuple(a.size for a in mesh.axes))
 
 
-def _over(topology: Any, names: tuple[str, ...], shape: tuple[int, ...], axis_types: Any = None) -> Mesh:
+def _over(topology: jc.Topology, names: tuple[str, ...], shape: tuple[int, ...],
+          axis_types: tuple[jax.sharding.AxisType, ...] | None = None) -> Mesh:
     from jax.experimental import topologies
 
     made = topologies.make_mesh(topology, shape, names)
@@ -98,11 +99,11 @@ def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec())
 
 
-def rehomed(traced: Traced, topology: Any) -> Traced:
+def rehomed(traced: Traced, topology: jc.Topology) -> Traced:
     """The trace with every mesh it names (a `with_sharding_constraint`'s, a `shard_map`'s: the
     audit's CPU mesh, or one the model made over the machine's devices) replaced by a mesh of the
     same axes, sizes and axis types over the GPUs of `topology`."""
-    meshes: dict[tuple[MeshSpec, Any], Mesh] = {}
+    meshes: dict[tuple[MeshSpec, jc.Tree], Mesh] = {}
 
     def gpus(mesh: Mesh) -> Mesh:
         key = (_layout(mesh), mesh.axis_types)

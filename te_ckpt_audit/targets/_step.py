@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import Any, TypeAlias
+from typing import TypeAlias
 
 import jax
 import jax.numpy as jnp
@@ -27,7 +27,7 @@ from .. import _jax_compat as jc
 from ..trace._trace import Traced
 from ..trace._trained import argument_of
 
-Tree: TypeAlias = Any  # a pytree of arrays or ShapeDtypeStructs: the user's, whatever its types
+Tree: TypeAlias = jc.Tree  # a pytree of arrays or ShapeDtypeStructs: the user's, whatever its types
 Fn: TypeAlias = Callable[..., Tree]
 
 

@@ -16,10 +16,10 @@ import re
 import struct
 import time
 from pathlib import Path
-from typing import Any
 
 import jax
 
+from .. import _jax_compat as jc
 from ..analysis._apply import policy_function
 from ..analysis._mesh import mesh_context
 from ..errors import UsageError, first_line
@@ -91,7 +91,7 @@ def unloadable(path: Path) -> str | None:
     return None
 
 
-def tpu_topology(target: TpuTarget) -> Any:
+def tpu_topology(target: TpuTarget) -> jc.Topology:
     """libtpu's description of the slice, no TPU needed; a UsageError where libtpu is missing,
     cannot load, or another process holds it."""
     if libtpu_version() is None:

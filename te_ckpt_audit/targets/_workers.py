@@ -14,17 +14,29 @@ import concurrent.futures
 import dataclasses
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
 
 from .._progress import Progress
 from ..errors import first_line
 from ..gpus import GpuRequest
-from ..records import PeakMemory
+from ..records import PeakMemory, Scope
 from ..specs import PolicySpec, resolve_policy
 from ..trace._loading import forget_user_modules
 from ._train import Compiled
 
-_BUILT: dict[str, Any] = {}  # in a worker: the session of each build (by its key), made once
+if TYPE_CHECKING:
+    from ._gpu import Compiler
+
+class Rebuilt(Protocol):
+    """What a worker builds again from the session's picklable `rebuild`: the session, as far as a
+    worker uses it (the targets never import the session)."""
+
+    def resolved_scope(self, spec: PolicySpec) -> Scope: ...
+
+    def compiler(self, request: GpuRequest) -> Compiler: ...
+
+
+_BUILT: dict[str, Rebuilt] = {}  # in a worker: the session of each build (by its key), made once
 _BUILDING = threading.Lock()  # a worker of several threads (a Dask worker's) builds one session at a time
 
 
@@ -34,7 +46,8 @@ class Answer:
     program: str  # the hash of the step the worker lowered
 
 
-def _in_worker(key: str, build: Callable[[], Any], spec_text: str, request: GpuRequest, program: str = "") -> Answer:
+def _in_worker(key: str, build: Callable[[], Rebuilt], spec_text: str, request: GpuRequest,
+               program: str = "") -> Answer:
     """One policy's peak in a worker process; what fails there is that policy's error. A worker
     that lives on (a Dask worker's) keeps the session it built: where its step is not the one this
     process lowered (`program`), the files may have changed since, so it builds once more, the
@@ -48,7 +61,7 @@ def _in_worker(key: str, build: Callable[[], Any], spec_text: str, request: GpuR
     return answer
 
 
-def _compiled(key: str, build: Callable[[], Any], spec_text: str, request: GpuRequest) -> tuple[Answer, bool]:
+def _compiled(key: str, build: Callable[[], Rebuilt], spec_text: str, request: GpuRequest) -> tuple[Answer, bool]:
     """The answer, and whether it came from a session built before this request."""
     kept = key in _BUILT
     try:
@@ -71,7 +84,7 @@ def _failed(why: str) -> Compiled:
 def peaks_in_workers(
     executor: concurrent.futures.Executor,
     key: str,
-    build: Callable[[], Any],
+    build: Callable[[], Rebuilt],
     wanted: Sequence[tuple[PolicySpec, str]],
     request: GpuRequest,
     here: Callable[[PolicySpec], Compiled],

@@ -10,8 +10,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
-from collections.abc import Callable, Sequence
-from typing import Any, TypeAlias
+from collections.abc import Sequence
+from typing import TypeAlias
 
 import jax
 import numpy as np
@@ -159,7 +159,7 @@ def _describe(x: jax.ShapeDtypeStruct) -> str:
 
 
 def trace(
-    fn: Callable[..., Any], args: tuple[object, ...], target: str = "", params: ParamsLike = ALL,
+    fn: jc.ArrayFn, args: tuple[object, ...], target: str = "", params: ParamsLike = ALL,
     differentiable: bool = True,
 ) -> Traced:
     """Trace `fn(*args)` to a tagged jaxpr. Array leaves of `args` (arrays or ShapeDtypeStructs)
@@ -192,7 +192,7 @@ def trace(
             "the inputs callable should return a tuple with jax.ShapeDtypeStruct (or array) leaves",
         )
 
-    def flat_fn(*dyn: jax.Array) -> Any:
+    def flat_fn(*dyn: jax.Array) -> jc.Tree:
         full = list(leaves)
         for i, value in zip(dynamic, dyn, strict=True):
             full[i] = value
@@ -227,7 +227,7 @@ def trace(
                   custom_vjp3=jc.custom_vjp3_on())
 
 
-def _flattened(args: tuple[object, ...], target: str) -> tuple[list[tuple[Any, Any]], jax.tree_util.PyTreeDef]:
+def _flattened(args: tuple[object, ...], target: str) -> tuple[list[tuple[jc.Tree, jc.Value]], jax.tree_util.PyTreeDef]:
     try:
         return jax.tree_util.tree_flatten_with_path(args)
     except (RecursionError, SystemError) as exc:  # JAX's C++ flattening gives up on deep nesting
@@ -255,7 +255,7 @@ def _check_outputs(out_shape: object, target: str, differentiable: bool) -> None
             )
 
 
-def _abstract(leaf: Any, name: str) -> jax.ShapeDtypeStruct:  # an array leaf: shape and dtype
+def _abstract(leaf: jc.Value, name: str) -> jax.ShapeDtypeStruct:  # an array leaf: shape and dtype
     """The leaf as a ShapeDtypeStruct that keeps what JAX keys on: weak type and sharding."""
     shape = tuple(np.shape(leaf))
     if any(not isinstance(d, int | np.integer) or d < 0 for d in shape):
