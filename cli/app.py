@@ -101,7 +101,8 @@ PANELS = {
                                       "save_baseline_to", "save_baseline_flag", "fit", "peak_budget"),
     "Compiling the step (--gpu needs the [gpu] extra, --tpu the [tpu] extra)": (
         "compile", "mesh", "shardings", "gpu", "tpu", "gpu_config", "gpus_per_host", "optimizer", "mem_fraction",
-        "step", "donate", "max_compiles", "maximize", "jobs", "cluster", "timed", "network_gbps", "calibrate"),
+        "step", "donate", "max_compiles", "maximize", "synthesize", "jobs", "cluster", "timed", "network_gbps",
+        "calibrate"),
     "Other": ("debug", "version", "emulate_gpu", "help"),
 }
 OWN_PANELS = {

@@ -97,6 +97,16 @@ NoPresets = Annotated[
     bool,
     typer.Option("--no-presets", help="Search name subsets only, not the named presets."),
 ]
+Synthesize = Annotated[
+    bool,
+    typer.Option(
+        "--synthesize",
+        help="With --maximize throughput: make the policy instead of choosing among presets: which of the "
+        "model's checkpoint names to save, with the batch, solved exactly on a per-name model of bytes and "
+        "time fitted on compiles, every pick compiled (--max-compiles, 16 by default); the presets are "
+        "compiled beside the pick.",
+    ),
+]
 RecommendFormatOption = Annotated[
     RecommendFormat,
     typer.Option("--format", "-f", help="table for a terminal, json for machines, html for one self-contained page."),
@@ -132,6 +142,7 @@ def recommend(
     debug: opt.Debug = False,
     emulate_gpu: opt.EmulateGpu = None,
     tpu: opt.TpuName = None,
+    synthesize: Synthesize = False,
 ) -> int:
     """Find the checkpoint policy whose activation bytes fit --budget with the least recompute.
 
@@ -183,6 +194,7 @@ def recommend(
             jobs=on_gpu.jobs,
             capture=process.xla_log_kept_off_stderr,
             tpu=on_tpu,
+            synthesize=synthesize,
         )
     emit(renderer(format)(rec), written)
     if rec.throughput is not None:

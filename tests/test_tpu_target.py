@@ -399,3 +399,22 @@ def test_a_libtpu_that_cannot_load_is_said_to_be_libtpus_problem(made: Any, why:
     assert done.returncode == 2, done.stderr
     assert done.stderr.startswith(f"te-ckpt-audit: error: libtpu at {library} cannot be loaded: {why}")
     assert done.stderr.count("\n") == 1 and "TPU_LIBRARY_PATH" in done.stderr
+
+
+@needs_libtpu
+def test_synthesize_makes_a_policy_from_the_names_and_compiles_every_point_on_libtpu() -> None:
+    """Issue 58: the pick is made from the model's checkpoint names with the batch, each point
+    libtpu's own compile; the presets compiled beside it; what to paste in JSON."""
+    from te_ckpt_audit import recommend_target
+    from te_ckpt_audit.render.recommend import render_recommend_json
+
+    rec = recommend_target("sample_models/llama.py:loss", tpu=TpuRequest(parse_tpu("v5e"), Optimizer.ADAMW),
+                           maximize="throughput", synthesize=True, max_compiles=10)
+    t = rec.throughput
+    assert t is not None and t.synthesis is not None and t.keyword == "per_device_batch"  # the one batch keyword
+    assert {n.name for n in t.synthesis.names} == set(rec.names) and rec.names
+    assert t.best is not None and t.best.fits and t.best in t.points and len(t.points) <= 10
+    assert all(p.policy in rec.presets or p.policy.startswith("save_only_these_names:") for p in t.points)
+    doc = json.loads(render_recommend_json(rec))
+    assert doc["throughput"]["pick"]["cli"] == f"--policy {t.best.policy} -D per_device_batch={t.best.value}"
+    assert doc["throughput"]["synthesis"]["solver"].startswith("exact 0/1 knapsack")

@@ -121,6 +121,39 @@ class Point:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class SynthesisName:
+    """A checkpoint name `--synthesize` decides on: its residual bytes per device at the start
+    value (JAX's own) and the recompute FLOPs saving it takes out of the backward pass."""
+
+    name: str
+    bytes: int
+    recompute_flops: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Proposal:
+    """What the solver proposed at one batch value, with what the model predicted and what the
+    target's compile said."""
+
+    value: int
+    policy: str  # a --policy spec
+    predicted_extra_bytes: int  # over saving nothing, per device, by the additive model
+    predicted_seconds: float  # the step, by the additive model
+    fits: bool  # the target's verdict on the compiled step
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Synthesized:
+    """`--synthesize`: the names decided on, each proposal the solver made, how it solves, and the
+    presets compiled beside the pick (marked on the frontier)."""
+
+    names: tuple[SynthesisName, ...]
+    proposals: tuple[Proposal, ...]
+    solver: str
+    presets: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Throughput:
     """`--maximize throughput`: the policy and batch whose compiled step fits the GPU with the
     highest estimated throughput, and every point compiled on the way (none interpolated)."""
@@ -135,6 +168,7 @@ class Throughput:
     saturated: tuple[str, ...] = ()  # policies whose climb stopped short of the memory edge: 2x batch, < 2% gain
     device: str = "GPU"  # what the throughput is per: "GPU", or "chip" (a TPU's)
     estimator: str = "XLA's cost models"  # what timed the steps
+    synthesis: Synthesized | None = None  # --synthesize: the policy was made from the model's names
 
     @property
     def frontier(self) -> tuple[Point, ...]:

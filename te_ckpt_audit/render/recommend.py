@@ -140,6 +140,13 @@ def render_recommend_json(rec: Recommendation) -> str:
     if shown is not None:
         doc[key] = {**shown.to_dict(), "python": python_snippet(shown),
                     "maxtext": maxtext_block(shown, rec.names)}
+    winner, t = throughput_winner(rec), rec.throughput
+    if t is not None and t.best is not None and doc.get("throughput") is not None:
+        doc["throughput"]["pick"] = {  # what to paste: the command line's, Python's, MaxText's
+            "cli": f"--policy {t.best.policy} -D {t.keyword}={t.best.value}",
+            "python": None if winner is None else python_snippet(winner),
+            "maxtext": None if winner is None else maxtext_block(winner, rec.names),
+        }
     return json.dumps(doc, indent=2, allow_nan=False) + "\n"
 
 
@@ -212,10 +219,47 @@ def render_recommend_text(rec: Recommendation, width: int | None = None) -> str:
         t = rec.throughput
         paste = None if t.best is None else f"--policy {t.best.policy} -D {t.keyword}={t.best.value}"
         out += ["", *throughput_lines(t, paste, "policy")]
-        winner = None if t.best is None else next((c for c in rec.frontier if c.policy == t.best.policy), None)
+        winner = throughput_winner(rec)
         if winner is not None:
             out += ["python:", _indent(python_snippet(winner))]
+            block = maxtext_block(winner, rec.names) if t.synthesis is not None else None
+            if block is not None:
+                out += ["MaxText (remat settings):", _indent(block)]
     return "\n".join(out) + "\n"
+
+
+def throughput_winner(rec: Recommendation) -> Candidate | None:
+    """The candidate of `--maximize throughput`'s pick (for its code), from the frontier or, for a
+    synthesized policy, the candidates evaluated."""
+    t = rec.throughput
+    if t is None or t.best is None:
+        return None
+    return next((c for c in (*rec.frontier, *rec.evaluated) if c.policy == t.best.policy), None)
+
+
+def synthesis_lines(t: Throughput) -> list[str]:
+    """`--synthesize`: the names decided on, each proposal against its compile, and the pick against
+    the best preset compiled beside it."""
+    s = t.synthesis
+    if s is None:
+        return []
+    out = ["", f"Synthesized from {counted(len(s.names), 'checkpoint name')} ({s.solver}):",
+           f"  {'name':24} {'bytes/device':>12}  {'recompute saved':>15}"]
+    out += [f"  {n.name:24} {format_bytes(n.bytes):>12}  {format_flops(n.recompute_flops):>15}" for n in s.names]
+    out += ["", "  proposals (the model's prediction, then the target's verdict on the compiled step):"]
+    for p in s.proposals:
+        verdict = "fits" if p.fits else "refused"
+        out.append(f"  {t.keyword}={p.value}: {p.policy}: predicted {format_seconds(p.predicted_seconds)}, "
+                   f"+{format_bytes(p.predicted_extra_bytes)} over saving nothing; {verdict}")
+    made = [p for p in t.points if p.fits and p.throughput and p.policy not in s.presets]
+    preset = [p for p in t.points if p.fits and p.throughput and p.policy in s.presets]
+    if made and preset:
+        a = max(made, key=lambda p: p.throughput or 0.0)
+        b = max(preset, key=lambda p: p.throughput or 0.0)
+        gain = 100 * ((a.throughput or 0.0) / (b.throughput or 1.0) - 1)
+        out.append(f"  synthesized {a.policy} at {t.keyword}={a.value}: {gain:+.1f}% against the best preset "
+                   f"compiled, {b.policy} at {t.keyword}={b.value} (estimates)")
+    return out
 
 
 def answered(rec: Recommendation) -> Candidate | None:
@@ -284,11 +328,15 @@ def throughput_lines(t: Throughput, paste: str | None, policy_word: str) -> list
                    f"{', '.join(t.saturated)}")
     key = max(8, len(t.keyword))
     head = f"  {'peak/device':>12}  {unit:>15}  {'s/step':>10}  {t.keyword:>{key}}  {policy_word}"
-    out += ["", f"Throughput frontier (fitting points no other beats on both peak and {unit}):", head]
+    out += synthesis_lines(t)
+    presets = () if t.synthesis is None else t.synthesis.presets
+    out += ["", f"Throughput frontier (fitting points no other beats on both peak and {unit}"
+            + ("; (preset) marks a preset" if presets else "") + "):", head]
     for p in t.frontier:
         mark = "*" if p == t.best else " "
+        tag = "  (preset)" if p.policy in presets else ""
         out.append(f"{mark} {format_bytes(p.peak_bytes or 0):>12}  {_rate(p):>15}  "
-                   f"{format_seconds(p.seconds or 0.0):>10}  {p.value:>{key}}  {p.policy}")
+                   f"{format_seconds(p.seconds or 0.0):>10}  {p.value:>{key}}  {p.policy}{tag}")
     out += ["", f"Every point compiled, in order (searched: {', '.join(t.policies)}):",
             head.replace(f"  {policy_word}", f"  fits  {policy_word}")]
     for p in t.points:

@@ -26,7 +26,7 @@ import difflib
 import itertools
 import math
 import re
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 from .. import registry
 from .._args import check_target_arg, gpu_arg, mesh_arg
@@ -52,8 +52,11 @@ from ..targets import LogCapture
 from ..tpus import TpuRequest
 from ..trace._trained import ParamsLike
 from ._fit import DEFAULT_MAX_COMPILES, fit_on_gpu, largest_fitting
+from ._synthesis import DEFAULT_MAX_COMPILES as SYNTHESIS_MAX_COMPILES
+from ._synthesis import name_costs
+from ._synthesis import synthesize as synthesize_policy
 from ._throughput import DEFAULT_MAX_COMPILES as THROUGHPUT_MAX_COMPILES
-from ._throughput import spread, target_search, throughput_keyword
+from ._throughput import THROUGHPUT, per_device_of, spread, target_evaluator, target_search, throughput_keyword
 
 # Presets a subset of names is combined with (`save_only_these_names:...+BASE`): TE-aware where the
 # model has TE GEMMs, JAX's own where it has none (the same policies there, with JAX's names).
@@ -491,6 +494,7 @@ def recommend_target(
     jobs: int = 1,
     capture: LogCapture | None = None,
     tpu: TpuRequest | None = None,
+    synthesize: bool = False,
 ) -> Recommendation:
     """Load `file.py:fn` and its example inputs, trace once, and `recommend`. `budget` is a size
     as the command line takes it ("6GiB", or bytes; `budget_bytes`, bytes, says the same). With
@@ -503,7 +507,10 @@ def recommend_target(
     names the trained arguments (the first by default); `executor` and `jobs`: compile that many
     points at once in its worker processes; `capture` keeps XLA's log lines off stderr. With `tpu`
     (a TpuRequest) instead of `gpu`, the same on a TPU slice: libtpu's verdict is the fit, its
-    cycle estimates the time. Bad arguments fail before the target's code runs."""
+    cycle estimates the time. With `synthesize` (and `maximize="throughput"`), the policy is made,
+    not chosen among presets: which checkpoint names to save, with the batch (`_synthesis`), the
+    presets compiled beside the pick; `max_compiles` 16 by default. Bad arguments fail before the
+    target's code runs."""
     check_target_arg(target)
     placement: MeshSpec | None = mesh_arg(mesh)
     gpu_arg(gpu)
@@ -527,8 +534,11 @@ def recommend_target(
     count_at_least_one(max_evals, "max_evals", 64)
     count_at_least_one(jobs, "jobs", 2, MAX_JOBS)
     keyword = throughput_keyword(maximize)
+    if synthesize and keyword is None:
+        raise UsageError("$synthesize$ makes the policy of the fastest step that fits", "add $maximize$ throughput")
     if max_compiles is None:
-        max_compiles = DEFAULT_MAX_COMPILES if keyword is None else THROUGHPUT_MAX_COMPILES
+        max_compiles = (DEFAULT_MAX_COMPILES if keyword is None else
+                        SYNTHESIS_MAX_COMPILES if synthesize else THROUGHPUT_MAX_COMPILES)
     count_at_least_one(max_compiles, "max_compiles", 8)
     given = as_defines(defines)
 
@@ -539,12 +549,19 @@ def recommend_target(
         )
 
     session = session_with({})
+    if maximize == THROUGHPUT and keyword not in session.keywords:  # not named: the one batch keyword it takes
+        batches = [k for k in session.keywords if "batch" in k.lower()]
+        keyword = batches[0] if len(batches) == 1 else keyword
     start = 0 if maximize is None or on is None else _start_of(session, keyword or maximize, keyword is not None)
     rec = recommend(
         session, limit, allow_offload=allow_offload, max_evals=max_evals, presets=presets, progress=progress,
     )
     if on is None:
         return rec
+    if keyword is not None and synthesize:
+        on = dataclasses.replace(on, time=True)
+        return _synthesized(rec, session, lambda v: session_with({keyword: str(v)}), keyword, start, on,
+                            max_compiles, progress, executor, capture, limit)
     if keyword is not None:  # one question, one search: no memory pick compiled beside it, one compile limit
         on = dataclasses.replace(on, time=True)  # throughput is the step's estimated time
         policies = spread([c.policy for c in rec.frontier if c.error is None], max(2, max_compiles // 4))
@@ -558,6 +575,33 @@ def recommend_target(
     found = largest_fitting(lambda v: session_with({maximize: str(v)}), maximize, start, rec.recommended.policy, on,
                              max_compiles, progress, capture)
     return dataclasses.replace(rec, maximized=found)
+
+
+def _synthesized(rec: Recommendation, session: Session, build: Callable[[int], Session], keyword: str, start: int,
+                 on: GpuRequest | TpuRequest, max_compiles: int, progress: Progress,
+                 executor: concurrent.futures.Executor | None, capture: LogCapture | None,
+                 limit: int) -> Recommendation:
+    """`--synthesize`: the names' costs from the audit, the solver's picks compiled on the target,
+    the presets beside the pick; the winner's candidate (at the start value) for the code to paste."""
+    if not rec.names:
+        to_name = "; ".join(n.code() for n in rec.to_name[:3])
+        raise UsageError("$synthesize$ chooses among the model's checkpoint names, and it has none",
+                         f"name the largest activations first: {to_name}" if to_name else
+                         "give tensors names with jax.ad_checkpoint.checkpoint_name")
+    evaluate = target_evaluator(build, session, keyword, start, on, progress=progress, executor=executor,
+                                capture=capture)
+    costs = name_costs(session, rec.names, progress)
+    usable = on.usable_bytes if isinstance(on, GpuRequest) else on.target.model.usable_bytes
+    found = per_device_of(synthesize_policy(evaluate, costs, start, keyword, usable, max_compiles=max_compiles,
+                                            progress=progress, presets=rec.presets), on)
+    evaluated = rec.evaluated
+    if found.best is not None and all(c.policy != found.best.policy for c in evaluated):
+        spec = resolve_policy(found.best.policy)
+        ev = _Evaluator(session, limit, 1, progress)
+        saved = spec.names if spec.text != registry.NOTHING_SAVEABLE else ()
+        winner = ev.get(CandidateKind.NAMES, None, saved)
+        evaluated = evaluated if winner is None else (*evaluated, winner)
+    return dataclasses.replace(rec, throughput=found, evaluated=evaluated, **session.target_info(on))  # type: ignore[arg-type]
 
 
 def _start_of(session: Session, keyword: str, throughput: bool = False) -> int:

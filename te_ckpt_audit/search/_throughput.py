@@ -195,6 +195,20 @@ def target_search(
     """`search` over a target's inputs keyword: `build(value)` traces it with that value (`first`
     is the trace at `start`); each value's policies compiled together (in `executor`'s worker
     processes, `jobs` at a time), timed."""
+    evaluate = target_evaluator(build, first, keyword, start, request, progress=progress, executor=executor,
+                                capture=capture)
+    return per_device_of(search(evaluate, policies, start, keyword, keyword, max_compiles=max_compiles, jobs=jobs),
+                         request)
+
+
+def target_evaluator(
+    build: Callable[[int], Session], first: Session, keyword: str, start: int, request: GpuRequest | TpuRequest, *,
+    progress: Progress = quiet, executor: concurrent.futures.Executor | None = None,
+    capture: LogCapture | None = None,
+) -> Evaluate:
+    """The points of (policy, value) pairs on a target: `build(value)` traces the inputs keyword at
+    that value (`first` is the trace at `start`); each value's policies compiled together, timed. A
+    keyword that changes no input is refused before any compile."""
     timed = dataclasses.replace(request, time=True)
     sessions = {start: first}
     probe = build(2 * start)  # a keyword that changes no input is no batch: its "throughput" grows with a label
@@ -224,8 +238,7 @@ def target_search(
                 found[(name, value)] = point_of(name, value, steps[spec.text].peak, steps[spec.text].time)
         return [found[w] for w in batch]
 
-    return per_device_of(search(evaluate, policies, start, keyword, keyword, max_compiles=max_compiles, jobs=jobs),
-                         request)
+    return evaluate
 
 
 def per_device_of(found: Throughput, request: GpuRequest | TpuRequest) -> Throughput:

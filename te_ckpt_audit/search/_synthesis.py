@@ -1,0 +1,189 @@
+"""`recommend --maximize throughput --synthesize`: the policy made for the step, not chosen among
+presets: which of the model's checkpoint names to save, with the batch, for the most estimated
+throughput whose step the target takes.
+
+The decision per name is save (on the device) or recompute; one decision per name holds for every
+layer of a scanned stack (a `scan` repeats one body), so a stack of any depth costs the same
+search. The solver, per batch value on the ladder (the start, doubled while saving nothing still
+fits; halved first where the start does not):
+
+0. the ladder climbs by doubling while saving nothing fits and doubling gains 2% or more (it
+   stops at the compile limit, the presets' compiles kept for the end);
+1. two compiles measure the ends: nothing saved (`nothing_saveable`) and every name saved, each
+   the target's own verdict, peak and estimated step time (`--time`'s estimate);
+2. an additive model spreads the difference over the names: a name's memory is its residual bytes
+   (JAX's own, from the audit, scaled by the batch) times the ends' ratio of compiled peak to
+   residual bytes; its time saved is the ends' difference in seconds times its share of the
+   recompute FLOPs saving it takes out (the audit's). A name can cost time: where saving every
+   name is slower than saving none, no name is chosen for speed;
+3. the subset that saves the most time within the memory left (the target's usable bytes less the
+   first end's peak) is found exactly, by a dynamic programme over the Pareto frontier of
+   (bytes, seconds) subsets: optimal under the model, every subset considered;
+4. the pick is compiled; where the target refuses it (memory is not additive: XLA fuses,
+   schedules and rematerializes on its own), the memory allowed shrinks by the overshoot and the
+   programme runs again, at most twice per value.
+
+Then the presets are compiled at the pick's value, marked beside it. Every point reported was
+compiled and timed; the model only chooses what to compile, at most `max_compiles` in all.
+Offloading to host memory is not among the decisions yet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from .._progress import Progress, quiet
+from .._session import Session
+from ..errors import UsageError
+from ..records import Point, Proposal, SynthesisName, Synthesized, Throughput
+from ..registry import NOTHING_SAVEABLE
+from ..specs import names_spec, resolve_policy
+from ._throughput import SATURATED, Evaluate
+
+DEFAULT_MAX_COMPILES = 16  # per value: two ends and a pick (and its corrections), over a few values
+CORRECTIONS = 2  # re-solves per value after a refused pick
+SOLVER = ("exact 0/1 knapsack over the names (Pareto-frontier dynamic programme) on an additive model of "
+          "per-name bytes and seconds, fitted per batch on two compiles (nothing saved, every name saved); "
+          "each pick compiled, a refused one re-solved with less memory")
+
+
+def name_costs(session: Session, names: Sequence[str], progress: Progress = quiet) -> tuple[SynthesisName, ...]:
+    """Each name's bytes and recompute saving, from the audit (JAX's own linearization)."""
+    nothing = session.result(resolve_policy(NOTHING_SAVEABLE), progress)
+    out = []
+    for name in names:
+        alone = session.result(names_spec((name,)), progress)
+        kept = _bytes(alone) - _bytes(nothing)
+        out.append(SynthesisName(name, max(kept, 0), max(nothing.recompute_flops - alone.recompute_flops, 0)))
+    return tuple(out)
+
+
+def _bytes(result: object) -> int:
+    totals = result.totals  # type: ignore[attr-defined]
+    per_device = totals.activation_bytes_per_device
+    return int(totals.activation_bytes if per_device is None else per_device)
+
+
+def best_subset(items: Sequence[tuple[str, float, float]], room: float) -> tuple[tuple[str, ...], float, float]:
+    """The names whose seconds saved sum highest with bytes summing within `room`: exact, over
+    the Pareto frontier of (bytes, seconds) of every subset. Items are (name, bytes, seconds);
+    a name that saves no time is never chosen.
+
+    >>> best_subset([("a", 3, 1.0), ("b", 2, 0.8), ("c", 2, 0.7)], 4)
+    (('b', 'c'), 4, 1.5)
+    """
+    frontier: list[tuple[float, float, tuple[str, ...]]] = [(0.0, 0.0, ())]
+    for name, size, seconds in items:
+        if seconds <= 0:
+            continue
+        grown = [(b + size, s + seconds, (*names, name)) for b, s, names in frontier if b + size <= room]
+        merged = sorted(frontier + grown, key=lambda x: (x[0], -x[1]))
+        frontier = []
+        for entry in merged:  # keep a subset only if it saves more than every smaller one
+            if not frontier or entry[1] > frontier[-1][1]:
+                frontier.append(entry)
+    bytes_, seconds, names = max(frontier, key=lambda x: (x[1], -x[0]))
+    return tuple(sorted(names)), bytes_, seconds
+
+
+def synthesize(
+    evaluate: Evaluate, costs: Sequence[SynthesisName], start: int, keyword: str, usable: int, *,
+    max_compiles: int = DEFAULT_MAX_COMPILES, progress: Progress = quiet,
+    presets: Sequence[str] = (), device: str = "GPU", estimator: str = "XLA's cost models",
+) -> Throughput:
+    """The fastest (subset of names, value) whose step the target takes, by the solver above; then,
+    while compiles are left, the `presets` at the pick's value, marked beside it."""
+    names = sorted((c for c in costs if c.name), key=lambda c: c.name)
+    if not names:
+        raise UsageError("--synthesize chooses among the model's checkpoint names, and it has none",
+                         "give tensors names with jax.ad_checkpoint.checkpoint_name (recommend lists where)")
+    every = names_spec(tuple(c.name for c in names)).text  # the names sorted: best_subset spells alike
+    points: dict[tuple[str, int], Point] = {}
+    proposals: list[Proposal] = []
+
+    reserve = min(len(presets), max_compiles // 3)  # the presets beside the pick: kept for the end
+
+    def compiled(wanted: Sequence[tuple[str, int]], limit: int = max_compiles - reserve) -> list[Point] | None:
+        todo = [w for w in dict.fromkeys(wanted) if w not in points]
+        if len(points) + len(todo) > limit:
+            return None
+        if todo:
+            for w, p in zip(todo, evaluate(todo), strict=True):
+                points[w] = p
+        return [points[w] for w in wanted]
+
+    bounded = False
+    value, tried_down = start, False
+    previous = 0.0  # the best throughput at the value before: the ladder stops where doubling gains under 2%
+    while True:
+        ends = compiled([(NOTHING_SAVEABLE, value), (every, value)])
+        if ends is None:
+            bounded = True
+            break
+        low, high = ends
+        if not low.fits:
+            if value == start and not tried_down and value > 1:
+                value, tried_down = value // 2, True  # the start does not fit: one step down
+                continue
+            break
+        if value < start:  # found a fitting value below the start: that is the ladder's top
+            tried_down = True
+        proposal = _solve(low, high, names, value / start, usable, every)
+        for _ in range(CORRECTIONS + 1):
+            spec, extra, saved = proposal
+            if spec in (NOTHING_SAVEABLE, every):
+                point = points[(spec, value)]
+            else:
+                found = compiled([(spec, value)])
+                if found is None:
+                    bounded = True
+                    break
+                point = found[0]
+            proposals.append(Proposal(value, spec, int(extra), (low.seconds or 0.0) - saved, point.fits))
+            if point.fits or spec == NOTHING_SAVEABLE:
+                break
+            over = (point.peak_bytes or usable) - usable
+            proposal = _solve(low, high, names, value / start, usable, every, shrink=max(over, int(extra * 0.25)),
+                              cap=extra)
+        here = max((p.throughput or 0.0 for (_, v), p in points.items() if v == value and p.fits), default=0.0)
+        if bounded or tried_down or (previous and here < SATURATED * previous):
+            break
+        previous = here
+        value *= 2
+    made = _fastest(points.values())
+    if made is not None:
+        for preset in presets:  # the presets at the pick's value: what the synthesis is measured against
+            if compiled([(preset, made.value)], max_compiles) is None:
+                bounded = True
+                break
+    best = _fastest(points.values())  # a preset may still be the fastest: then it is the answer
+    searched = tuple(dict.fromkeys([NOTHING_SAVEABLE, *(p.policy for p in points.values())]))
+    synthesis = Synthesized(tuple(names), tuple(proposals), SOLVER, tuple(presets))
+    return Throughput(keyword, keyword, best, tuple(points.values()), searched, max_compiles, bounded, (),
+                      device, estimator, synthesis)
+
+
+def _fastest(points: Iterable[Point]) -> Point | None:
+    fitting = [p for p in points if p.fits and p.throughput is not None]
+    return max(fitting, key=lambda p: (p.throughput or 0.0, -p.value), default=None)
+
+
+def _solve(low: Point, high: Point, names: Sequence[SynthesisName], scale: float, usable: int, every: str,
+           shrink: float = 0.0, cap: float | None = None) -> tuple[str, float, float]:
+    """The pick at one value: (spec, predicted extra bytes over saving nothing, predicted seconds saved)."""
+    total_bytes = sum(n.bytes for n in names) * scale
+    total_flops = sum(n.recompute_flops for n in names)
+    measured = (high.peak_bytes or 0) - (low.peak_bytes or 0) if high.peak_bytes and low.peak_bytes else total_bytes
+    ratio = max(measured, 0) / total_bytes if total_bytes > 0 else 1.0
+    gained = (low.seconds or 0.0) - (high.seconds or 0.0) if low.seconds and high.seconds else 0.0
+    items = [(n.name, n.bytes * scale * ratio, gained * n.recompute_flops / total_flops if total_flops else 0.0)
+             for n in names]
+    room = float("inf") if high.fits and cap is None else usable - (low.peak_bytes or 0)
+    if cap is not None:
+        room = min(room, cap) - shrink
+    chosen, extra, saved = best_subset(items, max(room, 0.0))
+    if not chosen:
+        return NOTHING_SAVEABLE, 0.0, 0.0
+    spec = names_spec(chosen).text
+    return spec, extra, saved
+

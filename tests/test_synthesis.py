@@ -1,0 +1,128 @@
+"""`recommend --maximize throughput --synthesize` (issue 58): the solver and its search, against
+targets whose every step is known, so that the optimum is known too. The compiles are a function
+here; on a real target they are the target's own (tests/test_tpu_target.py runs one on libtpu)."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Sequence
+
+import pytest
+
+from te_ckpt_audit import UsageError
+from te_ckpt_audit.records import Point, SynthesisName
+from te_ckpt_audit.search._synthesis import best_subset, synthesize
+from te_ckpt_audit.specs import resolve_policy
+
+MIB = 2**20
+PRESETS = ("nothing_saveable", "checkpoint_dots")
+
+
+def _brute(items: Sequence[tuple[str, float, float]], room: float) -> float:
+    best = 0.0
+    for k in range(len(items) + 1):
+        for subset in itertools.combinations(items, k):
+            if sum(b for _, b, _ in subset) <= room:
+                best = max(best, sum(s for _, _, s in subset))
+    return best
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_knapsack_is_exact_against_every_subset(seed: int) -> None:
+    rng = random.Random(seed)
+    items = [(f"n{i}", float(rng.randint(1, 50)), rng.uniform(-1.0, 3.0)) for i in range(rng.randint(1, 9))]
+    room = float(rng.randint(0, 120))
+    names, size, seconds = best_subset(items, room)
+    assert size <= room and seconds == pytest.approx(_brute(items, room))
+    chosen = {n: (b, s) for n, b, s in items if n in names}
+    assert sum(b for b, _ in chosen.values()) == pytest.approx(size)
+    assert all(s > 0 for _, s in chosen.values())  # a name that costs time is never chosen
+
+
+class _Target:
+    """A step whose memory and time are sums over the saved names, times the batch: the additive
+    world the model assumes (`interaction` breaks it: two names saved together cost more)."""
+
+    def __init__(self, names: dict[str, tuple[int, float]], usable: int, base: int, base_seconds: float,
+                 interaction: int = 0, fixed: float = 0.0) -> None:
+        self.names, self.usable, self.base, self.base_seconds = names, usable, base, base_seconds
+        self.interaction, self.fixed = interaction, fixed
+        self.compiled: list[tuple[str, int]] = []
+
+    def saved(self, policy: str) -> tuple[str, ...]:
+        return () if policy in PRESETS else tuple(resolve_policy(policy).names)  # type: ignore[attr-defined]
+
+    def point(self, policy: str, v: int) -> Point:
+        saved = self.saved(policy)
+        extra = 3 * MIB * v if policy == "checkpoint_dots" else sum(self.names[n][0] for n in saved) * v
+        extra += self.interaction * v if len(saved) == 2 else 0  # two together, not all three: unseen by the ends
+        seconds = self.fixed + self.base_seconds * v
+        seconds -= (0.004 * v if policy == "checkpoint_dots" else sum(self.names[n][1] for n in saved) * v)
+        peak = self.base * v + extra
+        fits = peak <= self.usable
+        return Point(policy, v, peak, fits, seconds, v / seconds, None)
+
+    def evaluate(self, wanted: Sequence[tuple[str, int]]) -> list[Point]:
+        self.compiled += list(wanted)
+        return [self.point(p, v) for p, v in wanted]
+
+    def costs(self) -> tuple[SynthesisName, ...]:  # the audit's view at the start value 1, flops ~ seconds
+        return tuple(SynthesisName(n, b, int(s * 1e6)) for n, (b, s) in self.names.items())
+
+    def optimum(self, values: Sequence[int]) -> Point:
+        names = list(self.names)
+        points = [self.point(p, v) for v in values for p in (*PRESETS, *(
+            "save_only_these_names:" + ",".join(sorted(c)) for k in range(1, len(names) + 1)
+            for c in itertools.combinations(names, k)))]
+        return max((p for p in points if p.fits), key=lambda p: p.throughput or 0.0)
+
+
+def test_in_an_additive_world_the_pick_is_the_optimum_and_every_point_was_compiled() -> None:
+    target = _Target({"a": (4 * MIB, 0.010), "b": (2 * MIB, 0.002), "c": (3 * MIB, 0.009), "d": (1 * MIB, -0.001)},
+                     usable=64 * MIB, base=4 * MIB, base_seconds=0.05)
+    found = synthesize(target.evaluate, target.costs(), 1, "batch", target.usable, max_compiles=16, presets=PRESETS)
+    assert found.best is not None and found.synthesis is not None
+    assert found.best == target.optimum([1, 2, 4, 8])
+    assert {(p.policy, p.value) for p in found.points} == set(target.compiled) and len(target.compiled) <= 16
+    assert found.best.policy not in PRESETS  # the names beat both presets here
+    assert all(p.value == found.best.value for p in found.points if p.policy == "checkpoint_dots")
+
+
+def test_a_refused_pick_is_solved_again_with_less_memory() -> None:
+    """Memory is not additive: two names saved together cost more than the sum the model knows."""
+    target = _Target({"a": (4 * MIB, 0.010), "b": (4 * MIB, 0.001), "c": (3 * MIB, 0.009)}, usable=12 * MIB,
+                     base=2 * MIB, base_seconds=0.05, interaction=6 * MIB)
+    found = synthesize(target.evaluate, target.costs(), 1, "batch", target.usable, max_compiles=16)
+    assert found.synthesis is not None and found.best is not None and found.best.fits
+    proposals = found.synthesis.proposals
+    assert [(p.policy, p.fits) for p in proposals[:2]] == [("save_only_these_names:a,c", False),
+                                                          ("save_only_these_names:a", True)]
+    assert proposals[1].predicted_extra_bytes < proposals[0].predicted_extra_bytes
+
+
+def test_where_saving_is_slower_nothing_is_saved() -> None:
+    target = _Target({"a": (4 * MIB, -0.010), "b": (2 * MIB, -0.002)}, usable=64 * MIB, base=4 * MIB,
+                     base_seconds=0.05)
+    found = synthesize(target.evaluate, target.costs(), 1, "batch", target.usable, max_compiles=16)
+    assert found.best is not None and found.best.policy == "nothing_saveable"
+
+
+def test_the_compile_limit_is_kept_and_said() -> None:
+    target = _Target({"a": (1, 0.010), "b": (1, 0.002)}, usable=2**40, base=1, base_seconds=0.05, fixed=0.2)
+    found = synthesize(target.evaluate, target.costs(), 1, "batch", target.usable, max_compiles=5, presets=PRESETS)
+    assert len(target.compiled) <= 5 and found.bounded
+
+
+def test_a_model_without_names_is_told_where_to_name() -> None:
+    with pytest.raises(UsageError, match="checkpoint names"):
+        synthesize(lambda w: [], (), 1, "batch", 2**30)
+
+
+def test_synthesize_without_maximize_throughput_is_a_usage_error() -> None:
+    from test_cli import cli
+
+    result = cli("recommend", "sample_models/mlp.py:loss", "--budget", "1MiB", "--synthesize")
+    assert result.exit_code == 2
+    assert result.stderr.startswith("te-ckpt-audit: error: --synthesize makes the policy of the fastest step that "
+                                    "fits (hint: add --maximize throughput)")
