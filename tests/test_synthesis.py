@@ -126,3 +126,19 @@ def test_synthesize_without_maximize_throughput_is_a_usage_error() -> None:
     assert result.exit_code == 2
     assert result.stderr.startswith("te-ckpt-audit: error: --synthesize makes the policy of the fastest step that "
                                     "fits (hint: add --maximize throughput)")
+
+
+def test_the_terminal_names_each_name_each_proposal_and_the_pick_against_the_best_preset() -> None:
+    from te_ckpt_audit.render.recommend import synthesis_lines
+
+    target = _Target({"a": (4 * MIB, 0.010), "b": (2 * MIB, 0.002), "c": (3 * MIB, 0.009)}, usable=64 * MIB,
+                     base=4 * MIB, base_seconds=0.05)
+    found = synthesize(target.evaluate, target.costs(), 1, "batch", target.usable, max_compiles=16, presets=PRESETS)
+    assert found.synthesis is not None and found.best is not None
+    lines = synthesis_lines(found)
+    assert [line.split()[0] for line in lines if line.startswith("  ") and line.split()[0] in "abc"] == ["a", "b", "c"]
+    assert sum(line.startswith("  batch=") for line in lines) == len(found.synthesis.proposals) >= 1
+    best_preset = max((p for p in found.points if p.policy in PRESETS and p.fits), key=lambda p: p.throughput or 0)
+    gain = 100 * ((found.best.throughput or 0) / (best_preset.throughput or 1) - 1)
+    assert lines[-1] == (f"  synthesized {found.best.policy} at batch={found.best.value}: {gain:+.1f}% against the best "
+                         f"preset compiled, {best_preset.policy} at batch={best_preset.value} (estimates)")
