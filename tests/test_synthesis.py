@@ -140,5 +140,5 @@ def test_the_terminal_names_each_name_each_proposal_and_the_pick_against_the_bes
     assert sum(line.startswith("  batch=") for line in lines) == len(found.synthesis.proposals) >= 1
     best_preset = max((p for p in found.points if p.policy in PRESETS and p.fits), key=lambda p: p.throughput or 0)
     gain = 100 * ((found.best.throughput or 0) / (best_preset.throughput or 1) - 1)
-    assert lines[-1] == (f"  synthesized {found.best.policy} at batch={found.best.value}: {gain:+.1f}% against the best "
-                         f"preset compiled, {best_preset.policy} at batch={best_preset.value} (estimates)")
+    assert lines[-1] == (f"  synthesized {found.best.policy} at batch={found.best.value}: {gain:+.1f}% against the "
+                         f"best preset compiled, {best_preset.policy} at batch={best_preset.value} (estimates)")
