@@ -142,3 +142,16 @@ def test_the_terminal_names_each_name_each_proposal_and_the_pick_against_the_bes
     gain = 100 * ((found.best.throughput or 0) / (best_preset.throughput or 1) - 1)
     assert lines[-1] == (f"  synthesized {found.best.policy} at batch={found.best.value}: {gain:+.1f}% against the "
                          f"best preset compiled, {best_preset.policy} at batch={best_preset.value} (estimates)")
+
+
+def test_the_html_marks_the_presets_and_lists_the_names_and_proposals() -> None:
+    from te_ckpt_audit.render.html import throughput_section
+
+    target = _Target({"a": (4 * MIB, 0.010), "c": (3 * MIB, 0.009)}, usable=64 * MIB, base=4 * MIB, base_seconds=0.05)
+    found = synthesize(target.evaluate, target.costs(), 1, "batch", target.usable, max_compiles=16, presets=PRESETS)
+    assert found.synthesis is not None
+    page = "\n".join(throughput_section(found, "--policy x", target.usable, "policy"))
+    presets = [p for p in found.points if p.policy in PRESETS and p.peak_bytes is not None]
+    assert page.count("(preset)</title></rect>") == len(presets) >= 2
+    assert page.count("<h3>Synthesized from 2 checkpoint names</h3>") == 1
+    assert page.count(">refused<") + page.count(">fits<") >= len(found.synthesis.proposals)

@@ -549,6 +549,7 @@ def throughput_svg(t: Throughput, usable: int | None, width: int = 1000, height:
     shown = [p for p in t.points if p.peak_bytes is not None and p.throughput is not None]
     if not shown:
         return "<p>No point compiled and timed.</p>"
+    presets = () if t.synthesis is None else t.synthesis.presets
     left, right, top, bottom = 90, 40, 16, 44
     pw, ph = width - left - right, height - top - bottom
     x_max = max([p.peak_bytes or 0 for p in shown] + [usable or 0, 1])
@@ -588,13 +589,18 @@ def throughput_svg(t: Throughput, usable: int | None, width: int = 1000, height:
         if p == t.best:
             out.append(f'<polygon points="{_star(px, py, 9)}" fill="#f1c40f" stroke="#7d6608">'
                        f"<title>{_e(tip)}</title></polygon>")
+        elif p.policy in presets:  # --synthesize: the presets compiled beside the pick, squares
+            fill = "#2e86c1" if p.fits else "none"
+            out.append(f'<rect x="{px - 4:.1f}" y="{py - 4:.1f}" width="8" height="8" fill="{fill}" '
+                       f'stroke="#1b4f72"><title>{_e(tip + " (preset)")}</title></rect>')
         else:
             fill = ("#2c3e50" if p in front else "#85929e") if p.fits else "none"
             out.append(f'<circle cx="{px:.1f}" cy="{py:.1f}" r="4" fill="{fill}" stroke="#2c3e50">'
                        f"<title>{_e(tip)}</title></circle>")
     out.append("</svg>")
+    square = '<span style="color:#1b4f72">■ preset</span>' if presets else ""
     return "\n".join(out) + ('\n<p class="legend"><span>● fits</span><span>○ does not fit</span>'
-                             '<span>─ frontier</span><span style="color:#b7950b">★ fastest that fits</span>'
+                             f'{square}<span>─ frontier</span><span style="color:#b7950b">★ fastest that fits</span>'
                              '<span style="color:#e67e22">┊ usable memory</span></p>')
 
 
@@ -618,6 +624,7 @@ def throughput_section(t: Throughput, paste: str | None, usable: int | None, pol
                     f"{b.throughput or 0:,.4g} {_e(unit)} · {_e(format_seconds(b.seconds or 0.0))} per step "
                     f"(estimate) · peak {_e(format_bytes(b.peak_bytes or 0))} per device</div>")
     body.append(throughput_svg(t, usable))
+    body += _synthesis_html(t)
     rows = [["★" if p == t.best else "", p.policy, str(p.value),
              "n/a" if p.peak_bytes is None else format_bytes(p.peak_bytes), "yes" if p.fits else "no",
              "n/a" if p.seconds is None else format_seconds(p.seconds),
@@ -627,6 +634,21 @@ def throughput_section(t: Throughput, paste: str | None, usable: int | None, pol
         headers, rows = headers[:-1], [r[:-1] for r in rows]
     body.append(_html_table(headers, rows, [False, False, True, True, False, True, True, False][:len(headers)]))
     return body
+
+
+def _synthesis_html(t: Throughput) -> list[str]:
+    """`--synthesize`: the names with their costs, and each proposal against the target's verdict."""
+    s = t.synthesis
+    if s is None:
+        return []
+    names = [[n.name, format_bytes(n.bytes), format_flops(n.recompute_flops)] for n in s.names]
+    proposals = [[str(p.value), p.policy, format_seconds(p.predicted_seconds),
+                  format_bytes(p.predicted_extra_bytes), "fits" if p.fits else "refused"] for p in s.proposals]
+    return [f"<h3>Synthesized from {counted(len(s.names), 'checkpoint name')}</h3>",
+            f'<p class="meta">{_e(s.solver)}; presets compiled beside the pick: {_e(", ".join(s.presets))}</p>',
+            _html_table(["name", "bytes per device", "recompute saved"], names, [False, True, True]),
+            _html_table([t.keyword, "proposal", "predicted s/step", "predicted bytes over saving nothing",
+                         "the target's verdict"], proposals, [True, False, True, True, False])]
 
 
 def render_recommend_html(rec: Recommendation) -> str:

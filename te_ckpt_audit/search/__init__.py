@@ -8,6 +8,8 @@ to paste.
     _recommend    the byte-budget search (presets, name subsets, offload variants; each verified)
     _fit          a target's own verdict decides: the least recompute whose step fits
     _throughput   policy and batch together, each point compiled and timed (`--maximize throughput`)
+    _synthesis    the policy made, not chosen (`--synthesize`): which checkpoint names to save, with
+                  the batch, an exact knapsack on a per-name model fitted on compiles, each pick compiled
 
 May import: `.._session`, `..targets`, `..trace`, `config`, `errors`, `gpus`, `tpus`, `records`,
 `sizes`, `specs`, `_progress`; never a renderer.
