@@ -548,6 +548,8 @@ def recommend_target(
             progress=progress,
         )
 
+    if synthesize:  # the presets analysed (the pick is compiled against them), not the byte-budget search
+        max_evals = min(max_evals, len(registry.presets()) + 1)
     session = session_with({})
     if maximize == THROUGHPUT and keyword not in session.keywords:  # not named: the one batch keyword it takes
         batches = [k for k in session.keywords if "batch" in k.lower()]
