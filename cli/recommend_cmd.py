@@ -103,8 +103,8 @@ Synthesize = Annotated[
         "--synthesize",
         help="With --maximize throughput: make the policy instead of choosing among presets: which of the "
         "model's checkpoint names to save, with the batch, solved exactly on a per-name model of bytes and "
-        "time fitted on compiles, every pick compiled (--max-compiles, 16 by default); the presets are "
-        "compiled beside the pick.",
+        "time fitted on compiles, every pick compiled (--max-compiles, 20 by default); the presets are "
+        "compiled beside the pick, and the names solved once more on top of the best of them.",
     ),
 ]
 RecommendFormatOption = Annotated[

@@ -509,7 +509,7 @@ def recommend_target(
     (a TpuRequest) instead of `gpu`, the same on a TPU slice: libtpu's verdict is the fit, its
     cycle estimates the time. With `synthesize` (and `maximize="throughput"`), the policy is made,
     not chosen among presets: which checkpoint names to save, with the batch (`_synthesis`), the
-    presets compiled beside the pick; `max_compiles` 16 by default. Bad arguments fail before the
+    presets compiled beside the pick; `max_compiles` 20 by default. Bad arguments fail before the
     target's code runs."""
     check_target_arg(target)
     placement: MeshSpec | None = mesh_arg(mesh)

@@ -23,8 +23,11 @@ fits; halved first where the start does not):
    schedules and rematerializes on its own), the memory allowed shrinks by the overshoot and the
    programme runs again, at most twice per value.
 
-Then the presets are compiled at the pick's value, marked beside it. Every point reported was
-compiled and timed; the model only chooses what to compile, at most `max_compiles` in all.
+Then the presets are compiled at the pick's value, marked beside it; where one of them beats
+saving nothing, the solver runs once more with it as the base (the ends: the preset alone, every
+name on top of it), so that the names it saves add to what the preset saves: the pick is at least
+the best preset compiled. Every point reported was compiled and timed; the model only chooses what
+to compile, at most `max_compiles` in all.
 Offloading to host memory is not among the decisions yet.
 """
 
@@ -40,11 +43,11 @@ from ..registry import NOTHING_SAVEABLE
 from ..specs import names_spec, resolve_policy
 from ._throughput import SATURATED, Evaluate
 
-DEFAULT_MAX_COMPILES = 16  # per value: two ends and a pick (and its corrections), over a few values
+DEFAULT_MAX_COMPILES = 20  # per value two ends and a pick (and its corrections); the presets; one more round
 CORRECTIONS = 2  # re-solves per value after a refused pick
 SOLVER = ("exact 0/1 knapsack over the names (Pareto-frontier dynamic programme) on an additive model of "
           "per-name bytes and seconds, fitted per batch on two compiles (nothing saved, every name saved); "
-          "each pick compiled, a refused one re-solved with less memory")
+          "each pick compiled, a refused one re-solved with less memory; then once more on the best preset")
 
 
 def name_costs(session: Session, names: Sequence[str], progress: Progress = quiet) -> tuple[SynthesisName, ...]:
@@ -98,10 +101,9 @@ def synthesize(
         raise UsageError("--synthesize chooses among the model's checkpoint names, and it has none",
                          "give tensors names with jax.ad_checkpoint.checkpoint_name (recommend lists where)")
     every = names_spec(tuple(c.name for c in names)).text  # the names sorted: best_subset spells alike
+    reserve = min(len(presets), max_compiles // 3)  # the presets beside the pick: kept for the end
     points: dict[tuple[str, int], Point] = {}
     proposals: list[Proposal] = []
-
-    reserve = min(len(presets), max_compiles // 3)  # the presets beside the pick: kept for the end
 
     def compiled(wanted: Sequence[tuple[str, int]], limit: int = max_compiles - reserve) -> list[Point] | None:
         todo = [w for w in dict.fromkeys(wanted) if w not in points]
@@ -111,6 +113,28 @@ def synthesize(
             for w, p in zip(todo, evaluate(todo), strict=True):
                 points[w] = p
         return [points[w] for w in wanted]
+
+    def pick(value: int, low: Point, high: Point, base: str | None) -> bool:
+        """The solver's pick at `value` over the ends `low` (the base alone) and `high` (every name
+        on it), compiled, re-solved where refused; False where the compile limit stopped it."""
+        every_here = names_spec(tuple(c.name for c in names), base=base).text
+        proposal = _solve(low, high, names, value / start, usable, base)
+        for _ in range(CORRECTIONS + 1):
+            spec, extra, saved = proposal
+            if spec in (low.policy, every_here):
+                point = points[(spec, value)]
+            else:
+                found = compiled([(spec, value)], max_compiles if base is not None else max_compiles - reserve)
+                if found is None:
+                    return False
+                point = found[0]
+            proposals.append(Proposal(value, spec, int(extra), (low.seconds or 0.0) - saved, point.fits))
+            if point.fits or spec == low.policy:
+                return True
+            over = (point.peak_bytes or usable) - usable
+            proposal = _solve(low, high, names, value / start, usable, base, shrink=max(over, int(extra * 0.25)),
+                              cap=extra)
+        return True
 
     bounded = False
     value, tried_down = start, False
@@ -128,23 +152,8 @@ def synthesize(
             break
         if value < start:  # found a fitting value below the start: that is the ladder's top
             tried_down = True
-        proposal = _solve(low, high, names, value / start, usable, every)
-        for _ in range(CORRECTIONS + 1):
-            spec, extra, saved = proposal
-            if spec in (NOTHING_SAVEABLE, every):
-                point = points[(spec, value)]
-            else:
-                found = compiled([(spec, value)])
-                if found is None:
-                    bounded = True
-                    break
-                point = found[0]
-            proposals.append(Proposal(value, spec, int(extra), (low.seconds or 0.0) - saved, point.fits))
-            if point.fits or spec == NOTHING_SAVEABLE:
-                break
-            over = (point.peak_bytes or usable) - usable
-            proposal = _solve(low, high, names, value / start, usable, every, shrink=max(over, int(extra * 0.25)),
-                              cap=extra)
+        if not pick(value, low, high, None):
+            bounded = True
         here = max((p.throughput or 0.0 for (_, v), p in points.items() if v == value and p.fits), default=0.0)
         if bounded or tried_down or (previous and here < SATURATED * previous):
             break
@@ -156,6 +165,12 @@ def synthesize(
             if compiled([(preset, made.value)], max_compiles) is None:
                 bounded = True
                 break
+    best_preset = _fastest(p for p in points.values() if p.policy in presets and p.policy != NOTHING_SAVEABLE)
+    if made is not None and best_preset is not None and not bounded:  # the names on top of the best preset
+        on_top = names_spec(tuple(c.name for c in names), base=best_preset.policy).text
+        ends = compiled([(on_top, best_preset.value)], max_compiles)
+        if ends is None or not pick(best_preset.value, best_preset, ends[0], best_preset.policy):
+            bounded = True
     best = _fastest(points.values())  # a preset may still be the fastest: then it is the answer
     searched = tuple(dict.fromkeys([NOTHING_SAVEABLE, *(p.policy for p in points.values())]))
     synthesis = Synthesized(tuple(names), tuple(proposals), SOLVER, tuple(presets))
@@ -168,9 +183,10 @@ def _fastest(points: Iterable[Point]) -> Point | None:
     return max(fitting, key=lambda p: (p.throughput or 0.0, -p.value), default=None)
 
 
-def _solve(low: Point, high: Point, names: Sequence[SynthesisName], scale: float, usable: int, every: str,
+def _solve(low: Point, high: Point, names: Sequence[SynthesisName], scale: float, usable: int, base: str | None,
            shrink: float = 0.0, cap: float | None = None) -> tuple[str, float, float]:
-    """The pick at one value: (spec, predicted extra bytes over saving nothing, predicted seconds saved)."""
+    """The pick at one value over a base (None: nothing saved): (spec, predicted extra bytes over the
+    base alone, predicted seconds saved)."""
     total_bytes = sum(n.bytes for n in names) * scale
     total_flops = sum(n.recompute_flops for n in names)
     measured = (high.peak_bytes or 0) - (low.peak_bytes or 0) if high.peak_bytes and low.peak_bytes else total_bytes
@@ -183,7 +199,6 @@ def _solve(low: Point, high: Point, names: Sequence[SynthesisName], scale: float
         room = min(room, cap) - shrink
     chosen, extra, saved = best_subset(items, max(room, 0.0))
     if not chosen:
-        return NOTHING_SAVEABLE, 0.0, 0.0
-    spec = names_spec(chosen).text
-    return spec, extra, saved
+        return low.policy, 0.0, 0.0
+    return names_spec(chosen, base=base).text, extra, saved
 
