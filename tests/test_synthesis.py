@@ -61,8 +61,9 @@ class _Target:
         seconds = self.fixed + self.base_seconds * v
         seconds -= (0.004 * v if dots else 0) + sum(self.names[n][1] for n in saved) * v
         peak = self.base * v + extra
-        fits = peak <= self.usable
-        return Point(policy, v, peak, fits, seconds, v / seconds, None)
+        if peak > self.usable:  # as a target answers: a step that does not fit gets no time
+            return Point(policy, v, peak, False, None, None, "the step does not fit the chip's HBM")
+        return Point(policy, v, peak, True, seconds, v / seconds, None)
 
     def evaluate(self, wanted: Sequence[tuple[str, int]]) -> list[Point]:
         self.compiled += list(wanted)
@@ -95,7 +96,7 @@ def test_a_refused_pick_is_solved_again_with_less_memory() -> None:
     """Memory is not additive: two names saved together cost more than the sum the model knows."""
     target = _Target({"a": (4 * MIB, 0.010), "b": (4 * MIB, 0.001), "c": (3 * MIB, 0.009)}, usable=12 * MIB,
                      base=2 * MIB, base_seconds=0.05, interaction=6 * MIB)
-    found = synthesize(target.evaluate, target.costs(), 1, "batch", target.usable, max_compiles=16)
+    found = synthesize(target.evaluate, target.costs(), 1, "batch", target.usable, max_compiles=16, step_flops=50_000)
     assert found.synthesis is not None and found.best is not None and found.best.fits
     proposals = found.synthesis.proposals
     assert [(p.policy, p.fits) for p in proposals[:2]] == [("save_only_these_names:a,c", False),
@@ -169,3 +170,16 @@ def test_names_on_top_of_a_faster_preset_beat_the_preset() -> None:
     assert found.best == target.optimum([found.best.value])
     dots = max((p for p in found.points if p.policy == "checkpoint_dots"), key=lambda p: p.throughput or 0)
     assert (found.best.throughput or 0) > (dots.throughput or 0)
+
+
+def test_where_every_name_does_not_fit_the_names_are_priced_at_the_steps_flop_rate() -> None:
+    """The 7B run of issue 58: every name saved did not fit, so it had no time, and nothing was
+    chosen; a name's recompute is then taken at the step's own FLOP rate."""
+    target = _Target({"a": (4 * MIB, 0.010), "b": (4 * MIB, 0.009), "c": (4 * MIB, 0.001)}, usable=14 * MIB,
+                     base=4 * MIB, base_seconds=0.05)
+    step_flops = 50_000  # the costs' flops are seconds x 1e6: a step of 0.05 s at batch 1 at the same rate
+    found = synthesize(target.evaluate, target.costs(), 1, "batch", target.usable, max_compiles=16,
+                       step_flops=step_flops)
+    assert found.synthesis is not None and not found.points[1].fits  # every name: no time
+    assert found.best is not None and found.best.policy == "save_only_these_names:a,b"
+    assert found.best == target.optimum([1, 2])

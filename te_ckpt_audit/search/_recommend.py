@@ -594,8 +594,10 @@ def _synthesized(rec: Recommendation, session: Session, build: Callable[[int], S
                                 capture=capture)
     costs = name_costs(session, rec.names, progress)
     usable = on.usable_bytes if isinstance(on, GpuRequest) else on.target.model.usable_bytes
-    found = per_device_of(synthesize_policy(evaluate, costs, start, keyword, usable, max_compiles=max_compiles,
-                                            progress=progress, presets=rec.presets), on)
+    nothing = session.result(resolve_policy(registry.NOTHING_SAVEABLE), progress)
+    flops = 3 * nothing.forward_flops + nothing.recompute_flops  # the step's, saving nothing, at the start value
+    found = per_device_of(synthesize_policy(evaluate, costs, start, keyword, usable, step_flops=flops,
+                                            max_compiles=max_compiles, progress=progress, presets=rec.presets), on)
     evaluated = rec.evaluated
     if found.best is not None and all(c.policy != found.best.policy for c in evaluated):
         spec = resolve_policy(found.best.policy)

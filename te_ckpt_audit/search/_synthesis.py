@@ -15,7 +15,9 @@ fits; halved first where the start does not):
    (JAX's own, from the audit, scaled by the batch) times the ends' ratio of compiled peak to
    residual bytes; its time saved is the ends' difference in seconds times its share of the
    recompute FLOPs saving it takes out (the audit's). A name can cost time: where saving every
-   name is slower than saving none, no name is chosen for speed;
+   name is slower than saving none, no name is chosen for speed. Where every name does not fit
+   (the target gives it no time), a name's recompute is taken at the step's own FLOP rate (the
+   first end's seconds over its FLOPs: three forward passes and its recompute);
 3. the subset that saves the most time within the memory left (the target's usable bytes less the
    first end's peak) is found exactly, by a dynamic programme over the Pareto frontier of
    (bytes, seconds) subsets: optimal under the model, every subset considered;
@@ -91,6 +93,7 @@ def best_subset(items: Sequence[tuple[str, float, float]], room: float) -> tuple
 
 def synthesize(
     evaluate: Evaluate, costs: Sequence[SynthesisName], start: int, keyword: str, usable: int, *,
+    step_flops: int = 0,
     max_compiles: int = DEFAULT_MAX_COMPILES, progress: Progress = quiet,
     presets: Sequence[str] = (), device: str = "GPU", estimator: str = "XLA's cost models",
 ) -> Throughput:
@@ -118,7 +121,7 @@ def synthesize(
         """The solver's pick at `value` over the ends `low` (the base alone) and `high` (every name
         on it), compiled, re-solved where refused; False where the compile limit stopped it."""
         every_here = names_spec(tuple(c.name for c in names), base=base).text
-        proposal = _solve(low, high, names, value / start, usable, base)
+        proposal = _solve(low, high, names, value / start, usable, base, step_flops=step_flops)
         for _ in range(CORRECTIONS + 1):
             spec, extra, saved = proposal
             if spec in (low.policy, every_here):
@@ -133,7 +136,7 @@ def synthesize(
                 return True
             over = (point.peak_bytes or usable) - usable
             proposal = _solve(low, high, names, value / start, usable, base, shrink=max(over, int(extra * 0.25)),
-                              cap=extra)
+                              cap=extra, step_flops=step_flops)
         return True
 
     bounded = False
@@ -184,14 +187,19 @@ def _fastest(points: Iterable[Point]) -> Point | None:
 
 
 def _solve(low: Point, high: Point, names: Sequence[SynthesisName], scale: float, usable: int, base: str | None,
-           shrink: float = 0.0, cap: float | None = None) -> tuple[str, float, float]:
+           shrink: float = 0.0, cap: float | None = None, step_flops: int = 0) -> tuple[str, float, float]:
     """The pick at one value over a base (None: nothing saved): (spec, predicted extra bytes over the
     base alone, predicted seconds saved)."""
     total_bytes = sum(n.bytes for n in names) * scale
     total_flops = sum(n.recompute_flops for n in names)
     measured = (high.peak_bytes or 0) - (low.peak_bytes or 0) if high.peak_bytes and low.peak_bytes else total_bytes
     ratio = max(measured, 0) / total_bytes if total_bytes > 0 else 1.0
-    gained = (low.seconds or 0.0) - (high.seconds or 0.0) if low.seconds and high.seconds else 0.0
+    if low.seconds and high.seconds:
+        gained = low.seconds - high.seconds
+    elif low.seconds and step_flops:  # every name does not fit (no time): recompute at the step's own FLOP rate
+        gained = low.seconds * total_flops / step_flops
+    else:
+        gained = 0.0
     items = [(n.name, n.bytes * scale * ratio, gained * n.recompute_flops / total_flops if total_flops else 0.0)
              for n in names]
     room = float("inf") if high.fits and cap is None else usable - (low.peak_bytes or 0)
