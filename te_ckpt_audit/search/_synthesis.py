@@ -168,7 +168,9 @@ def synthesize(
             if compiled([(preset, made.value)], max_compiles) is None:
                 bounded = True
                 break
-    best_preset = _fastest(p for p in points.values() if p.policy in presets and p.policy != NOTHING_SAVEABLE)
+    plain = {v: (p.seconds, p.peak_bytes) for (q, v), p in points.items() if q == NOTHING_SAVEABLE}
+    best_preset = _fastest(p for p in points.values() if p.policy in presets and p.policy != NOTHING_SAVEABLE
+                           and (p.seconds, p.peak_bytes) != plain.get(p.value))  # not one that saves nothing here
     if made is not None and best_preset is not None and not bounded:  # the names on top of the best preset
         on_top = names_spec(tuple(c.name for c in names), base=best_preset.policy).text
         ends = compiled([(on_top, best_preset.value)], max_compiles)
