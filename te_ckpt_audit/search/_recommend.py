@@ -597,7 +597,7 @@ def _synthesized(rec: Recommendation, session: Session, build: Callable[[int], S
     nothing = session.result(resolve_policy(registry.NOTHING_SAVEABLE), progress)
     flops = 3 * nothing.forward_flops + nothing.recompute_flops  # the step's, saving nothing, at the start value
     found = per_device_of(synthesize_policy(evaluate, costs, start, keyword, usable, step_flops=flops,
-                                            max_compiles=max_compiles, progress=progress, presets=rec.presets), on)
+                                            max_compiles=max_compiles, presets=rec.presets), on)
     evaluated = rec.evaluated
     if found.best is not None and all(c.policy != found.best.policy for c in evaluated):
         spec = resolve_policy(found.best.policy)

@@ -93,9 +93,8 @@ def best_subset(items: Sequence[tuple[str, float, float]], room: float) -> tuple
 
 def synthesize(
     evaluate: Evaluate, costs: Sequence[SynthesisName], start: int, keyword: str, usable: int, *,
-    step_flops: int = 0,
-    max_compiles: int = DEFAULT_MAX_COMPILES, progress: Progress = quiet,
-    presets: Sequence[str] = (), device: str = "GPU", estimator: str = "XLA's cost models",
+    step_flops: int = 0, max_compiles: int = DEFAULT_MAX_COMPILES, presets: Sequence[str] = (),
+    device: str = "GPU", estimator: str = "XLA's cost models",
 ) -> Throughput:
     """The fastest (subset of names, value) whose step the target takes, by the solver above; then,
     while compiles are left, the `presets` at the pick's value, marked beside it."""
