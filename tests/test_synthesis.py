@@ -183,3 +183,18 @@ def test_where_every_name_does_not_fit_the_names_are_priced_at_the_steps_flop_ra
     assert found.synthesis is not None and not found.points[1].fits  # every name: no time
     assert found.best is not None and found.best.policy == "save_only_these_names:a,b"
     assert found.best == target.optimum([1, 2])
+
+
+def test_a_pick_on_a_preset_is_a_candidate_with_its_code() -> None:
+    """The pick `save_only_these_names:...+PRESET` had no Python in the report: its candidate was made
+    without its base. The candidate the report takes the code from spells the synthesis's spec."""
+    from te_ckpt_audit import Session
+    from te_ckpt_audit.records import CandidateKind
+    from te_ckpt_audit.render.recommend import python_snippet
+    from te_ckpt_audit.search._recommend import _Evaluator
+    from te_ckpt_audit.specs import names_spec
+
+    session = Session.of_target("sample_models/mlp.py:loss")
+    made = _Evaluator(session, 2**40, 1, lambda _: None).get(CandidateKind.COMBINED, "checkpoint_dots", ("fc1", "fc2"))
+    assert made is not None and made.policy == names_spec(("fc1", "fc2"), base="checkpoint_dots").text
+    assert 'save_only_these_names("fc1", "fc2")' in python_snippet(made)

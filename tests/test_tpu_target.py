@@ -418,3 +418,4 @@ def test_synthesize_makes_a_policy_from_the_names_and_compiles_every_point_on_li
     doc = json.loads(render_recommend_json(rec))
     assert doc["throughput"]["pick"]["cli"] == f"--policy {t.best.policy} -D per_device_batch={t.best.value}"
     assert doc["throughput"]["synthesis"]["solver"].startswith("exact 0/1 knapsack")
+

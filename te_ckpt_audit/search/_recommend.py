@@ -600,11 +600,11 @@ def _synthesized(rec: Recommendation, session: Session, build: Callable[[int], S
                                             max_compiles=max_compiles, presets=rec.presets), on)
     evaluated = rec.evaluated
     if found.best is not None and all(c.policy != found.best.policy for c in evaluated):
-        spec = resolve_policy(found.best.policy)
-        ev = _Evaluator(session, limit, 1, progress)
-        saved = spec.names if spec.text != registry.NOTHING_SAVEABLE else ()
-        winner = ev.get(CandidateKind.NAMES, None, saved)
-        evaluated = evaluated if winner is None else (*evaluated, winner)
+        names, _, base = found.best.policy.partition("+")  # the synthesis spells save_only_these_names:...[+PRESET]
+        saved = resolve_policy(names).names
+        winner = _Evaluator(session, limit, 1, progress).get(
+            CandidateKind.COMBINED if base else CandidateKind.NAMES, base or None, saved)
+        evaluated = evaluated if winner is None or winner.policy != found.best.policy else (*evaluated, winner)
     return dataclasses.replace(rec, throughput=found, evaluated=evaluated, **session.target_info(on))  # type: ignore[arg-type]
 
 
