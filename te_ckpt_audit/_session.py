@@ -134,6 +134,7 @@ class Session:
         that builds this session again (a worker process compiles from its own); `own_step`: the
         traced function is a training step of the user's own (compiled as it is, not audited)."""
         self._traced = traced  # the trace: private (its types are the library's own)
+        self._label = traced.target or "the function"  # what the user's errors are said to come from
         self.scope = Scope(scope)
         self.mesh = mesh
         self.keywords: Mapping[str, object] = dict(keywords or {})
@@ -247,11 +248,15 @@ class Session:
 
     # --- the steps --------------------------------------------------------------------------------
 
+    def _user_code(self) -> contextlib.AbstractContextManager[None]:
+        """The user's code runs under the tool's rules (its errors are the target's, named)."""
+        return user_code(self._label)
+
     @contextlib.contextmanager
     def _running(self) -> Iterator[None]:
         """The user's code runs under JAX while a policy is analysed (policies, differentiation
         rules), with the mesh as JAX's context mesh."""
-        with user_code(self._traced.target or "the function"), mesh_context(self.mesh):
+        with self._user_code(), mesh_context(self.mesh):
             yield
 
     def _analysed_as(self, spec: PolicySpec, progress: Progress = quiet) -> _Analysed:
@@ -379,13 +384,13 @@ class Session:
         compiler = self.compiler(request, capture)
 
         def here(spec: PolicySpec) -> Compiled:
-            with user_code(self._traced.target or "the function"):
+            with self._user_code():
                 return compiler.result(spec, self.resolved_scope(spec), progress)
 
         portable = [s for s in specs if not isinstance(s, Custom)]  # a callable given directly stays here
         out: dict[str, Compiled] = {}
         if executor is not None and self.rebuild is not None and len(portable) > 1:
-            with user_code(self._traced.target or "the function"):
+            with self._user_code():
                 wanted = [(s, compiler.program_hash(s, self.resolved_scope(s))) for s in portable]
             out = peaks_in_workers(executor, repr(self.rebuild), self.rebuild, wanted, request, here, progress)
         for spec in specs:
@@ -478,7 +483,7 @@ class Session:
     def _tpu_plan(self, compiler: TpuCompiler, spec: PolicySpec, progress: Progress,
                   capture: LogCapture | None) -> tuple[TpuPlan, StepTime | None]:
         progress(f"compiling {spec.text} for {compiler.request.target.topology} (libtpu)")
-        with user_code(self._traced.target or "the function"), \
+        with self._user_code(), \
                 capture() if capture is not None else contextlib.nullcontext():
             return compiler.plan(spec, self.resolved_scope(spec))
 
