@@ -586,7 +586,7 @@ def _synthesized(rec: Recommendation, session: Session, build: Callable[[int], S
     """`--synthesize`: the names' costs from the audit, the solver's picks compiled on the target,
     the presets beside the pick; the winner's candidate (at the start value) for the code to paste."""
     if not rec.names:
-        to_name = "; ".join(n.code() for n in rec.to_name[:3])
+        to_name = "; ".join(f"at {n.line or n.where}: {n.code()}" for n in rec.to_name[:3])
         raise UsageError("$synthesize$ chooses among the model's checkpoint names, and it has none",
                          f"name the largest activations first: {to_name}" if to_name else
                          "give tensors names with jax.ad_checkpoint.checkpoint_name")
