@@ -34,7 +34,7 @@ GPT_MID = {"layers": 4, "seq": 512, "d_model": 512, "heads": 8, "d_ff": 2048, "v
 GPT_LONG = {"layers": 1, "seq": 8192, "d_model": 256, "heads": 4, "d_ff": 1024, "vocab": 4096}  # f32 scores
 LLAMA_SMALL = {"model": "tiny", "seq": 512}
 
-# (case, target, policy, defines); the 1st, 3rd, ... of the fit cases fit the per-kernel cost, the rest
+# (case, target, policy, defines): each step on the chip beside the estimate of the same program;
 # and every other case are held out
 CASES: list[tuple[str, str, str, dict[str, Any]]] = [
     *((f"mlp-small {p} b1024", "sample_models/mlp.py:loss", p, {**MLP_SMALL, "batch": 1024})
@@ -100,24 +100,23 @@ def _estimate(text: str) -> dict[str, Any]:
     timed = steptime.tpu_estimate(kernels, chip, 1, 0.0)
     unestimated = [k.name for k in kernels if k.cycles >= steptime.UNESTIMATED_CYCLES]
     return {"estimated_seconds": timed.seconds, "kernel_runs": timed.kernels, "unestimated": unestimated,
-            "overhead_seconds": getattr(timed, "overhead_seconds", 0.0), "revision": steptime.TPU_EFFICIENCY}
+            "efficiency": steptime.TPU_EFFICIENCY}
 
 
-def step_row(name: str, target: str, policy: str, defines: dict[str, Any]) -> dict[str, Any]:
+def timed_on_chip(target: str, policy: str, defines: dict[str, Any]) -> dict[str, Any]:
+    """te-ckpt-audit's training step of `target` under `policy`, compiled by the chip's libtpu and
+    run as a training loop runs it: the verdict and, where it compiled, its plan and te-ckpt-audit's
+    estimate of the same program, and where it ran, its seconds per step."""
     import jax
     import jax.numpy as jnp
     from tpu_truth import _placed, _plan, _refusal, step_of
 
     fn, args, donate = step_of(target, policy, defines)
-    device = jax.devices()[0]
-    row: dict[str, Any] = {"case": name, "target": target, "policy": policy, "defines": defines,
-                           "device": device.device_kind, "jax": jax.__version__, "libtpu": _libtpu()}
     try:
-        compiled = jax.jit(fn, donate_argnums=donate).lower(*_placed(args, device)).compile()
+        compiled = jax.jit(fn, donate_argnums=donate).lower(*_placed(args, jax.devices()[0])).compile()
     except Exception as exc:  # noqa: BLE001 - the chip's verdict, recorded
-        row.update(verdict="refused at compile", refusal=_refusal(exc) or f"{type(exc).__name__}: {str(exc)[:300]}")
-        return row
-    row.update(plan=_plan(compiled), **_estimate(compiled.as_text() or ""))
+        return {"verdict": "refused at compile", "refusal": _refusal(exc) or f"{type(exc).__name__}: {str(exc)[:300]}"}
+    row: dict[str, Any] = {"plan": _plan(compiled), **_estimate(compiled.as_text() or "")}
     values = list(jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), args))
     trained = [i for i in donate if i != len(args) - 1]
 
@@ -130,10 +129,17 @@ def step_row(name: str, target: str, policy: str, defines: dict[str, Any]) -> di
     try:
         seconds, steps = _pipelined(compiled, values, feed)
     except Exception as exc:  # noqa: BLE001 - the chip's verdict, recorded
-        row.update(verdict="refused at run", refusal=_refusal(exc) or f"{type(exc).__name__}: {str(exc)[:300]}")
-        return row
-    row.update(verdict="ran", seconds_per_step=seconds, pipelined_steps=steps)
-    return row
+        return {**row, "verdict": "refused at run",
+                "refusal": _refusal(exc) or f"{type(exc).__name__}: {str(exc)[:300]}"}
+    return {**row, "verdict": "ran", "seconds_per_step": seconds, "pipelined_steps": steps}
+
+
+def step_row(name: str, target: str, policy: str, defines: dict[str, Any]) -> dict[str, Any]:
+    import jax
+
+    return {"case": name, "target": target, "policy": policy, "defines": defines,
+            "device": jax.devices()[0].device_kind, "jax": jax.__version__, "libtpu": _libtpu(),
+            **timed_on_chip(target, policy, defines)}
 
 
 def chain_row(n: int, shape: tuple[int, int]) -> dict[str, Any]:
@@ -157,13 +163,12 @@ def chain_row(n: int, shape: tuple[int, int]) -> dict[str, Any]:
 
 
 def fit_rows(path: Path) -> None:
-    """The per-kernel cost: on the fitted rows, the median of (measured - estimate without it) over
-    kernel runs; every row's error before and after."""
+    """Each row's error, and what the chip ran beyond the estimate per kernel run: a per-kernel cost
+    shows as a steady gap per kernel, a per-step cost as a gap that falls with the kernel count."""
     rows = [r for r in map(json.loads, path.read_text().splitlines()) if r.get("verdict") == "ran"]
     for r in rows:
-        base = r["estimated_seconds"] - r.get("overhead_seconds", 0.0)
         measured, estimated = r["seconds_per_step"], r["estimated_seconds"]
-        gap = (measured - base) / max(r["kernel_runs"], 1)
+        gap = (measured - estimated) / max(r["kernel_runs"], 1)
         flagged = "  UNESTIMATED " + ",".join(r["unestimated"]) if r.get("unestimated") else ""
         print(f"{r['case']:40s} measured {measured * 1e3:9.3f} ms  estimate {estimated * 1e3:9.3f} ms "
               f"({100 * (estimated / measured - 1):+6.1f}%)  {r['kernel_runs']:6d} kernels  "

@@ -80,6 +80,16 @@ class DevicesUnavailable(UsageError):  # noqa: N818 (a UsageError, named for wha
         self.found = found
 
 
+def shown(value: object, most: int = 40) -> str:
+    """A value in an error message, short whatever it is (10**400 has 401 digits).
+
+    >>> shown(10**400)[-6:]
+    '000...'
+    """
+    text = repr(value)
+    return text if len(text) <= most else text[: most - 3] + "..."
+
+
 def first_line(exc: BaseException) -> str:
     """The first line of an exception's message, also for one whose __str__ raises."""
     try:

@@ -22,7 +22,7 @@ from . import _textproto as textproto
 from ._profile import Profile
 from ._profile import read_profile as read_profile  # the command line reads --calibrate with it
 from ._textfile import read_text
-from .errors import UsageError
+from .errors import UsageError, shown
 from .optimizers import Optimizer as Optimizer  # public here since 0.1 (te_ckpt_audit.optimizers is its home)
 from .optimizers import parse_optimizer
 
@@ -455,12 +455,6 @@ def xla_flags(text: str) -> tuple[tuple[str, str], ...]:
 MIN_NETWORK_GBPS, MAX_NETWORK_GBPS = 0.1, 1e5  # Gb/s per GPU: below a tenth no network trains; 100 Tb/s none has
 
 
-def _shown(value: object) -> str:
-    """A value in an error message, short whatever it is (10**400 has 401 digits)."""
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
 @dataclasses.dataclass(frozen=True, slots=True)
 class GpuRequest:
     """What compiling for a GPU asks: the step compiled for `model`, `gpus_per_host` of them per
@@ -490,7 +484,7 @@ class GpuRequest:
         if self.gpus_per_host < 1:
             raise UsageError(f"$gpus_per_host$ {self.gpus_per_host} must be at least 1", "8 on an HGX host")
         if self.network_gbps is not None and not MIN_NETWORK_GBPS <= self.network_gbps <= MAX_NETWORK_GBPS:
-            raise UsageError(f"$network_gbps$ {_shown(self.network_gbps)} must be from {MIN_NETWORK_GBPS:g} to "
+            raise UsageError(f"$network_gbps$ {shown(self.network_gbps)} must be from {MIN_NETWORK_GBPS:g} to "
                              f"{MAX_NETWORK_GBPS:g} Gb/s per GPU",
                              "e.g. 400 (one 400 Gb/s NIC per GPU, as in a DGX H100)")
         if self.network_gbps is not None and not self.time:
@@ -505,8 +499,8 @@ class GpuRequest:
 
         def need(ok: bool, name: str, what: str, example: str) -> None:
             if not ok:
-                shown = _shown(getattr(self, name))
-                raise UsageError(f"${name}$ takes {what}, not {type(getattr(self, name)).__name__} {shown}",
+                given = getattr(self, name)
+                raise UsageError(f"${name}$ takes {what}, not {type(given).__name__} {shown(given)}",
                                  f"e.g. ${name}$={example}")
 
         need(isinstance(self.model, GpuModel), "model", "a GpuModel", "gpu_model('h100')")

@@ -5,8 +5,8 @@ Each name is optax's function of that name with its defaults, so that a user who
 `optax.sgd(lr)` is asked about the same program: `sgd` keeps no state; `momentum` is
 `optax.sgd(lr, momentum=0.9)`, one buffer the size of the parameters.
 
-    >>> parse_optimizer("SGD"), parse_optimizer(Optimizer.MOMENTUM).state_buffers
-    (<Optimizer.SGD: 'sgd'>, 1)
+    >>> parse_optimizer("SGD"), parse_optimizer(" Momentum ")
+    (<Optimizer.SGD: 'sgd'>, <Optimizer.MOMENTUM: 'momentum'>)
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .errors import UsageError
+from .errors import UsageError, shown
 
 INSTALL_HINT = 'install optax (it comes with the [gpu] and [tpu] extras): pip install -e ".[tpu]"'
 
@@ -29,19 +29,6 @@ class Optimizer(enum.StrEnum):
     ADAM = "adam"  # optax.adam(lr): two moments per parameter, a step count
     ADAMW = "adamw"  # optax.adamw(lr): as adam
     ADAFACTOR = "adafactor"  # optax.adafactor(lr): factored second moments
-
-    @property
-    def state_buffers(self) -> int | None:
-        """Parameter-sized buffers the state holds (None: factored, not a whole number)."""
-        match self:
-            case Optimizer.SGD:
-                return 0
-            case Optimizer.MOMENTUM:
-                return 1
-            case Optimizer.ADAM | Optimizer.ADAMW:
-                return 2
-            case Optimizer.ADAFACTOR:
-                return None
 
 
 CHOICES = ", ".join(o.value for o in Optimizer)
@@ -57,8 +44,7 @@ def parse_optimizer(value: object) -> Optimizer:
             return Optimizer(value.strip().lower())
         except ValueError:
             pass
-    shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
-    raise UsageError(f"$optimizer$ {shown} is not one of {CHOICES}",
+    raise UsageError(f"$optimizer$ {shown(value)} is not one of {CHOICES}",
                      "e.g. $optimizer$=adamw (momentum: sgd with momentum 0.9; sgd: none)")
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import re
 
-from .errors import UsageError
+from .errors import UsageError, shown
 from .records import Budget
 
 _UNITS = {
@@ -117,11 +117,10 @@ MAX_JOBS = 256  # worker processes, each tracing the target: more is surely a mi
 def count_at_least_one(value: object, what: str, example: int, most: int | None = None) -> int:
     """A count that must be >= 1 (`max_evals`), and at most `most` where given, or a UsageError
     naming the parameter `what`."""
-    shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
     if isinstance(value, bool) or not isinstance(value, int):
-        raise UsageError(f"${what}$ must be an int of at least 1, not {shown}", f"e.g. ${what}$ {example}")
+        raise UsageError(f"${what}$ must be an int of at least 1, not {shown(value)}", f"e.g. ${what}$ {example}")
     if value < 1:
-        raise UsageError(f"${what}$ must be at least 1, not {shown}", f"e.g. ${what}$ {example}")
+        raise UsageError(f"${what}$ must be at least 1, not {shown(value)}", f"e.g. ${what}$ {example}")
     if most is not None and value > most:
         raise UsageError(f"${what}$ {shown} is more than {most}", f"e.g. ${what}$ {example}")
     return value

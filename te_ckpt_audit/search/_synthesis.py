@@ -58,15 +58,9 @@ def name_costs(session: Session, names: Sequence[str], progress: Progress = quie
     out = []
     for name in names:
         alone = session.result(names_spec((name,)), progress)
-        kept = _bytes(alone) - _bytes(nothing)
+        kept = alone.totals.gated_bytes - nothing.totals.gated_bytes  # per device on a mesh
         out.append(SynthesisName(name, max(kept, 0), max(nothing.recompute_flops - alone.recompute_flops, 0)))
     return tuple(out)
-
-
-def _bytes(result: object) -> int:
-    totals = result.totals  # type: ignore[attr-defined]
-    per_device = totals.activation_bytes_per_device
-    return int(totals.activation_bytes if per_device is None else per_device)
 
 
 def best_subset(items: Sequence[tuple[str, float, float]], room: float) -> tuple[tuple[str, ...], float, float]:
