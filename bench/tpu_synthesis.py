@@ -44,7 +44,7 @@ CASES: list[tuple[str, str, dict[str, Any], str]] = [
 ]
 
 
-def plan(out: Path, max_compiles: int) -> None:
+def plan(out: Path, max_compiles: int, only: str = "") -> None:
     """Both searches of every case, deviceless: the two picks and what the estimate says of them."""
     from te_ckpt_audit import recommend_target
     from te_ckpt_audit.optimizers import Optimizer
@@ -52,7 +52,7 @@ def plan(out: Path, max_compiles: int) -> None:
 
     request = TpuRequest(parse_tpu("v5e"), Optimizer.ADAMW)
     rows = []
-    for name, target, defines, keyword in CASES:
+    for name, target, defines, keyword in (c for c in CASES if only in c[0]):
         picks = {}
         for synthesize in (True, False):
             begin = time.perf_counter()
@@ -115,9 +115,10 @@ def main() -> None:
     where.add_argument("--table", type=Path, metavar="ROWS", help="the Markdown table of the chip's rows")
     parser.add_argument("--out", type=Path, help="with --on-chip: JSON lines, appended")
     parser.add_argument("--max-compiles", type=int, default=16)
+    parser.add_argument("--only", default="", help="with --plan: only the models whose name contains this")
     args = parser.parse_args()
     if args.plan:
-        plan(args.plan, args.max_compiles)
+        plan(args.plan, args.max_compiles, args.only)
     elif args.on_chip:
         if args.out is None:
             parser.error("--on-chip needs --out")
