@@ -1,5 +1,6 @@
-"""Issue 58's proof on the chip: the synthesized (policy, batch) against the best preset's, both
-run on a real TPU v5e as a training loop runs them.
+"""Issue 58's proof on the chip: the pick of `--maximize throughput --synthesize` against the pick of
+`--maximize throughput` alone (the frontier's policies searched with the batch), both run on a real
+TPU v5e as a training loop runs them.
 
     # here (or on the chip's host, deviceless), both searches of each model, the picks to run:
     JAX_PLATFORMS=cpu PYTHONPATH=. python bench/tpu_synthesis.py --plan bench/data/tpu-v5e-synthesis-plan.json
@@ -93,7 +94,7 @@ def on_chip(plan_path: Path, out: Path) -> None:
 
 def table(rows_path: Path) -> None:
     rows = [json.loads(line) for line in rows_path.read_text().splitlines()]
-    print("| model | synthesized (policy, batch) | chip | best preset (policy, batch) | chip | gain "
+    print("| model | --synthesize's pick (policy, batch) | chip | without --synthesize | chip | gain "
           "| order as predicted |")
     print("|---|---|---:|---|---:|---:|---|")
     for case in dict.fromkeys(r["case"] for r in rows):
