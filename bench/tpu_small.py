@@ -103,7 +103,7 @@ def _estimate(text: str) -> dict[str, Any]:
             "efficiency": steptime.TPU_EFFICIENCY}
 
 
-def timed_on_chip(target: str, policy: str, defines: dict[str, Any]) -> dict[str, Any]:
+def timed_on_chip(target: str, policy: str, defines: dict[str, Any], name_lines: bool = False) -> dict[str, Any]:
     """te-ckpt-audit's training step of `target` under `policy`, compiled by the chip's libtpu and
     run as a training loop runs it: the verdict and, where it compiled, its plan and te-ckpt-audit's
     estimate of the same program, and where it ran, its seconds per step."""
@@ -111,7 +111,7 @@ def timed_on_chip(target: str, policy: str, defines: dict[str, Any]) -> dict[str
     import jax.numpy as jnp
     from tpu_truth import _placed, _plan, _refusal, step_of
 
-    fn, args, donate = step_of(target, policy, defines)
+    fn, args, donate = step_of(target, policy, defines, name_lines)
     try:
         compiled = jax.jit(fn, donate_argnums=donate).lower(*_placed(args, jax.devices()[0])).compile()
     except Exception as exc:  # noqa: BLE001 - the chip's verdict, recorded

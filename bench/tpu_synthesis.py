@@ -32,14 +32,19 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-# (case, target, defines, batch keyword): a MaxText-named Llama, a GPT with full float32 attention,
-# a wide MLP; each at a depth the chip's host compiles in seconds
+# (case, target, defines, batch keyword): a MaxText-named Llama, a GPT with full float32 attention
+# (with its names, and without any: the tool names its matmul lines), a ResNet-34-style convnet with
+# no checkpoint and no names, a wide MLP; each at a depth the chip's host compiles in seconds
 CASES: list[tuple[str, str, dict[str, Any], str]] = [
     ("llama-1b 6 layers", "sample_models/llama.py:loss", {"model": "llama-1b", "layers": 6, "seq": 1024,
                                                            "per_device_batch": 4}, "per_device_batch"),
     ("gpt 6 layers f32 attention", "sample_models/gpt.py:loss", {"layers": 6, "seq": 1024, "d_model": 1024,
                                                                  "heads": 16, "d_ff": 4096, "vocab": 32768,
                                                                  "batch": 4}, "batch"),
+    ("gpt 6 layers f32 attention, no names", "sample_models/gpt.py:loss",
+     {"layers": 6, "seq": 1024, "d_model": 1024, "heads": 16, "d_ff": 4096, "vocab": 32768, "batch": 4,
+      "named": False}, "batch"),
+    ("convnet resnet-34 layout, no names", "bench/models/convnet.py:loss", {"batch": 64, "image": 64}, "batch"),
     ("mlp wide", "sample_models/mlp.py:loss", {"d_in": 4096, "d_hidden": 16384, "d_out": 4096, "batch": 4096},
      "batch"),
 ]
@@ -52,9 +57,10 @@ def plan(out: Path, max_compiles: int, only: str = "") -> None:
     from te_ckpt_audit.tpus import TpuRequest, parse_tpu
 
     request = TpuRequest(parse_tpu("v5e"), Optimizer.ADAMW)
-    rows = []
+    rows = json.loads(out.read_text()) if out.exists() else []  # a plan of other models kept: --only adds one
     for name, target, defines, keyword in (c for c in CASES if only in c[0]):
-        picks = {}
+        rows = [r for r in rows if r["case"] != name]
+        picks: dict[str, Any] = {}
         for synthesize in (True, False):
             begin = time.perf_counter()
             rec = recommend_target(target, defines={k: str(v) for k, v in defines.items()}, tpu=request,
@@ -62,6 +68,8 @@ def plan(out: Path, max_compiles: int, only: str = "") -> None:
             t = rec.throughput
             assert t is not None
             best = t.best
+            if synthesize:  # the tool named the model's matmul lines: both picks compile with those names
+                picks["name_lines"] = t.synthesis is not None and any(n.line for n in t.synthesis.names)
             picks["synthesized" if synthesize else "preset"] = {
                 "policy": None if best is None else best.policy, "value": None if best is None else best.value,
                 "estimated_seconds": None if best is None else best.seconds, "compiles": len(t.points),
@@ -71,11 +79,11 @@ def plan(out: Path, max_compiles: int, only: str = "") -> None:
     out.write_text(json.dumps(rows, indent=2, sort_keys=True) + "\n")
 
 
-def on_chip(plan_path: Path, out: Path) -> None:
+def on_chip(plan_path: Path, out: Path, only: str = "") -> None:
     import jax
     from tpu_small import timed_on_chip
 
-    for case in json.loads(plan_path.read_text()):
+    for case in (c for c in json.loads(plan_path.read_text()) if only in c["case"]):
         for which in ("synthesized", "preset"):
             pick = case[which]
             row: dict[str, Any] = {"case": case["case"], "which": which, **pick, "device": jax.devices()[0].device_kind,
@@ -84,7 +92,8 @@ def on_chip(plan_path: Path, out: Path) -> None:
                 row["verdict"] = "no pick"
             else:
                 row.update(timed_on_chip(case["target"], pick["policy"],
-                                         {**case["defines"], case["keyword"]: pick["value"]}))
+                                         {**case["defines"], case["keyword"]: pick["value"]},
+                                         case.get("name_lines", False)))
                 if row["verdict"] == "ran":
                     row["throughput"] = pick["value"] / row["seconds_per_step"]
             print(json.dumps({k: v for k, v in row.items() if k != "plan"}), flush=True)
@@ -116,14 +125,14 @@ def main() -> None:
     where.add_argument("--table", type=Path, metavar="ROWS", help="the Markdown table of the chip's rows")
     parser.add_argument("--out", type=Path, help="with --on-chip: JSON lines, appended")
     parser.add_argument("--max-compiles", type=int, default=16)
-    parser.add_argument("--only", default="", help="with --plan: only the models whose name contains this")
+    parser.add_argument("--only", default="", help="only the models whose name contains this")
     args = parser.parse_args()
     if args.plan:
         plan(args.plan, args.max_compiles, args.only)
     elif args.on_chip:
         if args.out is None:
             parser.error("--on-chip needs --out")
-        on_chip(args.on_chip, args.out)
+        on_chip(args.on_chip, args.out, args.only)
     else:
         table(args.table)
 

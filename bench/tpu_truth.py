@@ -91,8 +91,10 @@ FIELDS = ("argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes
           "generated_code_size_in_bytes")
 
 
-def step_of(target: str, policy: str, defines: dict[str, Any]) -> tuple[Any, tuple[Any, ...], tuple[int, ...]]:
-    """The training step te-ckpt-audit compiles for this target and policy: (fn, args, donated)."""
+def step_of(target: str, policy: str, defines: dict[str, Any],
+            name_lines: bool = False) -> tuple[Any, tuple[Any, ...], tuple[int, ...]]:
+    """The training step te-ckpt-audit compiles for this target and policy: (fn, args, donated);
+    `name_lines`: with the tool's names on the model's matmul lines (`--name-lines`)."""
     import optax
 
     from te_ckpt_audit._session import Session
@@ -100,7 +102,7 @@ def step_of(target: str, policy: str, defines: dict[str, Any]) -> tuple[Any, tup
     from te_ckpt_audit.specs import resolve_policy
     from te_ckpt_audit.targets._step import training_step
 
-    session = Session.of_target(target, defines=defines)
+    session = Session.of_target(target, defines=defines, name_lines=name_lines)
     spec = resolve_policy(policy)
     traced = session._traced
     fun = policy_function(traced, spec, session.resolved_scope(spec))

@@ -94,7 +94,8 @@ def _top(version: TopVersion = False) -> None:
 # placed: tests/test_cli.py); a command may place a shared option elsewhere (OWN_PANELS).
 FIRST = "Options"
 PANELS = {
-    FIRST: ("target", "config", "settings", "policy", "inputs", "define", "scope", "params", "remat3", "allow_offload",
+    FIRST: ("target", "config", "settings", "policy", "inputs", "define", "scope", "params", "remat3", "name_lines",
+            "allow_offload",
             "max_evals", "no_presets", "recommend", "batch", "layout"),
     "Report": ("equations", "top", "by", "format", "output"),
     "Gates (exit 1 when one fails)": ("budget", "max_recompute", "baseline", "tolerance", "require_baseline",

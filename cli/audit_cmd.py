@@ -122,6 +122,7 @@ def audit(
     version: opt.Version = False,
     emulate_gpu: opt.EmulateGpu = None,
     remat3: opt.Remat3Option = None,
+    name_lines: opt.NameLines = False,
 ) -> int:
     """Show what each checkpoint policy saves, recomputes and offloads for TARGET, side by side.
 
@@ -159,7 +160,7 @@ def audit(
     # one gate, as `check` runs it: its limits fail before the user's code runs
     config = TargetConfig(what.target, what.inputs, what.defines, specs or (), what.scope, gate.budgets,
                           gate.max_recompute, where.mesh, where.shardings, compile, on_gpu.request, peak,
-                          what.params, on_tpu, remat3.value if remat3 is not None else None)
+                          what.params, on_tpu, remat3.value if remat3 is not None else None, name_lines)
     check_config(config, gate.tolerance)
     reference = load_baseline(gate.baseline) if gate.baseline is not None else None
     process.prepare(emulate_gpu, where.devices, None if on_gpu.request is None else on_gpu.request.model,

@@ -44,7 +44,7 @@ from .files import check_writable
 FLAGS = {
     "params": "--params", "max_evals": "--max-evals", "max_compiles": "--max-compiles", "budget_bytes": "--budget",
     "budget": "--budget", "gpu": "--gpu", "gpu_config": "--gpu-config", "maximize": "--maximize", "defines": "-D",
-    "tpu": "--tpu", "synthesize": "--synthesize",
+    "tpu": "--tpu", "synthesize": "--synthesize", "name_lines": "--name-lines",
     "policies": "--policy", "tolerance": "--tolerance", "max_recompute": "--max-recompute", "fit": "--fit",
     "peak_budgets": "--peak-budget", "shardings": "--shardings", "mesh": "--mesh", "inputs": "--inputs",
     "save_baseline": "--save-baseline", "mem_fraction": "--mem-fraction", "donate": "--donate", "step": "--step",
@@ -309,6 +309,15 @@ Remat3Option = Annotated[
         help="JAX's remat implementation: on (its new remat, jax_remat3), off (the current one), or both "
         "side by side, with a finding and a failed budget where a policy changes; default: as JAX_REMAT3.",
         show_default=False,
+    ),
+]
+NameLines = Annotated[
+    bool,
+    typer.Option(
+        "--name-lines",
+        help="Give each matmul line of the model's own code a checkpoint name, its file's stem and line "
+        "(gpt_45 for gpt.py line 45), as recommend --synthesize does for a model that names nothing: "
+        "policies can then save it by name before the code is edited.",
     ),
 ]
 Equations = Annotated[

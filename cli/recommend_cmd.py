@@ -143,6 +143,7 @@ def recommend(
     emulate_gpu: opt.EmulateGpu = None,
     tpu: opt.TpuName = None,
     synthesize: Synthesize = False,
+    name_lines: opt.NameLines = False,
 ) -> int:
     """Find the checkpoint policy whose activation bytes fit --budget with the least recompute.
 
@@ -195,6 +196,7 @@ def recommend(
             capture=process.xla_log_kept_off_stderr,
             tpu=on_tpu,
             synthesize=synthesize,
+            name_lines=True if name_lines else None,
         )
     emit(renderer(format)(rec), written)
     if rec.throughput is not None:

@@ -2,7 +2,8 @@
 
 Every layer is ``jax.checkpoint(layer, policy=policy)`` inside the scan body (default
 ``dots_with_no_batch_dims_saveable``), with ``checkpoint_name`` tags ``qkv_proj``,
-``context``, ``out_proj``, ``ffn1`` and ``ffn2``. Attention scores and context are
+``context``, ``out_proj``, ``ffn1`` and ``ffn2`` (``-D named=false``: none, a model that names
+nothing). Attention scores and context are
 batched einsums (dot_general with batch dims), so the default policy recomputes them.
 """
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax.ad_checkpoint import checkpoint_name
+from jax.ad_checkpoint import checkpoint_name as _checkpoint_name
 
 from sample_models._batch import batch_input
 
@@ -29,6 +30,7 @@ class Config:
 
     heads: int
     scan: bool = True  # False: a Python loop over layers (params["layers"] is then a list)
+    named: bool = True  # False: no checkpoint_name anywhere (`-D named=false`: a model that names nothing)
 
 
 def _layernorm(x: jax.Array, scale: jax.Array, bias: jax.Array) -> jax.Array:
@@ -39,9 +41,14 @@ def _layernorm(x: jax.Array, scale: jax.Array, bias: jax.Array) -> jax.Array:
     return ((xf - mean) * jax.lax.rsqrt(var + 1e-5)).astype(x.dtype) * scale + bias
 
 
-def _attention(h: jax.Array, p: Params, heads: int) -> jax.Array:
+def _unnamed(x: jax.Array, name: str) -> jax.Array:
+    return x
+
+
+def _attention(h: jax.Array, p: Params, heads: int, named: bool = True) -> jax.Array:
     """Causal multi-head self-attention; the projections carry checkpoint names."""
     b, s, d = h.shape
+    checkpoint_name = _checkpoint_name if named else _unnamed
     qkv = checkpoint_name(h @ p["w_qkv"], "qkv_proj")
     q, k, v = (t.reshape(b, s, heads, d // heads) for t in jnp.split(qkv, 3, axis=-1))
     scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(d // heads).astype(h.dtype)
@@ -52,9 +59,10 @@ def _attention(h: jax.Array, p: Params, heads: int) -> jax.Array:
     return checkpoint_name(context @ p["w_o"], "out_proj")
 
 
-def _layer(x: jax.Array, p: Params, heads: int) -> jax.Array:
+def _layer(x: jax.Array, p: Params, heads: int, named: bool = True) -> jax.Array:
     """One pre-LN decoder block."""
-    x = x + _attention(_layernorm(x, p["ln1_s"], p["ln1_b"]), p, heads)
+    checkpoint_name = _checkpoint_name if named else _unnamed
+    x = x + _attention(_layernorm(x, p["ln1_s"], p["ln1_b"]), p, heads, named)
     h = _layernorm(x, p["ln2_s"], p["ln2_b"])
     h = jax.nn.gelu(checkpoint_name(h @ p["w1"], "ffn1"))
     return x + checkpoint_name(h @ p["w2"], "ffn2")
@@ -66,7 +74,7 @@ def make_loss(policy: Policy | None = DEFAULT_POLICY) -> Callable[[Params, jax.A
     def loss(params: Params, tokens: jax.Array, cfg: Config) -> jax.Array:
         """Next-token cross-entropy over a scan of checkpointed layers."""
         x = params["embed"][tokens] + params["pos"][: tokens.shape[1]]
-        layer = functools.partial(_layer, heads=cfg.heads)
+        layer = functools.partial(_layer, heads=cfg.heads, named=cfg.named)
         if policy is not None:
             layer = jax.checkpoint(layer, policy=policy, prevent_cse=False)
         if cfg.scan:
@@ -87,7 +95,7 @@ loss = make_loss()
 
 def loss_inputs(layers: int = 2, batch: int = 2, seq: int = 16, d_model: int = 64,
                 heads: int = 4, d_ff: int = 256, vocab: int = 128,
-                dtype: str = "float32", scan: bool = True, mesh: Any = None,
+                dtype: str = "float32", scan: bool = True, mesh: Any = None, named: bool = True,
                 ) -> tuple[Params, jax.ShapeDtypeStruct, Config]:
     """Shapes only: (params with a leading layer axis, int32 tokens [batch, seq], cfg); on a
     mesh (`--mesh data=8`) the tokens split over its data axes, as a data-parallel run holds them."""
@@ -108,4 +116,4 @@ def loss_inputs(layers: int = 2, batch: int = 2, seq: int = 16, d_model: int = 6
         "lnf_s": sds((d_model,), dt), "lnf_b": sds((d_model,), dt),
         "unembed": sds((d_model, vocab), dt),
     }
-    return params, batch_input((batch, seq), jnp.int32, mesh), Config(heads=heads, scan=scan)
+    return params, batch_input((batch, seq), jnp.int32, mesh), Config(heads=heads, scan=scan, named=named)

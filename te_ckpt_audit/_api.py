@@ -101,6 +101,7 @@ def audit_target(
     capture: LogCapture | None = None,
     tpu: TpuRequest | None = None,
     remat3: str | None = None,
+    name_lines: bool = False,
 ) -> AuditReport:
     """Load `file.py:fn` (or `package.module:fn`) and its example inputs, then audit it. `defines`
     set keyword parameters of the inputs callable (`{"seq": 8192}` or `["seq=8192"]`). With `mesh`
@@ -115,7 +116,9 @@ def audit_target(
     With `tpu`, libtpu compiles each policy's step for that TPU slice (see `audit`). `remat3`:
     "on" (JAX's new remat, `jax_remat3`), "off" (the current one) or "both" (the current one's
     results, each policy under remat3 beside them, and `remat3-changes-policy` where they differ);
-    None: as JAX reads its flag (JAX_REMAT3).
+    None: as JAX reads its flag (JAX_REMAT3). `name_lines`: each matmul line of the user's code
+    gets the tool's checkpoint name (`gpt_45` for gpt.py line 45), as `recommend --synthesize`
+    names a model that names nothing, so that its pick can be audited before the code is edited.
 
     >>> report = audit_target("sample_models/mlp.py:loss", ["nothing_saveable"])  # doctest: +SKIP
     """
@@ -126,7 +129,7 @@ def audit_target(
     own = (gpu is not None and gpu.step) or (tpu is not None and tpu.step)
     session = Session.of_target(
         target, inputs=inputs, defines=defines, scope=Scope(scope), mesh=placement,
-        shardings=ShardingSource(shardings), params=params, own_step=own, progress=progress,
+        shardings=ShardingSource(shardings), params=params, own_step=own, name_lines=name_lines, progress=progress,
     )
     session.use_remat3(remat3)
     chosen = (AS_IS,) if own and specs is None else (default_policies(session) if specs is None else specs)
@@ -190,6 +193,7 @@ def check_target(
         config.target, config.policies or None, inputs=config.inputs, defines=config.defines, scope=config.scope,
         progress=progress, compile=config.compile, mesh=config.mesh, shardings=config.shardings, gpu=config.gpu,
         params=config.params, executor=executor, capture=capture, tpu=config.tpu, remat3=config.remat3,
+        name_lines=config.name_lines,
     )
     if known_names:
         _no_unknown_names(report)

@@ -127,6 +127,7 @@ Value: TypeAlias = Any  # what JAX binds and returns: an array, a tracer or a Py
 Tree: TypeAlias = Any  # a pytree of Values, in whatever structure the user's code gives it
 Topology: TypeAlias = Any  # jax.experimental.topologies' description of devices that are not here
 jaxpr_as_fun = jex.jaxpr_as_fun
+new_jaxpr_eqn = jex.new_jaxpr_eqn
 
 remat_p = _prims.remat_p
 jit_p = _prims.jit_p

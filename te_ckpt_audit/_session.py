@@ -175,6 +175,7 @@ class Session:
         shardings: ShardingSource = ShardingSource.COMPILED,
         params: ParamsLike = None,
         own_step: bool = False,
+        name_lines: bool = False,
         progress: Progress = quiet,
     ) -> Session:
         """Load `file.py:fn` (or `package.module:fn`), call its inputs callable (given the mesh as
@@ -183,7 +184,8 @@ class Session:
         shardings) or on an abstract mesh of explicit axes. `params` names the trained arguments
         (by default the first, as `jax.grad(loss)(params, batch)` trains it); `own_step`: the
         target is a training step of the user's own. `defines`: the inputs callable's keywords,
-        `{"seq": 64}` or `["seq=64"]`, typed by its defaults as `-D seq=64` is."""
+        `{"seq": 64}` or `["seq=64"]`, typed by its defaults as `-D seq=64` is. `name_lines`: the
+        matmul lines of the user's code get the tool's checkpoint names (`trace._naming`)."""
         defines = as_defines(defines)
         build = build_mesh if ShardingSource(shardings) is ShardingSource.COMPILED else build_abstract_mesh
         placement = None if mesh is None else build(mesh)
@@ -197,11 +199,12 @@ class Session:
                 progress(f"tracing {target}")
                 args = made.args
                 placed = args if placement is None else place_args(args, placement)
-                traced = trace(loaded.fn, placed, target, ALL if own_step else params, differentiable=not own_step)
+                traced = trace(loaded.fn, placed, target, ALL if own_step else params, differentiable=not own_step,
+                               name_lines=name_lines)
         _jax_is_jax(target)
         rebuild = functools.partial(Session.of_target, here or target, inputs=inputs, defines=dict(defines),
                                     scope=Scope(scope), mesh=mesh, shardings=ShardingSource(shardings),
-                                    params=params, own_step=own_step)
+                                    params=params, own_step=own_step, name_lines=name_lines)
         replicated = () if placement is None else replicated_over(placed, placement)
         return cls(traced, scope, placement, keywords=made.keywords, rebuild=rebuild, own_step=own_step,
                    replicated=replicated)
@@ -548,6 +551,11 @@ class Session:
         """The checkpoint names the function's values carry (known once one policy is analysed:
         JAX traces custom_vjp forward rules when it first differentiates)."""
         return frozenset(self._traced.rows.names)
+
+    @property
+    def line_names(self) -> dict[str, str]:
+        """The checkpoint names the tool gave the matmul lines (`name_lines`): name -> "file:line"."""
+        return dict(self._traced.line_names)
 
     @property
     def has_te_gemms(self) -> bool:

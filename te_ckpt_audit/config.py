@@ -33,6 +33,7 @@
                                                   # with optimizer and fit (libtpu's verdict), no other GPU key
     remat3 = "both"                               # JAX's new remat too (like --remat3): a budgeted policy
                                                   # that jax_remat3 would change fails
+    name_lines = true                             # the tool's names on each matmul line (like --name-lines)
 
 `gpu`, `gpu_config`, `optimizer`, `gpus_per_host`, `mem_fraction`, `fit`, `time` and
 `network_gbps` may also sit in [tool.te-ckpt-audit] itself, for every target that does not set
@@ -71,13 +72,15 @@ MAX_DEFINE = 4096  # characters in one -D value: no size or flag is longer
 _GPU_KEYS = {"gpu", "gpu_config", "optimizer", "gpus_per_host", "mem_fraction", "fit", "time", "network_gbps"}
 _TOP_KEYS = {"targets", "baseline", "tolerance", *_GPU_KEYS}
 _TARGET_KEYS = {"target", "inputs", "defines", "policies", "scope", "budget", "budgets", "max_recompute", "mesh",
-                "shardings", "peak_budget", "peak_budgets", "step", "donate", "params", "tpu", "remat3", *_GPU_KEYS}
+                "shardings", "peak_budget", "peak_budgets", "step", "donate", "params", "tpu", "remat3", "name_lines",
+                *_GPU_KEYS}
 _SECTION = "te-ckpt-audit"  # [tool.te-ckpt-audit]
 # What `check --help` and the docs list: each table's keys, in the order the docstring shows them
 SECTION_KEYS = ("baseline", "tolerance", "targets", *sorted(_GPU_KEYS))
 TARGET_KEYS = ("target", "inputs", "defines", "policies", "scope", "budget", "budgets", "max_recompute", "mesh",
                "shardings", "params", "gpu", "gpu_config", "optimizer", "gpus_per_host", "mem_fraction", "fit",
-               "peak_budget", "peak_budgets", "step", "donate", "time", "network_gbps", "tpu", "remat3")
+               "peak_budget", "peak_budgets", "step", "donate", "time", "network_gbps", "tpu", "remat3",
+               "name_lines")
 assert set(SECTION_KEYS) == _TOP_KEYS and set(TARGET_KEYS) == _TARGET_KEYS
 _AXIS_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -102,6 +105,7 @@ class TargetConfig:
     params: tuple[int | str, ...] | Literal["all"] | None = None  # the trained arguments (None: the first)
     tpu: TpuRequest | None = None  # each policy's step compiled by libtpu for this slice (like --tpu)
     remat3: str | None = None  # JAX's remat implementation: on, off, both (like --remat3); None: as JAX_REMAT3
+    name_lines: bool = False  # each matmul line of the user's code gets the tool's checkpoint name (--name-lines)
 
 
     def reads(self) -> tuple[tuple[str, Path], ...]:
@@ -358,7 +362,16 @@ def _target(raw: Any, i: int, p: Path) -> TargetConfig:
         params=_params(raw, where, p),
         tpu=_tpu(raw, where, p, None if placed is None else placed.devices),
         remat3=_remat3(raw, where, p),
+        name_lines=_name_lines(raw, where, p),
     )
+
+
+def _name_lines(raw: dict[str, Any], where: str, p: Path) -> bool:
+    value = raw.get("name_lines", False)
+    if not isinstance(value, bool):
+        raise UsageError(f"{p}: {where}.name_lines must be true or false, not {value!r}",
+                         "e.g. name_lines = true (the policies may name the tool's names, gpt_45)")
+    return value
 
 
 def _remat3(raw: dict[str, Any], where: str, p: Path) -> str | None:

@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import itertools
 import random
-import re
 from collections.abc import Sequence
-from pathlib import Path
 
 import pytest
 
@@ -200,24 +198,3 @@ def test_a_pick_on_a_preset_is_a_candidate_with_its_code() -> None:
     made = _Evaluator(session, 2**40, 1, lambda _: None).get(CandidateKind.COMBINED, "checkpoint_dots", ("fc1", "fc2"))
     assert made is not None and made.policy == names_spec(("fc1", "fc2"), base="checkpoint_dots").text
     assert 'save_only_these_names("fc1", "fc2")' in python_snippet(made)
-
-
-def test_a_model_without_names_is_told_the_lines_to_name_before_any_compile(tmp_path: Path) -> None:
-    """Issue 58, item 3: for candidates without names, the checkpoint_name calls to add, file and line."""
-    from te_ckpt_audit import recommend_target
-    from te_ckpt_audit.gpus import GpuRequest, gpu_model
-
-    (tmp_path / "plain.py").write_text(
-        "import jax, jax.numpy as jnp\n"
-        "def loss(w, x):\n"
-        "    h = jnp.tanh(x @ w)\n"
-        "    return jnp.sum(jnp.tanh(h @ w))\n"
-        "def loss_inputs(batch: int = 8):\n"
-        "    f = jax.ShapeDtypeStruct\n"
-        "    return f((64, 64), jnp.float32), f((batch, 64), jnp.float32)\n")
-    with pytest.raises(UsageError) as err:
-        recommend_target(f"{tmp_path / 'plain.py'}:loss", gpu=GpuRequest(gpu_model("h100")), maximize="throughput",
-                         synthesize=True)
-    assert err.value.message == "synthesize chooses among the model's checkpoint names, and it has none"
-    assert err.value.hint.startswith("name the largest activations first: at ")
-    assert re.search(r"plain\.py:[34]: x = checkpoint_name\(x, \"\w+\"\)", err.value.hint), err.value.hint

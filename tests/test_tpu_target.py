@@ -419,3 +419,23 @@ def test_synthesize_makes_a_policy_from_the_names_and_compiles_every_point_on_li
     assert doc["throughput"]["pick"]["cli"] == f"--policy {t.best.policy} -D per_device_batch={t.best.value}"
     assert doc["throughput"]["synthesis"]["solver"].startswith("exact 0/1 knapsack")
 
+
+
+@needs_libtpu
+def test_synthesize_names_the_matmul_lines_of_a_model_that_names_nothing_and_says_what_to_paste() -> None:
+    """Issue 58, items 1 and 3: a GPT without one checkpoint_name; the tool names its matmul lines,
+    the search decides on them on libtpu, and the JSON says the calls to add, file and line."""
+    result = cli("recommend", "sample_models/gpt.py:loss", "-D", "named=false", "-D", "layers=2", "-D", "seq=128",
+                 "-D", "d_model=128", "-D", "batch=8", "--tpu", "v5e", "--maximize", "throughput", "--synthesize",
+                 "--max-compiles", "8", "--format", "json")
+    assert result.exit_code == 0, result.stderr
+    doc = json.loads(result.stdout)
+    names = doc["throughput"]["synthesis"]["names"]
+    assert names and all(n["name"] == "gpt_" + n["line"].rsplit(":", 1)[1] for n in names)
+    source = Path("sample_models/gpt.py").read_text().splitlines()
+    made = [source[int(n["line"].rsplit(":", 1)[1]) - 1] for n in names]
+    assert all("@" in line or "einsum" in line for line in made), made
+    pick = doc["throughput"]["pick"]
+    saved = {n["name"] for n in names} & set(pick["cli"].split()[1].partition(":")[2].split("+")[0].split(","))
+    assert [a["at"] for a in pick["add"]] == sorted(n["line"] for n in names if n["name"] in saved)
+    assert pick["cli"].endswith(" --name-lines") == bool(saved)

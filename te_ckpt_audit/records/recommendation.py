@@ -1,5 +1,5 @@
 """What `recommend` found: every candidate policy it analysed, the Pareto frontier and the winner;
-`Recommendation.to_dict()` is the JSON document (schema ``te-ckpt-audit-recommend/10``)."""
+`Recommendation.to_dict()` is the JSON document (schema ``schemas.RECOMMEND``)."""
 
 from __future__ import annotations
 
@@ -123,11 +123,17 @@ class Point:
 @dataclasses.dataclass(frozen=True, slots=True)
 class SynthesisName:
     """A checkpoint name `--synthesize` decides on: its residual bytes per device at the start
-    value (JAX's own) and the recompute FLOPs saving it takes out of the backward pass."""
+    value (JAX's own) and the recompute FLOPs saving it takes out of the backward pass; `line`:
+    where the tool gave it (`--name-lines`: the matmul line it names), None for the model's own."""
 
     name: str
     bytes: int
     recompute_flops: int
+    line: str | None = None
+
+    def code(self) -> str:
+        """The call that gives the model this name at its line (a name of the tool's own)."""
+        return f'checkpoint_name(<the matmul\'s result>, "{self.name}")'
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -13,12 +13,14 @@ AUDIT = "te-ckpt-audit/11"  # AuditReport.to_dict(), the audit's JSON; /3: gpu, 
 # time.floor_seconds and time.floor_kernels (what no cost model timed); /11: step.state_bytes (the optimizer
 # state's bytes), step on a TPU report too, optimizer "momentum" (sgd is optax's sgd, no state),
 # remat3[].changed, time.unestimated (kernels libtpu gave no estimate)
-RECOMMEND = "te-ckpt-audit-recommend/12"  # Recommendation.to_dict(); /2: gpu, compiles, maximized, peaks;
+RECOMMEND = "te-ckpt-audit-recommend/13"  # Recommendation.to_dict(); /2: gpu, compiles, maximized, peaks;
 # /3: peaks and gpu as te-ckpt-audit/4 has them; /4: as te-ckpt-audit/5 has them; /5: to_name;
 # /6: candidates' time (--time), as te-ckpt-audit/6 has it; /7: throughput (--maximize throughput), and
 # time as te-ckpt-audit/7 has it; /8: time as te-ckpt-audit/8 has it;
 # /9: as te-ckpt-audit/9 has it; /10: time as te-ckpt-audit/10 has it; /11: time as te-ckpt-audit/11 has it;
 # /12: throughput.synthesis (--synthesize: names, proposals, solver, presets) and throughput.pick (what to paste)
+# /13: throughput.synthesis.names[].line (a name the tool gave a matmul line, --name-lines) and
+# throughput.pick.add (the checkpoint_name calls that give the model the pick's names of the tool's own)
 MAXTEXT_RECOMMEND = "te-ckpt-audit-maxtext-recommend/3"  # MaxTextRecommendation.to_dict(); /2: throughput;
 # /3: tpu (--tpu: the slice searched, libtpu's verdict), throughput per chip
 CHECK = "te-ckpt-audit-check/11"  # check results; /2: unbounded growth explicit, never a non-finite number;

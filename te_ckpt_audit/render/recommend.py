@@ -13,7 +13,15 @@ from __future__ import annotations
 
 import json
 
-from ..records import Candidate, CandidateKind, MaxTextRecommendation, Point, Recommendation, Throughput
+from ..records import (
+    Candidate,
+    CandidateKind,
+    MaxTextRecommendation,
+    Point,
+    Recommendation,
+    SynthesisName,
+    Throughput,
+)
 from ._common import counted, format_bytes, format_flops, format_seconds, fraction_words, peak_range, winner_policy
 from ._text import printable_records
 from .plot import render_frontier_plot
@@ -143,9 +151,10 @@ def render_recommend_json(rec: Recommendation) -> str:
     winner, t = throughput_winner(rec), rec.throughput
     if t is not None and t.best is not None and doc.get("throughput") is not None:
         doc["throughput"]["pick"] = {  # what to paste: the command line's, Python's, MaxText's
-            "cli": f"--policy {t.best.policy} -D {t.keyword}={t.best.value}",
+            "cli": pick_cli(t),
             "python": None if winner is None else python_snippet(winner),
             "maxtext": None if winner is None else maxtext_block(winner, rec.names),
+            "add": [{"at": n.line, "code": n.code()} for n in tool_names_picked(t)],
         }
     return json.dumps(doc, indent=2, allow_nan=False) + "\n"
 
@@ -217,15 +226,35 @@ def render_recommend_text(rec: Recommendation, width: int | None = None) -> str:
         out += ["", f"--maximize {m.define} under {m.policy}: {best} (tried {tried}){more}"]
     if rec.throughput is not None:
         t = rec.throughput
-        paste = None if t.best is None else f"--policy {t.best.policy} -D {t.keyword}={t.best.value}"
-        out += ["", *throughput_lines(t, paste, "policy")]
+        out += ["", *throughput_lines(t, None if t.best is None else pick_cli(t), "policy")]
         winner = throughput_winner(rec)
+        added = tool_names_picked(t)
+        if added:
+            out += ["the pick saves names the tool gave (--name-lines); to give your model them, add "
+                    "(from jax.ad_checkpoint import checkpoint_name):"]
+            out += [f"    at {n.line}: {n.code()}" for n in added]
         if winner is not None:
             out += ["python:", _indent(python_snippet(winner))]
             block = maxtext_block(winner, rec.names) if t.synthesis is not None else None
             if block is not None:
                 out += ["MaxText (remat settings):", _indent(block)]
     return "\n".join(out) + "\n"
+
+
+def tool_names_picked(t: Throughput) -> list[SynthesisName]:
+    """The names of the tool's own (`--name-lines`) that the pick saves: the calls to paste."""
+    if t.best is None or t.synthesis is None:
+        return []
+    head, _, saved = t.best.policy.partition("+")[0].partition(":")
+    picked = set(saved.split(",")) if head == "save_only_these_names" else set()
+    return [n for n in t.synthesis.names if n.line is not None and n.name in picked]
+
+
+def pick_cli(t: Throughput) -> str:
+    """The pick as the command line takes it; with names of the tool's own, --name-lines gives them."""
+    assert t.best is not None
+    lines = " --name-lines" if tool_names_picked(t) else ""
+    return f"--policy {t.best.policy} -D {t.keyword}={t.best.value}{lines}"
 
 
 def throughput_winner(rec: Recommendation) -> Candidate | None:

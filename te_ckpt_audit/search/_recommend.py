@@ -495,6 +495,7 @@ def recommend_target(
     capture: LogCapture | None = None,
     tpu: TpuRequest | None = None,
     synthesize: bool = False,
+    name_lines: bool | None = None,
 ) -> Recommendation:
     """Load `file.py:fn` and its example inputs, trace once, and `recommend`. `budget` is a size
     as the command line takes it ("6GiB", or bytes; `budget_bytes`, bytes, says the same). With
@@ -509,7 +510,9 @@ def recommend_target(
     (a TpuRequest) instead of `gpu`, the same on a TPU slice: libtpu's verdict is the fit, its
     cycle estimates the time. With `synthesize` (and `maximize="throughput"`), the policy is made,
     not chosen among presets: which checkpoint names to save, with the batch (`_synthesis`), the
-    presets compiled beside the pick; `max_compiles` 20 by default. Bad arguments fail before the
+    presets compiled beside the pick; `max_compiles` 20 by default. `name_lines`: each matmul line
+    of the user's code gets the tool's checkpoint name (`gpt_45`), so that the search can decide on
+    it; None: where `synthesize` finds a model that names nothing. Bad arguments fail before the
     target's code runs."""
     check_target_arg(target)
     placement: MeshSpec | None = mesh_arg(mesh)
@@ -542,15 +545,21 @@ def recommend_target(
     count_at_least_one(max_compiles, "max_compiles", 8)
     given = as_defines(defines)
 
+    naming = bool(name_lines)
+
     def session_with(extra: Mapping[str, str]) -> Session:
         return Session.of_target(
             target, inputs=inputs, defines={**given, **extra}, scope=Scope(scope), mesh=placement, params=params,
-            progress=progress,
+            name_lines=naming, progress=progress,
         )
 
     if synthesize:  # the presets analysed (the pick is compiled against them), not the byte-budget search
         max_evals = min(max_evals, len(registry.presets()) + 1)
     session = session_with({})
+    if synthesize and name_lines is None and not session.checkpoint_names:  # nothing named: the tool names lines
+        progress("the model names no tensors: naming each matmul line (--name-lines)")
+        naming = True
+        session = session_with({})
     if maximize == THROUGHPUT and keyword not in session.keywords:  # not named: the one batch keyword it takes
         batches = [k for k in session.keywords if "batch" in k.lower()]
         keyword = batches[0] if len(batches) == 1 else keyword

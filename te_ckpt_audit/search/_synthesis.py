@@ -53,13 +53,16 @@ SOLVER = ("exact 0/1 knapsack over the names (Pareto-frontier dynamic programme)
 
 
 def name_costs(session: Session, names: Sequence[str], progress: Progress = quiet) -> tuple[SynthesisName, ...]:
-    """Each name's bytes and recompute saving, from the audit (JAX's own linearization)."""
+    """Each name's bytes and recompute saving, from the audit (JAX's own linearization), and the
+    line it names where the tool gave it."""
     nothing = session.result(resolve_policy(NOTHING_SAVEABLE), progress)
+    lines = session.line_names
     out = []
     for name in names:
         alone = session.result(names_spec((name,)), progress)
         kept = alone.totals.gated_bytes - nothing.totals.gated_bytes  # per device on a mesh
-        out.append(SynthesisName(name, max(kept, 0), max(nothing.recompute_flops - alone.recompute_flops, 0)))
+        out.append(SynthesisName(name, max(kept, 0), max(nothing.recompute_flops - alone.recompute_flops, 0),
+                                 lines.get(name)))
     return tuple(out)
 
 

@@ -8,6 +8,7 @@ and the user's pytree structure; every later stage reads it and none traces agai
     _loading   import the user's file or module under the tool's rules, call the inputs callable
     _source    where an equation comes from: the user's frame, the innermost frame, module paths
     _trace     trace once, tag every equation (`Traced`, `Rows`)
+    _naming    the tool's own checkpoint names on the matmul lines of a model without any (--name-lines)
     _trained   which arguments are trained (`--params`), by position or name
     _params    module paths of parameters (Flax, Equinox, Keras) for residuals kept alive
     _sites     one shared jit body's call sites, each with its own module path

@@ -377,6 +377,8 @@ MAX_DEFINE_INT = 2**62  # an int define beyond this reached XLA as a shape and f
 def _convert(key: str, raw: str, default: object) -> object:
     if isinstance(default, str):
         return raw
+    if isinstance(default, bool) and raw.strip().lower() in ("true", "false"):  # -D named=false, as TOML spells it
+        return raw.strip().lower() == "true"
     try:
         value = ast.literal_eval(raw)
     except (ValueError, SyntaxError, MemoryError, RecursionError):  # the last two: deeply nested text

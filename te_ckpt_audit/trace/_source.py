@@ -128,6 +128,12 @@ class SourceFinder:
         return origin
 
 
+    def user_lines(self, eqn: jc.JaxprEqn) -> tuple[SourceLocation, ...]:
+        """Every frame of the user's own code that made the equation, innermost first."""
+        return tuple(SourceLocation(_display_path(f.file_name), int(f.start_line), f.function_name)
+                     for f in jc.user_frames(eqn) if not self._is_library(f.file_name))
+
+
 def _location(frame: jc.Frame | None) -> SourceLocation | None:
     if frame is None:
         return None

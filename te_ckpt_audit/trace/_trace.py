@@ -32,6 +32,7 @@ from ..errors import TargetError, UsageError, first_line
 from ..policies import Policy, is_te_gemm, is_te_quantize, is_te_standin
 from ..records import Equation
 from ._intern import SiteScopes, intern_bodies
+from ._naming import name_lines as name_matmul_lines
 from ._params import Scopes, flow, name_modules, names_own_modules, param_module
 from ._sites import Sites
 from ._source import Origin, SourceFinder, unbindable, user_location
@@ -110,6 +111,7 @@ class Traced:
     # policies are applied as it applies them (the trace itself is made with the flag off)
     remat3: bool = False
     custom_vjp3: bool = False  # likewise JAX's new custom_vjp (`jax_custom_vjp3`)
+    line_names: tuple[tuple[str, str], ...] = ()  # the names the tool gave (`_naming`): (name, "file:line")
 
     @property
     def has_remat(self) -> bool:
@@ -160,13 +162,14 @@ def _describe(x: jax.ShapeDtypeStruct) -> str:
 
 def trace(
     fn: jc.ArrayFn, args: tuple[object, ...], target: str = "", params: ParamsLike = ALL,
-    differentiable: bool = True,
+    differentiable: bool = True, name_lines: bool = False,
 ) -> Traced:
     """Trace `fn(*args)` to a tagged jaxpr. Array leaves of `args` (arrays or ShapeDtypeStructs)
     become inputs; any other leaf (ints, strings, config objects) is passed through unchanged.
     `params` names the trained arguments (`_trained`: None is `jax.grad`'s convention, "all" every
     float input); `differentiable=False` takes a function whose outputs are not differentiated
-    (a training step of the user's own).
+    (a training step of the user's own). `name_lines`: the matmul lines of the user's code get the
+    tool's checkpoint names (`_naming`).
 
     >>> import jax, jax.numpy as jnp
     >>> t = trace(lambda x: jnp.sum(jnp.sin(x)), (jax.ShapeDtypeStruct((4,), jnp.float32),))
@@ -217,6 +220,10 @@ def trace(
         raise TargetError(f"{said}{first_line(exc)}", "fix the model code ($debug$)") from exc
     _check_outputs(out_shape, target, differentiable)
     rows = Rows()
+    line_names: dict[str, str] = {}
+    if name_lines:
+        named, line_names = name_matmul_lines(closed.jaxpr, rows.finder)
+        closed = closed.replace(jaxpr=named)
     interned, rows.interned = intern_bodies(closed.jaxpr)
     modules = [param_module(leaves_with_path[i][0]) for i in dynamic]
     tagged = tag_jaxpr(closed.replace(jaxpr=interned), rows, modules)
@@ -224,7 +231,7 @@ def trace(
     trained = resolve_trained(fn, len(args), names, dtypes, parse_params(params), target or "the function")
     structure = Structure(treedef, tuple(leaves), tuple(dynamic))
     return Traced(tagged, avals, names, rows, target, trained, structure, remat3=jc.remat3_on(),
-                  custom_vjp3=jc.custom_vjp3_on())
+                  custom_vjp3=jc.custom_vjp3_on(), line_names=tuple(sorted(line_names.items())))
 
 
 def _flattened(args: tuple[object, ...], target: str) -> tuple[list[tuple[jc.Tree, jc.Value]], jax.tree_util.PyTreeDef]:
