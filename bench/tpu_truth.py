@@ -216,15 +216,17 @@ def time_rows(chip: Path, fitted_on: bool = True) -> list[dict[str, Any]]:
             r["plan"][f] for f in ("argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes",
                                    "temp_size_in_bytes")]
         row = {"case": r["case"], "estimated_seconds": time.seconds, "measured_seconds": r["seconds_per_step"],
-               "fits": plan.fits, "same_plan_as_chip": same_plan,
-               "unscaled_seconds": time.seconds / TPU_EFFICIENCY, "fitted": fitted_on and i % 2 == 0,
-               "error": time.seconds / r["seconds_per_step"] - 1}
+               "fits": plan.fits, "same_plan_as_chip": same_plan, "kernels": time.kernels,
+               "overhead_seconds": time.overhead_seconds,  # the step's own cost (per step and kernel run)
+               "unscaled_seconds": (time.seconds - time.overhead_seconds) / TPU_EFFICIENCY,
+               "fitted": fitted_on and i % 2 == 0, "error": time.seconds / r["seconds_per_step"] - 1}
         print(f"{r['case']:34s} {time.seconds:8.4f} s estimated {r['seconds_per_step']:8.4f} s measured "
               f"{100 * row['error']:+6.1f}% {'(fitted)' if row['fitted'] else ''}", flush=True)
         out.append(row)
     held = sorted(abs(r["error"]) for r in out if not r["fitted"])
     if fitted_on:
-        fitted = statistics.median(r["measured_seconds"] / r["unscaled_seconds"] for r in out if r["fitted"])
+        fitted = statistics.median((r["measured_seconds"] - r["overhead_seconds"]) / r["unscaled_seconds"]
+                                   for r in out if r["fitted"])
         print(f"constant from the fitted rows: {fitted:.3f} (the estimate's: {TPU_EFFICIENCY})")
     print(f"held out: median {100 * statistics.median(held):.1f}%, worst {100 * held[-1]:.1f}% over {len(held)} rows")
     return out

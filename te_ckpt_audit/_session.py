@@ -114,8 +114,9 @@ class Session:
     none), and the cache of each policy's analysis.
 
     >>> import jax, jax.numpy as jnp
+    >>> from te_ckpt_audit.specs import resolve_policy
     >>> s = Session.of_function(lambda x: jnp.sum(jnp.sin(jnp.sin(x))), jax.ShapeDtypeStruct((8,), jnp.float32))
-    >>> s.result(Preset("nothing_saveable")).totals.activation_bytes
+    >>> s.result(resolve_policy("nothing_saveable")).totals.activation_bytes
     0
     """
 

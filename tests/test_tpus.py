@@ -126,7 +126,9 @@ def test_a_tpu_loops_trips_come_from_its_condition_and_each_kernel_from_libtpus_
     tiny = dataclasses.replace(chip, hbm_attained=1e3)  # the bytes' time above libtpu's: libtpu's cycles stand
     time = steptime.tpu_estimate(kernels, tiny, 1, 0.5)
     cycles = 1500 + layers * 3000
-    assert time.seconds == pytest.approx(cycles / chip.clock_hz * steptime.TPU_EFFICIENCY)
+    cost = steptime.TPU_STEP_S + steptime.TPU_KERNEL_S * time.kernels  # the step's own, per kernel run
+    assert time.kernels == sum(k.runs for k in kernels) and time.overhead_seconds == pytest.approx(cost)
+    assert time.seconds == pytest.approx(cycles / chip.clock_hz * steptime.TPU_EFFICIENCY + cost)
     assert time.communication_seconds == 0 and time.compile_seconds == 0.5
     assert (time.device, time.hardware) == ("chip", "v5e")
 
@@ -342,19 +344,48 @@ def test_the_attained_hbm_bandwidth_is_the_chips_own_measurement() -> None:
 
 
 def test_the_one_constant_is_the_fit_on_half_the_chips_rows_and_the_rest_are_held_out() -> None:
-    """`TPU_EFFICIENCY` is the median of measured over unscaled estimate on the 1st, 3rd, ... rows
-    of the chip's timed points (bench/data/tpu-v5e-time.jsonl, the estimate's own `--estimate`);
-    every row's estimate is its unscaled time at that constant; the held-out rows are the others."""
+    """`TPU_EFFICIENCY` is the median of measured (less the step's own cost) over unscaled estimate
+    on the 1st, 3rd, ... rows of the chip's timed points (bench/data/tpu-v5e-time.jsonl, the
+    estimate's own `--estimate`); every row's estimate is its unscaled time at that constant plus
+    the step's cost for its kernel runs; the held-out rows are the others."""
     import statistics
 
-    from te_ckpt_audit.targets._steptime import TPU_EFFICIENCY
+    from te_ckpt_audit.targets._steptime import TPU_EFFICIENCY, TPU_KERNEL_S, TPU_STEP_S
 
     rows = list(_rows("tpu-v5e-time.jsonl").values())
     assert [r["fitted"] for r in rows] == [i % 2 == 0 for i in range(len(rows))] and len(rows) == 20
-    fitted = statistics.median(r["measured_seconds"] / r["unscaled_seconds"] for r in rows if r["fitted"])
+    fitted = statistics.median((r["measured_seconds"] - r["overhead_seconds"]) / r["unscaled_seconds"]
+                               for r in rows if r["fitted"])
     assert round(fitted, 3) == TPU_EFFICIENCY
     for name in ("tpu-v5e-time.jsonl", "tpu-v5e-probe-time.jsonl", "tpu-v5e-wide-time.jsonl",
-                 "tpu-v5e-search-time.jsonl", "tpu-v5e-remat3-time.jsonl", "tpu-v5e-wide-time-libtpu0.0.50.jsonl"):
+                 "tpu-v5e-search-time.jsonl", "tpu-v5e-remat3-time.jsonl"):
         for r in _rows(name).values():
-            assert r["estimated_seconds"] == pytest.approx(r["unscaled_seconds"] * TPU_EFFICIENCY, rel=1e-9), r["case"]
+            assert r["overhead_seconds"] == pytest.approx(TPU_STEP_S + TPU_KERNEL_S * r["kernels"], rel=1e-9)
+            assert r["estimated_seconds"] == pytest.approx(
+                r["unscaled_seconds"] * TPU_EFFICIENCY + r["overhead_seconds"], rel=1e-9), r["case"]
             assert r["error"] == pytest.approx(r["estimated_seconds"] / r["measured_seconds"] - 1, rel=1e-9)
+
+
+def test_the_steps_own_cost_is_the_fit_on_the_chips_small_steps() -> None:
+    """Issue 56, item 2: steps under 1 ms ran 0.15-0.4 ms above the kernels' estimate on the chip,
+    many-kernel ones ~0.5 us more per kernel (bench/data/tpu-v5e-small.jsonl). The estimate's
+    per-step and per-kernel costs are the least-squares fit on those rows, and with them every
+    model step there from 0.3 ms to 1 s whose kernels libtpu all estimated is within 21% (it was
+    up to 92% fast; the issue's 10% is not met by two constants: 16 of the 23 are within 10%)."""
+    import sys
+
+    from te_ckpt_audit.targets._steptime import TPU_KERNEL_S, TPU_STEP_S
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+    from tpu_small import overhead_fit
+
+    rows = [json.loads(line) for line in (DATA / "tpu-v5e-small.jsonl").read_text().splitlines()]
+    step, kernel, n = overhead_fit(rows)
+    assert (round(step, 5), round(kernel, 8), n) == (TPU_STEP_S, TPU_KERNEL_S, 16)
+    models = [r for r in rows if r["verdict"] == "ran" and not r["case"].startswith("chain")
+              and not r["unestimated"] and 0.3e-3 <= r["seconds_per_step"] <= 1.0]
+    before = [r["estimated_seconds"] / r["seconds_per_step"] - 1 for r in models]
+    after = [(r["estimated_seconds"] + TPU_STEP_S + TPU_KERNEL_S * r["kernel_runs"]) / r["seconds_per_step"] - 1
+             for r in models]
+    assert len(models) == 23 and min(before) < -0.9
+    assert max(abs(e) for e in after) < 0.21 and sum(abs(e) < 0.10 for e in after) == 16

@@ -350,6 +350,9 @@ class StepTime:
     # the kernels the compiler gave no estimate at all (libtpu's INT64_MAX cycles), by HLO name: among
     # the floor's, and where the chip may run far slower than the estimate says
     unestimated: tuple[str, ...] = ()
+    # of seconds: what a step pays beyond its kernels' work (a TPU's: a cost per step and one per
+    # kernel run, measured on the chip); 0 where the estimate has none
+    overhead_seconds: float = 0.0
 
     @property
     def mfu(self) -> float | None:

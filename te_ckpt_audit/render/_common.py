@@ -695,7 +695,10 @@ def time_notes(report: AuditReport) -> list[str]:
             notes.append(f"{r.policy}: {_range(r.time)} over {r.time.estimator}; "
                          f"{format_seconds(r.time.compute_seconds)} computing, "
                          f"{format_seconds(r.time.communication_seconds)} in collectives, "
-                         f"{format_seconds(r.time.exposed_communication_seconds)} of it exposed")
+                         f"{format_seconds(r.time.exposed_communication_seconds)} of it exposed"
+                         + (f", {format_seconds(r.time.overhead_seconds)} the step's own cost beyond its kernels' work "
+                            f"(per step and per kernel run, {r.time.kernels:,} runs)"
+                            if r.time.overhead_seconds else ""))
             if r.time.unestimated:
                 shown = ", ".join(r.time.unestimated[:5]) + (", ..." if len(r.time.unestimated) > 5 else "")
                 compiler = "libtpu" if r.time.device == "chip" else "XLA"

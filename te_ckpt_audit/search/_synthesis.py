@@ -13,11 +13,12 @@ fits; halved first where the start does not):
    the target's own verdict, peak and estimated step time (`--time`'s estimate);
 2. an additive model spreads the difference over the names: a name's memory is its residual bytes
    (JAX's own, from the audit, scaled by the batch) times the ends' ratio of compiled peak to
-   residual bytes; its time saved is the ends' difference in seconds times its share of the
-   recompute FLOPs saving it takes out (the audit's). A name can cost time: where saving every
-   name is slower than saving none, no name is chosen for speed. Where every name does not fit
-   (the target gives it no time), a name's recompute is taken at the step's own FLOP rate (the
-   first end's seconds over its FLOPs: three forward passes and its recompute);
+   residual bytes; its time saved is its recompute (the audit's FLOPs) at the step's own FLOP rate
+   (the first end's seconds over its FLOPs: three forward passes and its recompute) less its bytes
+   written and read back at one price per byte, the price that makes the names' sum the ends'
+   measured difference (`name_seconds`). A name can cost time (a large tensor cheap to recompute,
+   attention scores): it is never chosen for speed. Where every name does not fit (the target
+   gives it no time), no price per byte is known and recompute alone is priced;
 3. the subset that saves the most time within the memory left (the target's usable bytes less the
    first end's peak) is found exactly, by a dynamic programme over the Pareto frontier of
    (bytes, seconds) subsets: optimal under the model, every subset considered;
@@ -72,7 +73,7 @@ def best_subset(items: Sequence[tuple[str, float, float]], room: float) -> tuple
     a name that saves no time is never chosen.
 
     >>> best_subset([("a", 3, 1.0), ("b", 2, 0.8), ("c", 2, 0.7)], 4)
-    (('b', 'c'), 4, 1.5)
+    (('b', 'c'), 4.0, 1.5)
     """
     frontier: list[tuple[float, float, tuple[str, ...]]] = [(0.0, 0.0, ())]
     for name, size, seconds in items:
@@ -189,17 +190,10 @@ def _solve(low: Point, high: Point, names: Sequence[SynthesisName], scale: float
     """The pick at one value over a base (None: nothing saved): (spec, predicted extra bytes over the
     base alone, predicted seconds saved)."""
     total_bytes = sum(n.bytes for n in names) * scale
-    total_flops = sum(n.recompute_flops for n in names)
     measured = (high.peak_bytes or 0) - (low.peak_bytes or 0) if high.peak_bytes and low.peak_bytes else total_bytes
     ratio = max(measured, 0) / total_bytes if total_bytes > 0 else 1.0
-    if low.seconds and high.seconds:
-        gained = low.seconds - high.seconds
-    elif low.seconds and step_flops:  # every name does not fit (no time): recompute at the step's own FLOP rate
-        gained = low.seconds * total_flops / step_flops
-    else:
-        gained = 0.0
-    items = [(n.name, n.bytes * scale * ratio, gained * n.recompute_flops / total_flops if total_flops else 0.0)
-             for n in names]
+    items = [(n.name, n.bytes * scale * ratio, seconds)
+             for n, seconds in zip(names, name_seconds(low, high, names, scale, step_flops), strict=True)]
     room = float("inf") if high.fits and cap is None else usable - (low.peak_bytes or 0)
     if cap is not None:
         room = min(room, cap) - shrink
@@ -208,3 +202,32 @@ def _solve(low: Point, high: Point, names: Sequence[SynthesisName], scale: float
         return low.policy, 0.0, 0.0
     return names_spec(chosen, base=base).text, extra, saved
 
+
+def name_seconds(low: Point, high: Point, names: Sequence[SynthesisName], scale: float,
+                 step_flops: int = 0) -> list[float]:
+    """What saving each name takes off the step, fitted to the ends `low` (the base alone) and
+    `high` (every name on it). With the step's FLOPs known: a name saves its recompute at the step's
+    own FLOP rate (the low end's seconds over its FLOPs) and costs its bytes written and read back
+    at one price per byte, the price that makes the names' sum the ends' measured difference (none
+    where saving everything is faster than the FLOP rate alone says, or where every name saved does
+    not fit and has no time): a large tensor cheap to recompute (attention scores) costs time, a
+    projection's output saves it. Without the FLOPs, the ends' difference spread by recompute FLOPs.
+
+    >>> low, high = Point("nothing", 1, 10, True, 1.0, 1.0), Point("every", 1, 20, True, 0.9, 1.1)
+    >>> names = [SynthesisName("proj", 10, 300), SynthesisName("scores", 100, 100)]
+    >>> [round(s, 3) for s in name_seconds(low, high, names, 1.0, step_flops=1000)]
+    [0.273, -0.173]
+    """
+    flops = [n.recompute_flops * scale for n in names]
+    total_flops = sum(flops)
+    if not low.seconds or not total_flops:
+        return [0.0 for _ in names]
+    if not step_flops:  # the old rule: the ends' difference, by recompute FLOPs
+        gained = low.seconds - high.seconds if high.seconds else 0.0
+        return [gained * f / total_flops for f in flops]
+    rate = low.seconds / (step_flops * scale)  # seconds per FLOP, the step's own
+    traffic = [2 * n.bytes * scale for n in names]  # written in the forward pass, read in the backward
+    per_byte = 0.0
+    if high.seconds and sum(traffic):
+        per_byte = max(0.0, (rate * total_flops - (low.seconds - high.seconds)) / sum(traffic))
+    return [rate * f - per_byte * t for f, t in zip(flops, traffic, strict=True)]

@@ -142,7 +142,14 @@ def timed(kernel: Kernel, gpu: GpuModel) -> Timed:
 # time, its roofline below: no kernel of the profile beat its FLOPs at the peak) at the geometric
 # mean of the two. One constant on top (`TPU_EFFICIENCY`), fitted on the v5e's 1st, 3rd, ... rows of
 # bench/data/tpu-v5e-time.jsonl (the others are held out: docs/guide/tpu.md).
-TPU_EFFICIENCY = 1.003
+TPU_EFFICIENCY = 0.999
+# What a step pays on the chip beyond its kernels' work, run as a training loop runs it (steps
+# dispatched back to back): a cost per step and one per kernel run, the least-squares fit of measured
+# less estimated seconds on the 16 models' steps under 3 ms of bench/data/tpu-v5e-small.jsonl (no
+# kernel without libtpu's estimate; `bench/tpu_small.py --fit`). A 0.1 s step of 2,000 kernels pays
+# about 1.3 ms of it; a 0.4 ms step of 300 kernels about 0.35 ms (the estimate read it 2x fast).
+TPU_STEP_S = 0.19e-3
+TPU_KERNEL_S = 0.54e-6
 UNESTIMATED_CYCLES = 2**62  # libtpu writes INT64_MAX (9.2e18 cycles) for a kernel it cannot estimate
 NO_ESTIMATE = "no estimate"  # such a kernel's basis: its roofline, which the chip may run far above
 LIBTPU = "libtpu"
@@ -150,7 +157,8 @@ TPU_ESTIMATOR = "libtpu's cycle estimates and the roofline"
 TPU_METHOD = ("libtpu's estimated cycles per kernel at the chip's clock, memory-bound kernels at most their bytes at "
               "the HBM bandwidth the chip attains, GEMMs at the geometric mean of libtpu's estimate and their "
               f"roofline; x {TPU_EFFICIENCY} (fitted on a v5e); loops x trip count; collectives over ICI in the "
-              "scheduled order")
+              f"scheduled order; plus {TPU_STEP_S * 1e3:.2f} ms per step and {TPU_KERNEL_S * 1e6:.2f} us per "
+              "kernel run (measured on a v5e)")
 
 
 def ici_seconds(kernel: Kernel, chip: TpuModel) -> float:
@@ -194,6 +202,10 @@ def tpu_timed(kernel: Kernel, chip: TpuModel) -> Timed:
 def tpu_estimate(kernels: Iterable[Kernel], chip: TpuModel, devices: int, compile_seconds: float) -> StepTime:
     """A TPU step's time from the kernels libtpu compiled (`tpu_timed`), in its scheduled order."""
     found = _step([tpu_timed(k, chip) for k in kernels], chip.bf16_flops, devices, compile_seconds, TPU_METHOD)
+    if found.seconds is not None and found.seconds_low is not None and found.seconds_high is not None:
+        extra = TPU_STEP_S + TPU_KERNEL_S * found.kernels
+        found = dataclasses.replace(found, seconds=found.seconds + extra, seconds_low=found.seconds_low + extra,
+                                    seconds_high=found.seconds_high + extra, overhead_seconds=extra)
     return dataclasses.replace(found, device="chip", hardware=chip.name, estimator=TPU_ESTIMATOR)
 
 
@@ -441,6 +453,7 @@ def from_plain(raw: Mapping[str, object]) -> StepTime | None:
             floor_seconds=number("floor_seconds"),
             floor_kernels=count("floor_kernels"),
             unestimated=_names(raw.get("unestimated", [])),
+            overhead_seconds=number("overhead_seconds"),  # an entry made before it: estimated again
         )
     except _Invalid:
         return None
