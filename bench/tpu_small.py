@@ -5,6 +5,7 @@ item 2): what each kernel pays whatever its work, and the kernels libtpu cannot 
     PYTHONPATH=. python bench/tpu_small.py --on-chip --out $OUT/tpu-v5e-small.jsonl
     # here: the per-kernel cost fitted on the fitted rows, the held-out rows against it
     python bench/tpu_small.py --fit bench/data/tpu-v5e-small.jsonl
+    python bench/tpu_small.py --table bench/data/tpu-v5e-small.jsonl   # docs/guide/tpu.md's table
 
 Each case is one training step as te-ckpt-audit builds it (`_step.training_step`, AdamW, the
 state and trained arguments donated), compiled by the chip's libtpu. On the chip: the plan, and
@@ -190,16 +191,45 @@ def fit_rows(path: Path) -> None:
     print(f"fitted on {n} rows: {step * 1e3:.3f} ms per step, {kernel * 1e6:.3f} us per kernel run")
 
 
+def table(path: Path) -> None:
+    """The Markdown table of the chip's model steps against the estimate with the step's own cost
+    (the constants of `_steptime`), with the median and worst error of the steps of 0.3 ms to 1 s."""
+    from te_ckpt_audit.targets._steptime import TPU_EFFICIENCY, TPU_KERNEL_S, TPU_STEP_S
+
+    rows = [r for r in map(json.loads, path.read_text().splitlines())
+            if r.get("verdict") == "ran" and not r["case"].startswith("chain")]
+    print("| step | kernel runs | chip, ms | estimate, ms | error | estimate before, ms |")
+    print("|---|---:|---:|---:|---:|---:|")
+    errors = []
+    for r in rows:
+        before = r["estimated_seconds"] - r.get("overhead_seconds", 0.0)  # at the row's own constant
+        now = before / r["efficiency"] * TPU_EFFICIENCY + TPU_STEP_S + TPU_KERNEL_S * r["kernel_runs"]
+        error = now / r["seconds_per_step"] - 1
+        flag = " (a kernel libtpu gave no estimate)" if r.get("unestimated") else ""
+        if not r.get("unestimated") and 0.3e-3 <= r["seconds_per_step"] <= 1.0:
+            errors.append(abs(error))
+        print(f"| {r['case']}{flag} | {r['kernel_runs']:,} | {r['seconds_per_step'] * 1e3:.3f} | {now * 1e3:.3f} | "
+              f"{100 * error:+.1f}% | {before * 1e3:.3f} |")
+    errors.sort()
+    print(f"\nSteps of 0.3 ms to 1 s, every kernel estimated ({len(errors)}): median "
+          f"{100 * statistics.median(errors):.1f}%, worst {100 * errors[-1]:.1f}%, "
+          f"{sum(e < 0.10 for e in errors)} within 10%.")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--on-chip", action="store_true", help="compile and run every case on this machine's TPU")
     where.add_argument("--fit", type=Path, metavar="ROWS", help="the per-kernel cost from the chip's rows")
+    where.add_argument("--table", type=Path, metavar="ROWS", help="the Markdown table of the chip's rows")
     parser.add_argument("--only", default="", help="run only the cases whose name contains this")
     parser.add_argument("--out", type=Path, help="JSON lines, appended")
     args = parser.parse_args()
     if args.fit:
         fit_rows(args.fit)
+        return
+    if args.table:
+        table(args.table)
         return
     sys.path.insert(0, str(ROOT / "bench"))
     todo: list[Any] = [("step", c) for c in CASES if args.only in c[0]]

@@ -46,6 +46,7 @@ def audit(
     params: ParamsLike = ALL,
     tpu: TpuRequest | None = None,
     remat3: str | None = None,
+    name_lines: bool = False,
 ) -> AuditReport:
     """Audit `fn(*args)` under each policy; with `gpu`, also compile each policy's training step
     for that GPU (`te_ckpt_audit.gpus`) and report XLA:GPU's peak per device.
@@ -58,7 +59,8 @@ def audit(
     `TpuRequest(parse_tpu("v5e"))`), libtpu compiles each policy's step for that slice and the
     report holds its plan per chip and its verdict (the chip's own HBM check). `remat3`: "on"
     (JAX's new remat, `jax_remat3`), "off" (the current one), or "both" (the current one's results,
-    each policy under remat3 beside them); None: as JAX reads its flag (JAX_REMAT3).
+    each policy under remat3 beside them); None: as JAX reads its flag (JAX_REMAT3). `name_lines`:
+    each matmul line of the function's code gets the tool's checkpoint name (`<file stem>_<line>`).
 
     Array leaves of `args` may be `jax.ShapeDtypeStruct`s (nothing is allocated); other leaves are
     passed through as static values. With `mesh`, their NamedShardings place them on it (an input
@@ -78,7 +80,8 @@ def audit(
     gpu_arg(gpu)
     specs = None if policies is None else _some(parse_policies(policies, getattr(fn, "__name__", "fn")))
     own = (gpu is not None and gpu.step) or (tpu is not None and tpu.step)
-    session = Session.of_function(fn, *args, scope=Scope(scope), mesh=mesh, params=params, own_step=own)
+    session = Session.of_function(fn, *args, scope=Scope(scope), mesh=mesh, params=params, own_step=own,
+                                  name_lines=name_lines)
     session.use_remat3(remat3)
     chosen = (AS_IS,) if own and specs is None else (default_policies(session) if specs is None else specs)
     return session.report(chosen, compile=compile, gpu=gpu, tpu=tpu_arg(tpu))

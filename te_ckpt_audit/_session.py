@@ -152,14 +152,16 @@ class Session:
 
     @classmethod
     def of_function(cls, fn: Callable[..., Any], *args: Any, scope: Scope = Scope.AUTO, mesh: Placement = None,
-                    params: ParamsLike = ALL, own_step: bool = False) -> Session:
+                    params: ParamsLike = ALL, own_step: bool = False, name_lines: bool = False) -> Session:
         """Trace `fn(*args)`; with `mesh`, its inputs placed on it (their NamedShardings, or
         replicated). `params` names the trained arguments (positions or names; by default every
-        float input, as `jax.ad_checkpoint.saved_residuals(fn, *args)` differentiates them)."""
+        float input, as `jax.ad_checkpoint.saved_residuals(fn, *args)` differentiates them);
+        `name_lines`: the matmul lines of its code get the tool's checkpoint names."""
         name = getattr(fn, "__name__", "fn")
         with user_code(name), mesh_context(mesh):
             placed = args if mesh is None else place_args(args, mesh)
-            traced = trace(fn, placed, name, ALL if own_step else params, differentiable=not own_step)
+            traced = trace(fn, placed, name, ALL if own_step else params, differentiable=not own_step,
+                           name_lines=name_lines)
         _jax_is_jax(name)
         replicated = () if mesh is None else replicated_over(placed, mesh)
         return cls(traced, scope, mesh, own_step=own_step, replicated=replicated)

@@ -126,3 +126,15 @@ def test_a_target_may_name_a_tpu_slice_with_its_optimizer_and_fit(tmp_path) -> N
         bad = text.replace('tpu = "v5e"\n', "") + "\n" + extra if extra.startswith("tpu") else text + "\n" + extra
         with pytest.raises(UsageError, match=said):
             load_config(_write(tmp_path, bad))
+
+
+def test_a_target_may_ask_for_the_tools_names_on_its_matmul_lines(tmp_path) -> None:
+    """`name_lines = true` (like --name-lines): a gate may budget a policy over the tool's names,
+    gpt_52; anything but a bool is refused with the key named, not taken as on or off."""
+    named = GOOD.replace("max_recompute = 50", "max_recompute = 50\nname_lines = true")
+    (t,) = load_config(_write(tmp_path, named)).targets
+    assert t.name_lines is True
+    (plain,) = load_config(_write(tmp_path, GOOD)).targets
+    assert plain.name_lines is False
+    with pytest.raises(UsageError, match=r"targets\[0\]\.name_lines must be true or false, not 'yes'"):
+        load_config(_write(tmp_path, GOOD.replace("max_recompute = 50", 'max_recompute = 50\nname_lines = "yes"')))

@@ -142,3 +142,20 @@ def test_a_helper_that_several_lines_call_is_named_at_each_calling_line(tmp_path
     nothing = audit_target(f"{tmp_path / 'net.py'}:loss", ["nothing_saveable", "save_only_these_names:net_6"],
                            name_lines=True).results
     assert nothing[1].totals.activation_bytes - nothing[0].totals.activation_bytes == 3 * 8 * 64 * 4
+
+
+def test_the_python_api_names_a_functions_matmul_lines_too() -> None:
+    import jax
+    import jax.numpy as jnp
+
+    from te_ckpt_audit import audit
+
+    def loss(w: jax.Array, x: jax.Array) -> jax.Array:
+        h = jax.checkpoint(lambda x: jnp.tanh(x @ w))(x)
+        return jnp.sum(h * h)
+
+    args = (jax.ShapeDtypeStruct((64, 64), jnp.float32), jax.ShapeDtypeStruct((8, 64), jnp.float32))
+    name = f"test_naming_{loss.__code__.co_firstlineno + 1}"
+    both = audit(loss, *args, policies=["nothing_saveable", f"save_only_these_names:{name}"], name_lines=True)
+    nothing, saved = both.results
+    assert saved.totals.activation_bytes - nothing.totals.activation_bytes == 8 * 64 * 4

@@ -109,6 +109,14 @@ def test_where_saving_is_slower_nothing_is_saved() -> None:
                      base_seconds=0.05)
     found = synthesize(target.evaluate, target.costs(), 1, "batch", target.usable, max_compiles=16)
     assert found.best is not None and found.best.policy == "nothing_saveable"
+    from te_ckpt_audit.render.recommend import synthesis_lines
+
+    with_presets = synthesize(target.evaluate, target.costs(), 1, "batch", target.usable, max_compiles=16,
+                              presets=PRESETS)
+    best = with_presets.best  # checkpoint_dots saves time in this world: a preset is the answer
+    assert best is not None and best.policy == "checkpoint_dots"
+    assert synthesis_lines(with_presets)[-1] == ("  no set of names beats the presets here: the fastest is the "
+                                                 f"preset checkpoint_dots at batch={best.value} (estimates)")
 
 
 def test_the_compile_limit_is_kept_and_said() -> None:

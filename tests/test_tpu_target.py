@@ -18,7 +18,7 @@ from test_cli import MODEL, cli
 
 from te_ckpt_audit import UsageError, audit, audit_target
 from te_ckpt_audit.gpus import Optimizer
-from te_ckpt_audit.targets._steptime import TPU_ESTIMATOR
+from te_ckpt_audit.targets._steptime import TPU_ESTIMATOR, TPU_KERNEL_S
 from te_ckpt_audit.tpus import TpuRequest, parse_tpu
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -173,9 +173,12 @@ def _scan_time(layers: int) -> Any:
 def test_a_scan_of_8_layers_is_estimated_twice_a_scan_of_4() -> None:
     """libtpu's loops carry no known trip count: the estimate reads it from the loop's condition,
     so the layers' kernels count 8 times in one and 4 in the other, the rest (the step around the
-    loops) once in each."""
+    loops) once in each; the step's own cost (per step, per kernel run) is not the layers' work."""
     four, eight = _scan_time(4), _scan_time(8)
-    assert eight.seconds == pytest.approx(2 * four.seconds, rel=0.02)
+    work = [t.seconds - t.overhead_seconds for t in (four, eight) if t.seconds is not None]
+    assert work[1] == pytest.approx(2 * work[0], rel=0.02)
+    assert eight.overhead_seconds - four.overhead_seconds == pytest.approx(
+        TPU_KERNEL_S * (eight.kernels - four.kernels), rel=1e-6)
     assert eight.kernels > four.kernels
     assert four.device == "chip" and four.hardware == "v5e" and four.estimator == TPU_ESTIMATOR
     assert four.peak_flops == parse_tpu("v5e").model.bf16_flops

@@ -280,20 +280,17 @@ def synthesis_lines(t: Throughput) -> list[str]:
         verdict = "fits" if p.fits else "refused"
         out.append(f"  {t.keyword}={p.value}: {p.policy}: predicted {format_seconds(p.predicted_seconds)}, "
                    f"+{format_bytes(p.predicted_extra_bytes)} over saving nothing; {verdict}")
-    picked = {(p.policy, p.value) for p in s.proposals if p.fits}
-    made = [p for p in t.points if (p.policy, p.value) in picked and p.throughput]
-    preset = [p for p in t.points if p.fits and p.throughput and p.policy in s.presets]
-    if made and preset:
-        a = max(made, key=lambda p: p.throughput or 0.0)
-        b = max((p for p in preset if p.policy != a.policy or p.value != a.value), key=lambda p: p.throughput or 0.0,
-                default=None)
-        if a.policy in s.presets:
-            out.append(f"  the model saves no name for speed here: its pick is the preset {a.policy} "
-                       f"at {t.keyword}={a.value}")
-        elif b is not None:
-            gain = 100 * ((a.throughput or 0.0) / (b.throughput or 1.0) - 1)
-            out.append(f"  synthesized {a.policy} at {t.keyword}={a.value}: {gain:+.1f}% against the best preset "
-                       f"compiled, {b.policy} at {t.keyword}={b.value} (estimates)")
+    presets = [p for p in t.points if p.fits and p.throughput and p.policy in s.presets]
+    best = t.best
+    if best is not None and presets:
+        if best.policy in s.presets:
+            out.append(f"  no set of names beats the presets here: the fastest is the preset {best.policy} "
+                       f"at {t.keyword}={best.value} (estimates)")
+        else:
+            b = max(presets, key=lambda p: p.throughput or 0.0)
+            gain = 100 * ((best.throughput or 0.0) / (b.throughput or 1.0) - 1)
+            out.append(f"  synthesized {best.policy} at {t.keyword}={best.value}: {gain:+.1f}% against the best "
+                       f"preset compiled, {b.policy} at {t.keyword}={b.value} (estimates)")
     return out
 
 
