@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
-from collections.abc import Callable, Sequence
+import re
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Annotated, assert_never
 
 import typer
@@ -12,6 +15,7 @@ import typer
 from te_ckpt_audit import ShardingSource, UsageError, check_target
 from te_ckpt_audit.baselines import load_baseline
 from te_ckpt_audit.config import load_config
+from te_ckpt_audit.errors import AuditError
 from te_ckpt_audit.gpus import FractionSource, GpuRequest, gpu_environment
 from te_ckpt_audit.records import Run
 from te_ckpt_audit.render import render_check_github, render_check_json, render_check_markdown, render_check_table
@@ -23,8 +27,36 @@ from .options import CheckFormat, default_jobs
 
 ConfigPath = Annotated[
     str,
-    typer.Option("--config", metavar="PATH", help="The pyproject.toml holding [tool.te-ckpt-audit]."),
+    typer.Option("--config", metavar="PATH",
+                 help="The pyproject.toml holding [tool.te-ckpt-audit]; by default the nearest one, in this folder "
+                 "or the first above it that has one (as git, ruff and pytest look), run from its folder."),
 ]
+DEFAULT_CONFIG = "pyproject.toml"
+# the keys of a target's table, by the parameter names the library's errors give them
+_TARGET_WORDS = ("defines", "policies", "budgets", "budget", "inputs", "mesh", "params", "max_recompute",
+                 "peak_budgets", "tpu", "gpu", "optimizer", "donate", "step", "time", "scope", "shardings")
+
+
+def nearest_config(start: Path) -> Path | None:
+    """The nearest pyproject.toml holding [tool.te-ckpt-audit]: in `start` or a folder above it."""
+    for folder in (start, *start.parents):
+        candidate = folder / DEFAULT_CONFIG
+        if candidate.is_file() and "[tool.te-ckpt-audit" in candidate.read_text(errors="replace"):
+            return candidate
+    return None
+
+
+@contextlib.contextmanager
+def said_of_target(origin: str) -> Iterator[None]:
+    """A target's error in the config file's words: `-D hiden` is its `targets[0].defines hiden`,
+    `--policy` its `targets[0].policies` (the command line's flags are not what the user wrote)."""
+    try:
+        yield
+    except AuditError as err:
+        words = {k: f"{origin}.{k}" for k in _TARGET_WORDS}
+        err.template = re.sub(r"\$(\w+)\$", lambda m: words.get(m.group(1), m.group(0)), err.template)
+        err.hint_template = re.sub(r"\$(\w+)\$", lambda m: words.get(m.group(1), m.group(0)), err.hint_template)
+        raise
 SaveFlag = Annotated[
     bool,
     typer.Option(
@@ -71,6 +103,12 @@ def check(
     render = check_renderer(format)
     written = output
     terminal.check_report_destination(written)
+    if config == DEFAULT_CONFIG and not Path(config).exists():
+        found = nearest_config(Path.cwd())
+        if found is not None:  # the project's own folder, as pytest runs from its rootdir
+            written = None if written is None else str(Path(written).resolve())
+            os.chdir(found.parent)
+            terminal.say(f"{terminal.PROG}: using {found}")
     cfg = load_config(config)
     baseline = cfg.baseline
     reads = [("the config file", cfg.path), *([("the baseline", baseline)] if baseline is not None else [])]
@@ -99,12 +137,13 @@ def check(
     jobs = default_jobs() if any(t.gpu is not None for t in targets) else 1
     quiet_stdout, compiling_on = terminal.stdout_kept_for_the_report(), process.running(jobs)
     with quiet_stdout, terminal.progress_on_stderr() as progress, compiling_on as pool:
-        for t in targets:
-            runs.append(
-                check_target(t, baseline=reference, tolerance=cfg.tolerance, require_baseline=require_baseline,
-                             progress=progress, executor=pool, capture=process.xla_log_kept_off_stderr,
-                             known_names=True)
-            )
+        for i, t in enumerate(targets):
+            with said_of_target(f"{cfg.path}: targets[{i}]"):
+                runs.append(
+                    check_target(t, baseline=reference, tolerance=cfg.tolerance, require_baseline=require_baseline,
+                                 progress=progress, executor=pool, capture=process.xla_log_kept_off_stderr,
+                                 known_names=True)
+                )
     terminal.emit(render(runs), written)
     if save_baseline_flag:
         assert baseline is not None

@@ -44,7 +44,7 @@ from .files import check_writable
 FLAGS = {
     "params": "--params", "max_evals": "--max-evals", "max_compiles": "--max-compiles", "budget_bytes": "--budget",
     "budget": "--budget", "gpu": "--gpu", "gpu_config": "--gpu-config", "maximize": "--maximize", "defines": "-D",
-    "tpu": "--tpu", "synthesize": "--synthesize", "name_lines": "--name-lines",
+    "tpu": "--tpu", "synthesize": "--synthesize", "name_lines": "--name-lines", "budgets": "--budget POLICY=SIZE",
     "policies": "--policy", "tolerance": "--tolerance", "max_recompute": "--max-recompute", "fit": "--fit",
     "peak_budgets": "--peak-budget", "shardings": "--shardings", "mesh": "--mesh", "inputs": "--inputs",
     "save_baseline": "--save-baseline", "mem_fraction": "--mem-fraction", "donate": "--donate", "step": "--step",

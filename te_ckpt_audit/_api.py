@@ -53,7 +53,7 @@ def audit(
 
     `params` names the trained arguments (positions or parameter names): only they are
     differentiated and, on a GPU, given gradients, donation and optimizer state; the others are
-    the batch. By default every float input is, as `jax.ad_checkpoint.saved_residuals(fn, *args)`
+    the batch. By default every float input is, as `jax.ad_checkpoint.print_saved_residuals(fn, *args)`
     differentiates them; pass `params=0` for `loss(params, batch)`. With `gpu` of `step=True`,
     `fn` is a training step of the user's own, compiled as it is. With `tpu` (a TpuRequest:
     `TpuRequest(parse_tpu("v5e"))`), libtpu compiles each policy's step for that slice and the

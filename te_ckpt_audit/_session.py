@@ -155,7 +155,7 @@ class Session:
                     params: ParamsLike = ALL, own_step: bool = False, name_lines: bool = False) -> Session:
         """Trace `fn(*args)`; with `mesh`, its inputs placed on it (their NamedShardings, or
         replicated). `params` names the trained arguments (positions or names; by default every
-        float input, as `jax.ad_checkpoint.saved_residuals(fn, *args)` differentiates them);
+        float input, as `jax.ad_checkpoint.print_saved_residuals(fn, *args)` differentiates them);
         `name_lines`: the matmul lines of its code get the tool's checkpoint names."""
         name = getattr(fn, "__name__", "fn")
         with user_code(name), mesh_context(mesh):

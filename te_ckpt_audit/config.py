@@ -382,7 +382,8 @@ def _remat3(raw: dict[str, Any], where: str, p: Path) -> str | None:
     return value
 
 
-_TPU_KEYS = {"tpu", "optimizer", "fit"}  # a TPU target's keys: its slice, the update, the gate on libtpu's verdict
+_TPU_KEYS = {"tpu", "optimizer", "fit", "time"}  # a TPU target's: its slice, the update, the gate on libtpu's
+# verdict, the step's time (libtpu's estimate)
 
 
 def _tpu(raw: Mapping[str, Any], where: str, p: Path, devices: int | None) -> TpuRequest | None:
@@ -394,12 +395,14 @@ def _tpu(raw: Mapping[str, Any], where: str, p: Path, devices: int | None) -> Tp
     extra = sorted(set(raw) & (_GPU_KEYS | {"peak_budget", "peak_budgets", "step", "donate"}) - _TPU_KEYS)
     if extra:
         raise UsageError(f"{p}: {where}.{extra[0]} is about the step compiled for a GPU", "drop it for a TPU target")
-    name, optimizer = raw["tpu"], raw.get("optimizer")
+    name, optimizer, timed = raw["tpu"], raw.get("optimizer"), raw.get("time", False)
     if not isinstance(name, str):
         raise UsageError(f"{p}: {where}.tpu must be a string", 'e.g. tpu = "v5e" (`te-ckpt-audit tpus`)')
+    if not isinstance(timed, bool):
+        raise UsageError(f"{p}: {where}.time must be true or false, not {timed!r}", "e.g. time = true")
     try:
         chosen = None if optimizer is None else optimizers.Optimizer(optimizer)
-        return TpuRequest(parse_tpu(name, devices or 1), chosen)
+        return TpuRequest(parse_tpu(name, devices or 1), chosen, timed)
     except ValueError:
         raise UsageError(f"{p}: {where}.optimizer {optimizer!r} is not one of {optimizers.CHOICES}",
                          'e.g. optimizer = "adamw"') from None
@@ -413,8 +416,9 @@ def _size(value: object, key: str, where: str, p: Path) -> int:
         raise UsageError(f"{p}: {where}.{key} is not a size such as \"6GiB\": {value!r}", f'e.g. {key} = "6GiB"')
     try:
         return budget_size(value, key)
-    except UsageError as err:
-        raise UsageError(f"{p}: {where}.{err.message}", err.hint) from None
+    except UsageError as err:  # "$budget$ 12 has no unit" names the key itself; "not a size: ..." does not
+        said = err.message if err.template.startswith(f"${key}$") else f"{key} {err.message}"
+        raise UsageError(f"{p}: {where}.{said}", err.hint) from None
 
 
 def _params(raw: Mapping[str, Any], where: str, p: Path) -> tuple[int | str, ...] | Literal["all"] | None:

@@ -4,6 +4,7 @@ audit's records. Pure functions; no file is read or written here."""
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 from collections.abc import Mapping, Sequence
 
@@ -21,9 +22,11 @@ def check_budget_policies(budgets: Sequence[Budget], policies: Sequence[str]) ->
     """A budget for a policy that is not audited is a mistake (a typo would switch the gate off)."""
     for b in budgets:
         if b.policy is not None and b.policy not in policies:
+            close = difflib.get_close_matches(b.policy, policies, n=1)
             raise UsageError(
-                f"budget for {b.policy!r}, which is not among the audited policies",
-                f"add $policies$ {b.policy}, or audited: {', '.join(policies)}",
+                f"$budgets$ names {b.policy!r}, which is not among the audited policies",
+                (f"did you mean {close[0]!r}? " if close else "audit it too ($policies$), or budget ")
+                + f"one of the audited: {', '.join(policies)}",
             )
 
 

@@ -194,9 +194,12 @@ def find_config(name: str) -> str | None:
 def check_config_file(run: MaxTextRun) -> None:
     if not os.path.isfile(run.config):
         places = config_places(run.config)
-        looked = ", ".join(str(p) for p in places) if len(places) > 1 else "(no MaxText installed to look in)"
+        if len(places) <= 1:  # MaxText is not installed: nowhere to look for its configs
+            raise UsageError(f"no such MaxText config: {run.config}, and MaxText is not installed to look in",
+                             "install it on Python 3.12+: pip install -r zoo/maxtext-requirements.txt && pip "
+                             "install --no-deps maxtext==0.2.5 (docs/guide/maxtext.md), or give the YAML file's path")
         raise UsageError(f"no such MaxText config: {run.config}",
-                         f"a YAML file such as MaxText's configs/base.yml; looked in: {looked}")
+                         f"a YAML file such as MaxText's configs/base.yml; looked in: {', '.join(map(str, places))}")
     if not run.config.endswith(".yml"):  # MaxText reads any other name as a setting
         raise UsageError(f"MaxText reads its config only from a file named *.yml, not {run.config}",
                          f"rename it (or copy it) to {Path(run.config).stem}.yml")

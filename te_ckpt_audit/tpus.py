@@ -140,6 +140,14 @@ def parse_tpu(text: str, chips: int | None = None) -> TpuTarget:
     ('v5e:2x4', 16, 'v4:2x2x2')
     """
     name, colon, shape_text = text.partition(":")
+    named = re.fullmatch(r"\s*(v\w+?)-(\d{1,5})\s*", name) if not colon else None
+    if named and named.group(1).lower() in CATALOG:  # Cloud TPU's name for a slice (v5e-8, v5p-256)
+        model = tpu_model(named.group(1))
+        count = int(named.group(2))
+        chips_named = count // 2 if model.dimensions == 3 else count  # v4 and v5p names count TensorCores
+        shown = ":".join((model.name, "x".join(map(str, derived_shape(model, max(chips_named, 1))))))
+        raise UsageError(f"$tpu$ {text[:40]!r} is Cloud TPU's name for a slice of {chips_named} chips; $tpu$ takes "
+                         "CHIP or CHIP:TOPOLOGY", f"give {shown} (`te-ckpt-audit tpus` lists the chips)")
     model = tpu_model(name)
     if not colon:
         return TpuTarget(model, derived_shape(model, chips or 1))
@@ -151,9 +159,17 @@ def parse_tpu(text: str, chips: int | None = None) -> TpuTarget:
         raise UsageError(f"$tpu$ {text[:40]!r}: a {model.name} slice has {model.dimensions} dimensions",
                          f"e.g. {model.name}:{'x'.join(['2'] * model.dimensions)}")
     target = TpuTarget(model, shape)
+    if any(d & (d - 1) for d in shape):  # every side of a Cloud TPU slice is a power of two
+        near = derived_shape(model, 1 << max(target.chips - 1, 0).bit_length())
+        shown = ":".join((model.name, "x".join(map(str, near))))
+        raise UsageError(f"$tpu$ {text[:40]!r} is not a slice a {model.name} comes in: each side is a power of two",
+                         f"e.g. {shown}")
     if chips is not None and target.chips != chips:
+        fits = ":".join((model.name, "x".join(map(str, derived_shape(model, chips))))) if chips & (chips - 1) == 0 \
+            else None
         raise UsageError(f"$tpu$ {text[:40]!r} has {target.chips} chips and the mesh {chips} devices",
-                         f"give a mesh of {target.chips} devices, or the topology of {chips} chips")
+                         f"add $mesh$ data={target.chips} (a device per chip)"
+                         + (f", or give {fits} for {chips}" if fits else ""))
     return target
 
 
@@ -162,7 +178,8 @@ def derived_shape(model: TpuModel, chips: int) -> tuple[int, ...]:
     Cloud TPU slices are: 8 v5e chips are 2x4, 8 v4 chips 2x2x2."""
     if chips < 1 or chips & (chips - 1):
         raise UsageError(f"a TPU slice of {chips} chips: slices are powers of two",
-                         "give the mesh a power-of-two number of devices, or the topology (v5e:2x4)")
+                         f"give the mesh a power-of-two number of devices, or the topology ({model.name}:"
+                         f"{'x'.join(['2'] * model.dimensions)})")
     shape = [1] * model.dimensions
     i = 0
     while chips > 1:

@@ -11,6 +11,8 @@ from test_cli import MODEL, cli  # the same small model and runner as the CLI te
 
 from te_ckpt_audit import audit_target
 
+ROOT = Path(__file__).resolve().parent.parent
+
 POLICIES = ["checkpoint_dots", "everything_saveable"]
 
 
@@ -253,3 +255,48 @@ def test_a_budget_without_a_unit_below_a_mib_is_an_error(model: Path, given: str
     assert "has no unit" in result.stderr and "MiB" in result.stderr and "pyproject.toml" in result.stderr
     assert cli("model.py:loss", "--budget", "128").exit_code == ExitCode.USAGE
     assert cli("model.py:loss", "--budget", "128B", "-f", "json").exit_code == ExitCode.CHECK_FAILED
+
+
+def _project(tmp_path: Path, table: str) -> Path:
+    (tmp_path / "pyproject.toml").write_text(
+        f'[[tool.te-ckpt-audit.targets]]\ntarget = "{ROOT / "sample_models" / "mlp.py"}:loss"\n{table}\n')
+    (tmp_path / "src" / "deep").mkdir(parents=True)
+    return tmp_path
+
+
+def test_check_finds_the_projects_pyproject_in_a_folder_above(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 56, item 5: `check` from a subfolder said "no config file"; git, ruff and pytest look up."""
+    project = _project(tmp_path, 'budget = "1GiB"')
+    monkeypatch.chdir(project / "src" / "deep")
+    result = cli("check", "--format", "json")
+    assert result.exit_code == 0, result.stderr
+    assert f"using {project / 'pyproject.toml'}" in result.stderr
+
+
+@pytest.mark.parametrize(("table", "said"), [
+    ('budgets = { checkpoint_dot = "1MiB" }',
+     "pyproject.toml: targets[0].budgets names 'checkpoint_dot', which is not among the audited policies "
+     "(hint: did you mean 'checkpoint_dots'?"),
+    ("defines = { hiden = 256 }",
+     "pyproject.toml: targets[0].defines hiden: the inputs callable has no parameter 'hiden'"),
+    ('budget = "-1MiB"', "pyproject.toml: targets[0].budget not a size: '-1MiB'"),
+])
+def test_a_config_mistake_is_said_in_the_configs_own_words(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            table: str, said: str) -> None:
+    """Issue 56, item 5: a pyproject mistake was told as a command-line flag (`add --policy
+    checkpoint_dot`, `-D hiden`) or garbled (`targets[0].not a size`)."""
+    monkeypatch.chdir(_project(tmp_path, table))
+    result = cli("check")
+    assert result.exit_code == 2
+    assert result.stderr.startswith(f"te-ckpt-audit: error: {said}"), result.stderr
+    assert "--policy" not in result.stderr and "-D " not in result.stderr
+
+
+def test_a_tpu_targets_time_is_the_estimate_on_the_slice_not_a_gpu_key(tmp_path: Path) -> None:
+    """Issue 56, items 5 and 6: `time = true` on a TPU target was told to add gpu = "h100", and
+    dropped where it passed."""
+    from te_ckpt_audit.config import load_config
+
+    project = _project(tmp_path, 'tpu = "v5e"\ntime = true')
+    (t,) = load_config(project / "pyproject.toml").targets
+    assert t.tpu is not None and t.tpu.time and t.gpu is None

@@ -452,3 +452,19 @@ def test_a_bare_config_name_resolves_against_the_installed_maxtexts_configs(tmp_
         check_config_file(MaxTextRun("llama9_7b.yml"))
     assert "no such MaxText config: llama9_7b.yml" in str(err.value)
     assert str(package / "configs" / "gpu" / "models" / "llama9_7b.yml") in err.value.hint
+
+
+def test_without_maxtext_a_config_name_is_told_how_to_install_it(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 56, item 5: "(no MaxText installed to look in)" said nothing of how to install it."""
+    import importlib.util
+
+    from te_ckpt_audit.maxtext import check_config_file
+
+    if importlib.util.find_spec("maxtext") is not None:
+        pytest.skip("MaxText is installed here")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UsageError) as err:
+        check_config_file(MaxTextRun("base.yml"))
+    assert err.value.message == "no such MaxText config: base.yml, and MaxText is not installed to look in"
+    assert "pip install --no-deps maxtext==0.2.5" in err.value.hint and "Python 3.12" in err.value.hint

@@ -488,3 +488,19 @@ def test_no_pick_blames_what_failed_time_or_memory() -> None:
                                                         "estimated: NOT_FOUND: Cannot find key: sm_80")
     assert no_best_words(t(too_big), "h100").startswith("no point compiled fits the h100")
     assert no_best_words(t(broken)) == "no point compiled: it did not compile"
+
+
+def test_a_plain_jax_model_with_a_few_of_maxtexts_names_gets_no_maxtext_block() -> None:
+    """Issue 56, item 5: `recommend` printed MaxText's remat settings for the plain JAX GPT (its
+    `context`, `qkv_proj` and `out_proj` are MaxText's names, `ffn1` and `ffn2` are not); a model
+    named as MaxText names (the Llama sample, every name a MaxText key) keeps its block."""
+    import json as _json
+
+    from test_cli import cli
+
+    gpt = cli("recommend", "sample_models/gpt.py:loss", "--budget", "1MiB", "-f", "json")
+    llama = cli("recommend", "sample_models/llama.py:loss", "--budget", "1MiB", "-f", "json")
+    assert gpt.exit_code == llama.exit_code == 0, gpt.stderr + llama.stderr
+    assert _json.loads(gpt.stdout)["recommended"]["maxtext"] is None
+    assert "remat_policy" in _json.loads(llama.stdout)["recommended"]["maxtext"]
+    assert "MaxText" not in cli("recommend", "sample_models/gpt.py:loss", "--budget", "1MiB").stdout

@@ -234,18 +234,18 @@ def test_every_outcome_has_a_mark_symbol() -> None:
 
 def test_markdown_tables_have_every_column_and_policy(report: AuditReport) -> None:
     lines = render_markdown(report).splitlines()
-    header = next(line for line in lines if line.startswith("| policy | scope"))
+    header = next(line for line in lines if line.startswith("| # | policy | scope"))  # numbered: "kept by #"
     from te_ckpt_audit.render._common import GPU_HEADERS, PER_DEVICE, QUANTIZATION_HEADERS  # the goldens hold lines
 
     # XLA columns only with --compile, 'per device' only on a mesh, the GPU's table only with --gpu,
     # quantization only where the model quantizes
     without_xla = [h for h in COLUMNS if not h.startswith("XLA") and h != PER_DEVICE
                    and (h not in GPU_HEADERS or h == "activation") and h not in QUANTIZATION_HEADERS]
-    assert header.count("|") == len(without_xla) + 1
+    assert header.count("|") == len(without_xla) + 2
     start = lines.index(header)
     body = [line for line in lines[start + 2 :] if line.startswith("| ")]
-    policies = [row.split(" | ")[0][2:] for row in body[: len(report.results)]]
-    assert policies == [r.policy for r in report.results]
+    numbered = [tuple(row.split(" | ")[:2]) for row in body[: len(report.results)]]
+    assert numbered == [(f"| {i}", r.policy) for i, r in enumerate(report.results, 1)]
 
 
 def test_the_check_table_takes_the_width_its_names_need() -> None:

@@ -55,7 +55,14 @@ def test_the_tpus_command_lists_every_chip_with_its_sources() -> None:
     assert result.exit_code == 0
     for name in CATALOG:
         assert any(line.startswith(name + " ") for line in result.stdout.splitlines())
-    assert result.stdout.count("Google Cloud TPU documentation") == len(CATALOG)
+    assert " ".join(result.stdout.split()).count("Google Cloud TPU documentation") == len(CATALOG)  # lines wrap
+
+
+def test_the_tpus_command_keeps_to_the_terminals_width() -> None:
+    """Issue 56, item 5: `tpus` printed 190-column lines whatever the terminal."""
+    result = cli("tpus", env={"COLUMNS": "80"})
+    assert result.exit_code == 0 and max(len(line) for line in result.stdout.splitlines()) <= 80
+    assert sum(line.startswith(tuple(f"{n} " for n in CATALOG)) for line in result.stdout.splitlines()) == len(CATALOG)
 
 
 def _rows(name: str) -> dict[str, dict]:
@@ -389,3 +396,23 @@ def test_the_steps_own_cost_is_the_fit_on_the_chips_small_steps() -> None:
              for r in models]
     assert len(models) == 23 and min(before) < -0.9
     assert max(abs(e) for e in after) < 0.21 and sum(abs(e) < 0.10 for e in after) == 16
+
+
+@pytest.mark.parametrize(("text", "chips", "message", "hint"), [
+    ("v5e-8", None, "$tpu$ 'v5e-8' is Cloud TPU's name for a slice of 8 chips; $tpu$ takes CHIP or CHIP:TOPOLOGY",
+     "give v5e:2x4"),
+    ("v5p-256", None, "$tpu$ 'v5p-256' is Cloud TPU's name for a slice of 128 chips", "give v5p:4x4x8"),
+    ("v5e:1x3", None, "$tpu$ 'v5e:1x3' is not a slice a v5e comes in: each side is a power of two", "e.g. v5e:2x2"),
+    ("v5e:2x4", 1, "$tpu$ 'v5e:2x4' has 8 chips and the mesh 1 devices", "add $mesh$ data=8"),
+    ("v6e", 3, "a TPU slice of 3 chips: slices are powers of two", "v6e:2x2"),
+])
+def test_a_tpu_name_the_tool_cannot_take_is_told_the_one_it_can(text: str, chips: int | None, message: str,
+                                                                 hint: str) -> None:
+    """Issue 56, item 5: `--tpu v5e-8` was told `v5e` (1 chip), a v6e error hinted `v5e:2x4`, and
+    item 6: `--tpu v5e:1x3` was taken as a slice (v5e has none) and "fit"."""
+    from te_ckpt_audit import UsageError
+    from te_ckpt_audit.tpus import parse_tpu
+
+    with pytest.raises(UsageError) as err:
+        parse_tpu(text, chips)
+    assert err.value.template.startswith(message) and hint in err.value.hint_template

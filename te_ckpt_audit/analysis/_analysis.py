@@ -157,7 +157,8 @@ def failed(traced: Traced, spec: PolicySpec, scope: Scope, error: TargetError) -
 
 def residual_outputs(jaxpr: jc.Jaxpr) -> list[tuple[jc.Atom, ResidualKind, int]]:
     """(value, kind, index of the forward jaxpr's output that returns it) of each residual, in
-    the order and with the deduplication of `jax.ad_checkpoint.saved_residuals`."""
+    the order and with the deduplication of JAX's own `saved_residuals` (what
+    `jax.ad_checkpoint.print_saved_residuals` prints)."""
     subst = {e.outvars[0]: e.invars[0] for e in jaxpr.eqns if e.primitive is jc.reduce_precision_p}
     first: dict[jc.Atom, int] = {}  # each residual value -> the first output returning it
     for i, v in enumerate(jaxpr.outvars):
@@ -204,7 +205,8 @@ _QUANTIZED_DTYPES = ("float8_e4m3", "float8_e5m2", "float4")  # data types of qu
 
 
 def _residuals(traced: Traced, jaxpr: jc.Jaxpr) -> list[Residual]:
-    """The residual set exactly as `jax.ad_checkpoint.saved_residuals` forms it, with provenance."""
+    """The residual set exactly as JAX's own `saved_residuals` forms it (what
+    `jax.ad_checkpoint.print_saved_residuals` prints), with provenance."""
     resolver = _Resolver()
     made: dict[int, tuple[jc.JaxprEqn | None, _ProducerFacts]] = {}  # id(eqn) -> (eqn, what it says): layers share them
     types: dict[jc.AbstractValue, tuple[tuple[int, ...], str, int]] = {}

@@ -325,7 +325,7 @@ def trained_note(report: AuditReport) -> str | None:
     if t is None:
         return None
     if t.arguments is None:
-        return f"Differentiated: every float input ({len(t.inputs)}), as jax.ad_checkpoint.saved_residuals does."
+        return f"Differentiated: every float input ({len(t.inputs)}), as jax.ad_checkpoint.print_saved_residuals does."
     shown = ", ".join(f"args[{a}]" for a in t.arguments) + f" ({len(t.inputs)} arrays)"
     why = " (the default: the first argument, as jax.grad trains it)" if t.convention else ""
     return f"Trained: {shown}{why}; the other inputs are the batch, not differentiated."
@@ -377,7 +377,8 @@ def _per_device(_: AuditReport, r: PolicyResult) -> str:
 def mesh_note(report: AuditReport) -> str:
     assert report.mesh is not None
     source = _SOURCE_WORDS.get(report.sharding_source, "") if report.sharding_source else ""
-    return MESH_NOTE.format(mesh=report.mesh, devices=report.mesh.devices, source=source)
+    sharded = f", each residual sharded {source}" if source else ""  # no half sentence where it is not known
+    return MESH_NOTE.format(mesh=report.mesh, devices=report.mesh.devices, sharded=sharded)
 
 
 def shown_columns(report: AuditReport, headers: tuple[str, ...]) -> tuple[str, ...]:
@@ -389,9 +390,9 @@ def shown_columns(report: AuditReport, headers: tuple[str, ...]) -> tuple[str, .
 
 
 MESH_NOTE = (
-    "Mesh {mesh} ({devices} devices): 'per device' is the activation bytes one device keeps, each "
-    "residual sharded {source}. Budgets and baselines apply per device; the other byte columns are "
-    "global; XLA's columns are per device."
+    "Mesh {mesh} ({devices} devices): 'per device' is the activation bytes one device keeps{sharded}. "
+    "Budgets and baselines apply per device; the other byte columns are global; XLA's columns are per "
+    "device."
 )
 _SOURCE_WORDS = {
     ShardingSource.COMPILED: "as XLA's SPMD partitioner shards it (compiled for virtual CPU devices)",
@@ -581,12 +582,26 @@ def _time(field: Callable[[StepTime], str]) -> Callable[[AuditReport, PolicyResu
 
 
 def format_seconds(s: float) -> str:
-    """Seconds as a step time reads: 3 significant figures, ms below a second.
+    """Seconds as a step time reads: 3 significant figures, ms below a second, never in exponent
+    notation (a kernel of 24 ns is "< 0.001 ms", not "2.4e-05 ms").
 
-    >>> format_seconds(1.2345), format_seconds(0.01234), format_seconds(0.0000123)
-    ('1.23 s', '12.3 ms', '0.0123 ms')
+    >>> format_seconds(1.2345), format_seconds(0.01234), format_seconds(0.0000123), format_seconds(2.39e-11)
+    ('1.23 s', '12.3 ms', '0.0123 ms', '< 0.001 ms')
     """
-    return f"{s:.3g} s" if s >= 1 else f"{s * 1e3:.3g} ms"
+    return f"{format_ms(s * 1e3)} ms" if s < 1 else (f"{s:.3g} s" if s < 1000 else f"{s:,.0f} s")
+
+
+def format_ms(ms: float) -> str:
+    """Milliseconds in a column of them: 3 significant figures, never an exponent.
+
+    >>> format_ms(12345.6), format_ms(1.234), format_ms(0.00123), format_ms(2.39e-08), format_ms(0)
+    ('12,346', '1.23', '0.00123', '< 0.001', '0')
+    """
+    if ms == 0:
+        return "0"
+    if ms < 0.001:
+        return "< 0.001"
+    return f"{ms:,.0f}" if ms >= 1000 else f"{ms:.3g}"
 
 
 def format_rate(flops_per_second: float) -> str:
@@ -747,7 +762,7 @@ def kernels_title(result: PolicyResult, others: tuple[str, ...]) -> str:
 
 def costliest_rows(t: StepTime) -> list[list[str]]:
     """The ten costliest kernels of a step, as rows under KERNEL_HEADERS."""
-    return [[k.name, k.kind.value, f"{k.total_seconds * 1e3:.3g}", str(k.runs), k.basis, k.source or "-"]
+    return [[k.name, k.kind.value, format_ms(k.total_seconds * 1e3), str(k.runs), k.basis, k.source or "-"]
             for k in t.costliest]
 
 

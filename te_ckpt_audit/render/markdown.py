@@ -90,10 +90,10 @@ def render_markdown(report: AuditReport, top: int = 10, by: HotspotKey | None = 
         "Bytes are residuals kept for the backward pass; TE GEMM, dot, named and other split "
         "the activation bytes.",
         "",
-        *md_table(
-            [c.header for c in columns],
-            [[c.cell(report, r) for c in columns] for r in report.results],
-            [c.numeric for c in columns],
+        *md_table(  # numbered, as the terminal's: the residuals' "kept by #" refers to these numbers
+            ["#", *(c.header for c in columns)],
+            [[str(i), *(c.cell(report, r) for c in columns)] for i, r in enumerate(report.results, 1)],
+            [True, *(c.numeric for c in columns)],
         ),
         "",
     ]

@@ -127,11 +127,13 @@ def maxtext_config(c: Candidate, names: tuple[str, ...]) -> str:
 
 
 def maxtext_block(c: Candidate, names: tuple[str, ...]) -> str | None:
-    """The candidate as MaxText's remat settings where the model is MaxText's (its names are
-    MaxText's keys, or the candidate is one of MaxText's policies), else None: a plain Flax or JAX
-    model gets no MaxText block. A preset MaxText has no setting for is said plainly, never written
-    as a custom policy that recomputes every key."""
-    if c.maxtext_policy is None and not set(names) & set(MAXTEXT_KEYS) and _minimal_with_quantization(c) is None:
+    """The candidate as MaxText's remat settings where the model is MaxText's (every one of its
+    names is a MaxText key, or the candidate is one of MaxText's policies), else None: a plain Flax
+    or JAX model gets no MaxText block, also where a few of its names happen to be MaxText's
+    (`context`, `out_proj` beside `ffn1`). A preset MaxText has no setting for is said plainly,
+    never written as a custom policy that recomputes every key."""
+    maxtext_named = bool(names) and set(names) <= set(MAXTEXT_KEYS)
+    if c.maxtext_policy is None and not maxtext_named and _minimal_with_quantization(c) is None:
         return None
     if c.kind is CandidateKind.PRESET and c.maxtext_policy is None:
         return (f"# MaxText has no remat_policy for {c.policy}: its custom policy saves, offloads or recomputes\n"

@@ -5,7 +5,7 @@ not differentiated.
 A target follows `jax.grad`'s convention (`argnums=0`, `loss(params, batch)`): its first argument
 is trained, or its only one; where the first argument holds no float array, every float input is.
 A function given to `audit(fn, *args)` is differentiated in every float input, as
-`jax.ad_checkpoint.saved_residuals(fn, *args)` differentiates it, unless `params` says otherwise.
+`jax.ad_checkpoint.print_saved_residuals(fn, *args)` differentiates it, unless `params` says otherwise.
 """
 
 from __future__ import annotations
