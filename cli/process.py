@@ -93,9 +93,9 @@ def prepare(gpu: str | None, devices: int | None, target: GpuModel | None = None
     """The process a command needs before its first trace: on the emulated GPU `gpu` where one is
     asked for (else the `target` GPU's, where the emulated driver is set up), with `devices` CPU
     devices for a compiled mesh (each may run the command again), and with JAX on CPU when a step
-    is compiled for a `target` GPU, whose XLA_FLAGS XLA must take."""
-    if target is not None and not os.environ.get(REEXEC_MARKER) and not emulate.emulating():
-        check_xla_flags(os.environ.get("XLA_FLAGS", ""))  # once, before this command runs again
+    is compiled for a `target` GPU or a TPU; XLA_FLAGS that XLA refuses are a UsageError first."""
+    if not os.environ.get(REEXEC_MARKER) and not emulate.emulating():  # every command starts XLA, which
+        check_xla_flags(os.environ.get("XLA_FLAGS", ""))  # ends on a flag it refuses: once, before any work
     if gpu is None and target is not None and not emulate.emulating() and emulate.has_fakecuda():
         gpu = target.emulated
     if gpu is not None:

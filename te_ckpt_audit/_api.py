@@ -78,8 +78,10 @@ def audit(
         raise UsageError(f"audit takes the function to differentiate, not {type(fn).__name__} {fn!r}"[:120],
                          "audit(fn, *args); audit_target('model.py:loss') takes a target's text")
     gpu_arg(gpu)
+    tpu_arg(tpu)  # a TpuRequest or None, before anything reads it
     specs = None if policies is None else _some(parse_policies(policies, getattr(fn, "__name__", "fn")))
     own = (gpu is not None and gpu.step) or (tpu is not None and tpu.step)
+    _no_remat3_comparison_of_a_step(own, remat3)
     session = Session.of_function(fn, *args, scope=Scope(scope), mesh=mesh, params=params, own_step=own,
                                   name_lines=name_lines)
     session.use_remat3(remat3)
@@ -128,8 +130,10 @@ def audit_target(
     check_target_arg(target)
     placement = mesh_arg(mesh)
     gpu_arg(gpu)
+    tpu_arg(tpu)
     specs = None if policies is None else _some(parse_policies(policies, target))  # bad specs fail before it runs
     own = (gpu is not None and gpu.step) or (tpu is not None and tpu.step)
+    _no_remat3_comparison_of_a_step(own, remat3)
     session = Session.of_target(
         target, inputs=inputs, defines=defines, scope=Scope(scope), mesh=placement,
         shardings=ShardingSource(shardings), params=params, own_step=own, name_lines=name_lines, progress=progress,
@@ -138,6 +142,16 @@ def audit_target(
     chosen = (AS_IS,) if own and specs is None else (default_policies(session) if specs is None else specs)
     return session.report(chosen, compile=compile, gpu=gpu, progress=progress, executor=executor, capture=capture,
                           tpu=tpu_arg(tpu))
+
+
+def _no_remat3_comparison_of_a_step(own_step: bool, remat3: str | None) -> None:
+    """`remat3="both"` compares what each policy saves under JAX's two remats; a training step of
+    the user's own is compiled as it is, no policy audited: there is nothing to compare (it was
+    dropped without a word)."""
+    if own_step and remat3 == "both":
+        raise UsageError("$remat3$ both compares the policies' saved sets under JAX's two remats; $step$ compiles "
+                         "a training step of the target's own, whose residuals are not audited",
+                         "$remat3$ on (or off) compiles the step under that remat; drop $step$ to compare policies")
 
 
 def _some(specs: tuple[PolicySpec, ...]) -> tuple[PolicySpec, ...]:
@@ -153,6 +167,8 @@ def check_config(config: TargetConfig, tolerance: float = 0.0) -> None:
     percent_limit(tolerance, "tolerance")
     if config.max_recompute is not None:
         percent_limit(config.max_recompute, "max_recompute")
+    _no_remat3_comparison_of_a_step(bool((config.gpu and config.gpu.step) or (config.tpu and config.tpu.step)),
+                                    config.remat3)
     specs = parse_policies(config.policies, config.target) if config.policies else ()
     policies = [s.text for s in specs] if specs else (AS_IS, *DEFAULT_POLICIES)  # as-is: the defaults with checkpoints
     check_budget_policies(config.budgets, policies)

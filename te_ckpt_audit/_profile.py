@@ -90,6 +90,15 @@ def read_profile(path: str | Path) -> Profile:
                          f"latency_us from 0 to {MAX_COST_US:g}", HINT)
     if not costs:
         raise UsageError(f"{what} {path} holds no instruction costs", HINT)
+    seen: dict[str, float] = {}
+    for name, cost in costs:  # two costs for one instruction: which one was measured is not known
+        if name in seen and seen[name] != cost:
+            raise UsageError(f"{what} {path} gives {name!r} two costs ({seen[name]:g} and {cost:g} us)",
+                             "keep one cost per instruction (one step's profile)")
+        seen[name] = cost
+    if not any(cost > 0 for _, cost in costs):  # a step of measured kernels takes time: all zero is no profile
+        raise UsageError(f"{what} {path}: every cost is 0 us, so the step would take no time",
+                         "give the costs a profiler measured (cost_us of each instruction)")
     return Profile(str(path), tuple(costs), tuple(latencies))
 
 

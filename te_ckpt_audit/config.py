@@ -265,6 +265,9 @@ def _near_miss_tables(tool: Mapping[str, object], path: Path) -> None:
 
 def load_config(path: str | Path = "pyproject.toml") -> Config:
     """Read and validate `[tool.te-ckpt-audit]`; every problem is a UsageError naming the key."""
+    if not isinstance(path, str | Path):
+        raise UsageError(f"load_config takes a pyproject.toml's path, not {type(path).__name__}",
+                         'load_config("pyproject.toml")')
     p = Path(path)
     try:
         text = read_text(p, "config", "pass --config PATH to a pyproject.toml")

@@ -79,6 +79,8 @@ ALIASES = {"v5litepod": "v5e", "v5lite": "v5e", "trillium": "v6e"}
 
 def tpu_model(name: str) -> TpuModel:
     """A catalog chip by name (`v5e`, `v6e`, ...), or a UsageError with the closest names."""
+    if not isinstance(name, str):
+        raise UsageError(f"$tpu$ wants a chip's name such as 'v5e', not {type(name).__name__}", "tpu_model('v5e')")
     key = ALIASES.get(name.strip().lower(), name.strip().lower())
     if key in CATALOG:
         return CATALOG[key]
@@ -127,6 +129,11 @@ class TpuRequest:
                              'tpu=TpuRequest(parse_tpu("v5e"))')
         if type(self.time) is not bool or type(self.step) is not bool:
             raise UsageError(f"$time$ and $step$ are True or False, not {self.time!r}, {self.step!r}", "time=True")
+        if not (isinstance(self.donate, tuple) and all(type(d) is int and d >= 0 for d in self.donate)):
+            raise UsageError(f"$donate$ wants a tuple of argument positions, not {self.donate!r}"[:120], "donate=(0,)")
+        if self.donate and not self.step:  # as on a GPU: only a step of the user's own donates what it says
+            raise UsageError("$donate$ names the arguments a training step of the target's own donates",
+                             "add $step$")
         if self.step and self.optimizer is not None:
             raise UsageError("$optimizer$ adds an update to the step te-ckpt-audit builds; $step$ brings its own",
                              "drop one of them")
@@ -139,6 +146,11 @@ def parse_tpu(text: str, chips: int | None = None) -> TpuTarget:
     >>> parse_tpu("v5e", 8).topology, parse_tpu("v5e:4x4").chips, parse_tpu("v4", 8).topology
     ('v5e:2x4', 16, 'v4:2x2x2')
     """
+    if not isinstance(text, str):
+        raise UsageError(f"$tpu$ wants a chip's name such as 'v5e' or 'v5e:2x4', not {type(text).__name__}",
+                         'parse_tpu("v5e")')
+    if chips is not None and (type(chips) is not int or chips < 1):
+        raise UsageError(f"chips {chips!r} must be a count of devices, 1 or more"[:120], 'parse_tpu("v5e", 8)')
     name, colon, shape_text = text.partition(":")
     named = re.fullmatch(r"\s*(v\w+?)-(\d{1,5})\s*", name) if not colon else None
     if named and named.group(1).lower() in CATALOG:  # Cloud TPU's name for a slice (v5e-8, v5p-256)
@@ -150,7 +162,7 @@ def parse_tpu(text: str, chips: int | None = None) -> TpuTarget:
                          "CHIP or CHIP:TOPOLOGY", f"give {shown} (`te-ckpt-audit tpus` lists the chips)")
     model = tpu_model(name)
     if not colon:
-        return TpuTarget(model, derived_shape(model, chips or 1))
+        return _within_a_pod(TpuTarget(model, derived_shape(model, chips or 1)), text)
     if not re.fullmatch(r"[1-9]\d{0,3}(x[1-9]\d{0,3}){1,2}", shape_text.strip()):
         raise UsageError(f"$tpu$ {text[:40]!r}: {shape_text[:20]!r} is not a topology",
                          f"e.g. {model.name}:{'x'.join(['2'] * model.dimensions)}")
@@ -164,12 +176,26 @@ def parse_tpu(text: str, chips: int | None = None) -> TpuTarget:
         shown = ":".join((model.name, "x".join(map(str, near))))
         raise UsageError(f"$tpu$ {text[:40]!r} is not a slice a {model.name} comes in: each side is a power of two",
                          f"e.g. {shown}")
+    _within_a_pod(target, text)
     if chips is not None and target.chips != chips:
         fits = ":".join((model.name, "x".join(map(str, derived_shape(model, chips))))) if chips & (chips - 1) == 0 \
             else None
         raise UsageError(f"$tpu$ {text[:40]!r} has {target.chips} chips and the mesh {chips} devices",
                          f"add $mesh$ data={target.chips} (a device per chip)"
                          + (f", or give {fits} for {chips}" if fits else ""))
+    return target
+
+
+POD_SIDE_2D = 16  # a v5e or v6e pod is 16x16 chips (256): libtpu aborts the process on a longer side
+
+
+def _within_a_pod(target: TpuTarget, text: str) -> TpuTarget:
+    """`target`, or a UsageError where a 2D chip's slice is larger than its pod (libtpu would end
+    the process: `chip_bounds().y <= 16`)."""
+    if target.model.dimensions == 2 and max(target.shape) > POD_SIDE_2D:
+        raise UsageError(f"$tpu$ {text[:40]!r}: {target.topology} is larger than a {target.model.name} pod "
+                         f"({POD_SIDE_2D}x{POD_SIDE_2D}, {POD_SIDE_2D ** 2} chips)",
+                         f"give at most {POD_SIDE_2D ** 2} devices ($mesh$), or {target.model.name}:16x16")
     return target
 
 

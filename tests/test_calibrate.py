@@ -74,6 +74,9 @@ def test_binary_and_text_profiles_read_the_same(tmp_path: Path) -> None:
     (b'costs { name: "x" cost_us: -1 }', "cost_us from 0 to"),
     (b'costs { name: "x" cost: 1 }', "cost"),
     (b"\xff\xfe\x00garbage", "neither a binary nor a text"),
+    # issue 56, item 6: the last of two costs won; an all-zero profile made a 0 s step, exit 0
+    (b'costs { name: "x" cost_us: 1 } costs { name: "x" cost_us: 2 }', "gives 'x' two costs"),
+    (b'costs { name: "x" cost_us: 0 } costs { name: "y" cost_us: 0 }', "every cost is 0 us"),
 ])
 def test_a_bad_profile_is_a_usage_error(tmp_path: Path, content: bytes, said: str) -> None:
     path = tmp_path / "p"
@@ -109,3 +112,17 @@ def test_a_non_octal_digit_escape_is_a_usage_error_not_an_internal_one(escape: s
     with pytest.raises(UsageError, match=r"unknown escape"):
         _textproto._unquote(f'"a{escape}b"')
     assert _textproto._unquote('"\\101\\7"') == "A\a"
+
+
+def test_a_profile_calibrates_a_gpu_without_xlas_cost_tables_too() -> None:
+    """Issue 56, item 6: `--gpu a100 --time --calibrate p.txt` ignored the profile: a GPU XLA has no
+    cost tables for is timed at the roofline, and the measured costs win over it as over the tables."""
+    kernels = _two_gemms()
+    measured_us = 250.0
+    profile = Profile("p.txt", (("mm", measured_us),))
+    plain = steptime.estimate(kernels, H100, 1, 0.0, no_table="sm_80")
+    found = steptime.estimate(kernels, H100, 1, 0.0, profile, no_table="sm_80")
+    assert found.calibration is not None and found.calibration.measured == 1
+    assert found.calibration.estimated_seconds == plain.seconds and found.seconds != plain.seconds
+    assert {k.name: k.basis for k in found.costliest}["mm"] == steptime.MEASURED
+    assert found.estimator == plain.estimator == steptime.ROOFLINE_ESTIMATOR

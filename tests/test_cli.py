@@ -431,3 +431,11 @@ def test_counts_are_worded_in_the_singular_and_the_plural() -> None:
 
     assert [counted(n, "policy") for n in (0, 1, 2)] == ["0 policies", "1 policy", "2 policies"]
     assert counted(1, "point") == "1 point" and counted(8, "point") == "8 points"
+
+
+def test_xla_flags_xla_refuses_are_a_usage_error_on_every_command_that_starts_xla() -> None:
+    """Issue 56, item 6: `XLA_FLAGS=--xla_bogus_flag=1 ... --tpu` ended in XLA's fatal log, exit 1
+    (a failed check, to CI); only `--gpu` checked the flags first. A plain audit starts XLA too."""
+    result = cli("sample_models/mlp.py:loss", "-p", "nothing_saveable", env={"XLA_FLAGS": "--xla_bogus_flag=1"})
+    assert result.exit_code == 2
+    assert result.stderr.startswith("te-ckpt-audit: error: XLA_FLAGS: XLA does not know --xla_bogus_flag=1")

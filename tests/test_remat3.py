@@ -310,3 +310,13 @@ def test_a_flag_jax_cannot_read_is_a_usage_error_naming_it(variable: str, value:
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr == (f"te-ckpt-audit: error: {variable}={value} is not a value JAX takes (hint: set {variable} "
                            "to 1 or 0, true or false, or unset it)\n")
+
+
+def test_remat3_both_on_a_step_of_the_users_own_is_refused_not_dropped() -> None:
+    """Issue 56, item 6: `--step --tpu v5e --remat3 both` dropped the comparison without a word."""
+    from te_ckpt_audit import TargetConfig, UsageError, check_target
+    from te_ckpt_audit.gpus import GpuRequest, gpu_model
+
+    config = TargetConfig("sample_models/mlp.py:loss", gpu=GpuRequest(gpu_model("h100"), step=True), remat3="both")
+    with pytest.raises(UsageError, match="remat3 both compares the policies' saved sets"):
+        check_target(config)

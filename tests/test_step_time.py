@@ -205,16 +205,24 @@ QDQ = """HloModule m, entry_computation_layout={(bf16[128,256]{1,0}, bf16[256,25
   ROOT %both = (bf16[128,256]{1,0}, bf16[]) tuple(%gdq, %amax)
 }
 
+%qdqw (p: bf16[256,256]) -> bf16[256,256] {
+  %p = bf16[256,256]{1,0} parameter(0)
+  %q = f8e4m3fn[256,256]{1,0} convert(%p)
+  ROOT %dq = bf16[256,256]{1,0} convert(%q)
+}
+
 ENTRY %main (x: bf16[128,256], w: bf16[256,256]) -> bf16[128,256] {
   %x = bf16[128,256]{1,0} parameter(0)
   %w = bf16[256,256]{1,0} parameter(1)
   %x8 = bf16[128,256]{1,0} fusion(%x), kind=kLoop, calls=%qdq
   %t = bf16[128,256]{1,0} bitcast(%x8)
-  %mm = (bf16[128,256]{1,0}, s8[1024]{0}) custom-call(%t, %w), custom_call_target="__cublas$lt$matmul", backend_config={"gemm_backend_config":{"dot_dimension_numbers":{"lhs_contracting_dimensions":["1"],"rhs_contracting_dimensions":["0"]}}}
+  %w8 = bf16[256,256]{1,0} fusion(%w), kind=kLoop, calls=%qdqw
+  %mm = (bf16[128,256]{1,0}, s8[1024]{0}) custom-call(%t, %w8), custom_call_target="__cublas$lt$matmul", backend_config={"gemm_backend_config":{"dot_dimension_numbers":{"lhs_contracting_dimensions":["1"],"rhs_contracting_dimensions":["0"]}}}
   %plain = (bf16[128,256]{1,0}, s8[1024]{0}) custom-call(%x, %w), custom_call_target="__cublas$lt$matmul", backend_config={"gemm_backend_config":{"dot_dimension_numbers":{"lhs_contracting_dimensions":["1"],"rhs_contracting_dimensions":["0"]}}}
   %g2 = (bf16[128,256]{1,0}, bf16[]) fusion(%x), kind=kInput, calls=%qdq_amax
   %g2q = bf16[128,256]{1,0} get-tuple-element(%g2), index=0
-  %grad = (bf16[128,256]{1,0}, s8[1024]{0}) custom-call(%g2q, %w), custom_call_target="__cublas$lt$matmul", backend_config={"gemm_backend_config":{"dot_dimension_numbers":{"lhs_contracting_dimensions":["1"],"rhs_contracting_dimensions":["0"]}}}
+  %grad = (bf16[128,256]{1,0}, s8[1024]{0}) custom-call(%g2q, %w8), custom_call_target="__cublas$lt$matmul", backend_config={"gemm_backend_config":{"dot_dimension_numbers":{"lhs_contracting_dimensions":["1"],"rhs_contracting_dimensions":["0"]}}}
+  %half = (bf16[128,256]{1,0}, s8[1024]{0}) custom-call(%g2q, %w), custom_call_target="__cublas$lt$matmul", backend_config={"gemm_backend_config":{"dot_dimension_numbers":{"lhs_contracting_dimensions":["1"],"rhs_contracting_dimensions":["0"]}}}
   ROOT %out = bf16[128,256]{1,0} get-tuple-element(%mm), index=0
 }
 """  # noqa: E501 - HLO as XLA prints it
@@ -230,6 +238,8 @@ def test_a_gemm_of_quantize_dequantized_operands_is_an_fp8_gemm() -> None:
     assert (by_name["mm"].kind, by_name["mm"].precision) == (KernelKind.GEMM, "fp8")
     assert (by_name["grad"].kind, by_name["grad"].precision) == (KernelKind.GEMM, "fp8")
     assert (by_name["plain"].kind, by_name["plain"].precision) == (KernelKind.GEMM, "bf16")
+    # issue 56, item 6: one quantized operand beside a BF16 one is a BF16 GEMM (cuBLASLt's FP8 takes two)
+    assert (by_name["half"].kind, by_name["half"].precision) == (KernelKind.GEMM, "bf16")
 
 
 def test_a_scan_of_eight_layers_costs_twice_a_scan_of_four_in_its_loop() -> None:

@@ -261,6 +261,7 @@ def test_maximize_throughput_on_a_tpu_searches_policy_and_batch_per_chip() -> No
     best = t["best"]
     assert best["fits"] and best["throughput"] == max(p["throughput"] for p in t["points"] if p["fits"])
     assert best["throughput"] == pytest.approx(best["value"] / best["seconds"])
+    assert doc["compiles"] == len(t["points"]) > 0  # issue 56, item 6: it said 0 for the points compiled
     text = cli("recommend", str(ROOT / "sample_models" / "mlp.py") + ":loss", "-D", "batch=4096",
                "--tpu", "v5e", "--maximize", "throughput", "--max-compiles", "4")
     assert "batch/s/chip" in text.stdout and "libtpu's cycle estimates and the roofline" in text.stdout

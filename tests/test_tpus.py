@@ -405,6 +405,8 @@ def test_the_steps_own_cost_is_the_fit_on_the_chips_small_steps() -> None:
     ("v5e:1x3", None, "$tpu$ 'v5e:1x3' is not a slice a v5e comes in: each side is a power of two", "e.g. v5e:2x2"),
     ("v5e:2x4", 1, "$tpu$ 'v5e:2x4' has 8 chips and the mesh 1 devices", "add $mesh$ data=8"),
     ("v6e", 3, "a TPU slice of 3 chips: slices are powers of two", "v6e:2x2"),
+    ("v5e", 512, "$tpu$ 'v5e': v5e:16x32 is larger than a v5e pod (16x16, 256 chips)", "v5e:16x16"),  # libtpu's SIGABRT
+    ("v5e:16x32", None, "$tpu$ 'v5e:16x32': v5e:16x32 is larger than a v5e pod", "at most 256 devices"),
 ])
 def test_a_tpu_name_the_tool_cannot_take_is_told_the_one_it_can(text: str, chips: int | None, message: str,
                                                                  hint: str) -> None:
@@ -416,3 +418,49 @@ def test_a_tpu_name_the_tool_cannot_take_is_told_the_one_it_can(text: str, chips
     with pytest.raises(UsageError) as err:
         parse_tpu(text, chips)
     assert err.value.template.startswith(message) and hint in err.value.hint_template
+
+
+@pytest.mark.parametrize(("call", "said"), [
+    (lambda: __import__("te_ckpt_audit.tpus").tpus.parse_tpu(5), "tpu wants a chip's name"),
+    (lambda: __import__("te_ckpt_audit.tpus").tpus.parse_tpu("v5e", chips="8"), "chips '8' must be a count"),
+    (lambda: __import__("te_ckpt_audit.tpus").tpus.parse_tpu("v5e", chips=0), "chips 0 must be a count"),
+    (lambda: __import__("te_ckpt_audit.tpus").tpus.tpu_model(None), "tpu wants a chip's name"),
+    (lambda: __import__("te_ckpt_audit.config").config.load_config(123), "load_config takes a pyproject.toml's path"),
+    (lambda: __import__("te_ckpt_audit").audit_target("sample_models/mlp.py:loss", tpu="v5e"),
+     "tpu takes a TpuRequest, not str"),
+])
+def test_the_tpu_api_refuses_what_it_cannot_take_with_a_usage_error(call: object, said: str) -> None:
+    """Issue 56, item 6: these raised AttributeError or TypeError, or (chips=0) were accepted."""
+    from te_ckpt_audit import UsageError
+
+    with pytest.raises(UsageError, match=said):
+        call()  # type: ignore[operator]
+
+
+@pytest.mark.parametrize(("donate", "step", "said"), [("0", True, "donate wants a tuple"),
+                                                      ((-1,), True, "donate wants a tuple"),
+                                                      ((0,), False, "donate names the arguments")])
+def test_a_tpu_request_refuses_a_donation_it_cannot_make(donate: object, step: bool, said: str) -> None:
+    """Issue 56, item 6: `donate="0"` and `donate=(-1,)` were accepted, and `--tpu v5e --donate 0`
+    without `--step` ignored (the GPU refuses it)."""
+    from te_ckpt_audit import UsageError
+    from te_ckpt_audit.tpus import TpuRequest, parse_tpu
+
+    with pytest.raises(UsageError, match=said):
+        TpuRequest(parse_tpu("v5e"), step=step, donate=donate)  # type: ignore[arg-type]
+
+
+def test_an_fp8_gemm_on_a_tpu_is_timed_at_the_bf16_rate() -> None:
+    """Issue 56, item 6: FP8 GEMMs on a v5e were timed at the int8 rate (2x the bf16 peak); the chip
+    ran the FP8 step and its BF16 twin in the same 12.6 ms: it has no FP8 matrix unit."""
+    import dataclasses as dc
+
+    from te_ckpt_audit.records import KernelKind
+    from te_ckpt_audit.targets import _steptime as steptime
+    from te_ckpt_audit.targets._kernels import Kernel
+
+    chip = tpu_model("v5e")
+    bf16 = Kernel("gemm", KernelKind.GEMM, 2 * 8192**3, 3 * 8192**2 * 2, cycles=10**7, precision="bf16")
+    fp8 = dc.replace(bf16, precision="fp8")
+    assert steptime.tpu_roofline(fp8, chip) == steptime.tpu_roofline(bf16, chip) == 2 * 8192**3 / chip.bf16_flops
+    assert steptime.tpu_timed(fp8, chip).seconds == steptime.tpu_timed(bf16, chip).seconds

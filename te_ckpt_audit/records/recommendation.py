@@ -9,6 +9,7 @@ from typing import Any
 
 from ._display import Shown
 from .audit import AuditReport, GpuInfo, MeshSpec, PeakMemory, StepTime, TpuInfo, _plain
+from .findings import warning_document
 from .schemas import MAXTEXT_RECOMMEND, RECOMMEND
 
 
@@ -212,7 +213,7 @@ class Recommendation(Shown):
     evaluated: tuple[Candidate, ...]
     report: AuditReport
     gpu: GpuInfo | None = None  # --gpu: `fits` is the compiled peak within its usable memory
-    compiles: int = 0  # candidates compiled for the GPU
+    compiles: int = 0  # steps compiled for the GPU or TPU (under --maximize throughput: its points)
     maximized: Maximized | None = None
     presets: tuple[str, ...] = ()  # the named policies searched, in the order a frontier lists them
     to_name: tuple[NameToAdd, ...] = ()  # a model without checkpoint names: what to name for finer choices
@@ -234,7 +235,7 @@ class Recommendation(Shown):
         return self.recommended is not None
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON document (schema ``te-ckpt-audit-recommend/10``): plain, ordered, deterministic."""
+        """The JSON document (schema ``schemas.RECOMMEND``): plain, ordered, deterministic."""
         return {
             "schema": RECOMMEND,
             "target": self.target,
@@ -258,6 +259,7 @@ class Recommendation(Shown):
             "to_name": [{**_plain(n), "code": n.code()} for n in self.to_name],
             "throughput": None if self.throughput is None else self.throughput.to_dict(),
             "tpu": _plain(self.tpu),
+            "findings": [warning_document(w) for w in self.report.findings],  # of the trace (its inputs on the mesh)
         }
 
 

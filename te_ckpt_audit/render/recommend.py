@@ -22,7 +22,16 @@ from ..records import (
     SynthesisName,
     Throughput,
 )
-from ._common import counted, format_bytes, format_flops, format_seconds, fraction_words, peak_range, winner_policy
+from ._common import (
+    counted,
+    format_bytes,
+    format_flops,
+    format_seconds,
+    fraction_words,
+    peak_range,
+    warning_message,
+    winner_policy,
+)
 from ._text import printable_records
 from .plot import render_frontier_plot
 
@@ -180,6 +189,8 @@ def render_recommend_text(rec: Recommendation, width: int | None = None) -> str:
     line = compiled_for_words(rec)
     if line is not None:
         out.append(line)
+    # what the audit says of the trace itself (its inputs on the mesh), as the audit prints it
+    out += [f"! [{w.code.value}] {warning_message(w)}" for w in rec.report.findings]
     shown = answered(rec)
     if shown is not None and rec.recommended is None:
         out.append(f"nothing fits the {rec.device_name or 'budget'}; the closest candidate:")

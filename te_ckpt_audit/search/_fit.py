@@ -87,6 +87,15 @@ def largest_fitting(
     spec = resolve_policy(policy)
     trials: dict[int, Trial] = {}
     bounded = False
+    sessions: dict[int, Session] = {}
+    try:  # a keyword that changes no input never stops fitting: the search would double to its cap
+        sessions = {start: build(start), 2 * start: build(2 * start)}
+    except AuditError:
+        sessions = {}  # a value the model cannot take: the trials below say which
+    if len(sessions) == 2 and sessions[start].arguments == sessions[2 * start].arguments:
+        raise UsageError(f"$maximize$ {define}: {define}={2 * start} traces the same inputs as {define}={start}, so "
+                         "no value of it changes what the step holds", "name the inputs keyword that sets a size, "
+                         "e.g. $maximize$ batch")
 
     def fits(value: int) -> bool | None:
         nonlocal bounded
@@ -96,7 +105,7 @@ def largest_fitting(
                 return None
             progress(f"{define}={value}: tracing and compiling {policy}")
             try:
-                session = build(value)
+                session = sessions.pop(value, None) or build(value)
                 session.row_of(spec)  # the policy applies (an error here is the value's)
                 peak = session.compiled([spec], request, progress, capture=capture)[spec.text].peak
             except AuditError as exc:  # a value the model cannot take (a shape it refuses)

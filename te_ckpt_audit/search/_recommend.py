@@ -579,7 +579,8 @@ def recommend_target(
         fastest = target_search(lambda v: session_with({keyword: str(v)}), session, policies, keyword, start, on,
                                 max_compiles=max_compiles, progress=progress, executor=executor, jobs=jobs,
                                 capture=capture)
-        return dataclasses.replace(rec, throughput=fastest, **session.target_info(on))  # type: ignore[arg-type]
+        return dataclasses.replace(rec, throughput=fastest, compiles=len(fastest.points),  # every point a compile
+                                   **session.target_info(on))  # type: ignore[arg-type]
     rec = fit_on_gpu(session, rec, on, max_compiles, progress, executor, jobs, capture)
     if maximize is None or rec.recommended is None:
         return rec
@@ -614,7 +615,8 @@ def _synthesized(rec: Recommendation, session: Session, build: Callable[[int], S
         winner = _Evaluator(session, limit, 1, progress).get(
             CandidateKind.COMBINED if base else CandidateKind.NAMES, base or None, saved)
         evaluated = evaluated if winner is None or winner.policy != found.best.policy else (*evaluated, winner)
-    return dataclasses.replace(rec, throughput=found, evaluated=evaluated, **session.target_info(on))  # type: ignore[arg-type]
+    return dataclasses.replace(rec, throughput=found, evaluated=evaluated, compiles=len(found.points),
+                               **session.target_info(on))  # type: ignore[arg-type]
 
 
 def _start_of(session: Session, keyword: str, throughput: bool = False) -> int:

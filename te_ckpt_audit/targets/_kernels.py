@@ -553,7 +553,10 @@ class _Reader:
                  else (lhs_dims[-1] if lhs_dims else 1))
             result = math.prod(outs[0][1]) if outs else 0
             workspace = type_bytes(inst.type) - (math.prod(outs[0][1]) * _bits(outs[0][0]) // 8 if outs else 0)
-            fp8 = target.endswith("f8") or lhs.startswith("f8") or self.quantized(comp, inst.operands[:2])
+            # an FP8 GEMM multiplies two FP8 operands (cuBLASLt takes no other): one quantized operand
+            # beside a BF16 one stays a BF16 GEMM on the GPU, as in the compile without one
+            fp8 = target.endswith("f8") or lhs.startswith("f8") or (
+                len(inst.operands) >= 2 and all(self.quantized(comp, [o]) for o in inst.operands[:2]))
             precision = "fp8" if fp8 else _precision(lhs)
             out_type = f"{outs[0][0]}[]" if outs else ""
             return Kernel(inst.name, GEMM, 2 * result * k, moved - workspace, precision, _widening(lhs, out_type))

@@ -174,10 +174,12 @@ def ici_seconds(kernel: Kernel, chip: TpuModel) -> float:
 
 def tpu_roofline(kernel: Kernel, chip: TpuModel) -> float:
     """A kernel's least time on a TPU chip: its bytes at the HBM bandwidth the chip attains, a
-    GEMM's FLOPs at the peak for its operands if more."""
+    GEMM's FLOPs at the bf16 peak if more. An FP8 GEMM too: no chip of the catalog has an FP8
+    matrix unit (the v5e ran an FP8 step and its BF16 twin in the same 12.6 ms; its int8 rate is
+    int8's), so libtpu converts the operands and multiplies at the bf16 rate."""
     seconds = kernel.bytes / (chip.hbm_attained or chip.hbm_bandwidth)
     if kernel.kind in (KernelKind.GEMM, KernelKind.ATTENTION):
-        seconds = max(seconds, kernel.flops / (chip.int8_ops if kernel.precision == "fp8" else chip.bf16_flops))
+        seconds = max(seconds, kernel.flops / chip.bf16_flops)
     return seconds
 
 
@@ -254,18 +256,16 @@ def estimate(kernels: Iterable[Kernel], gpu: GpuModel, devices: int, compile_sec
     `no_table`: the GPU architecture XLA's cost tables lack (sm_80): every kernel at its roofline,
     and the method says so."""
     rows = [timed(k, gpu) for k in kernels]
-    if no_table is not None:
-        method = ROOFLINE_METHOD.format(arch=no_table, gpu=gpu.name)
-        found = _step(rows, gpu.dense_flops(BF16), devices, compile_seconds, method)
-        return dataclasses.replace(found, hardware=gpu.name, estimator=ROOFLINE_ESTIMATOR)
     peak = gpu.dense_flops(BF16)
-    if profile is not None:
-        uncalibrated = _step(rows, peak, devices, compile_seconds, METHOD)
+    method = METHOD if no_table is None else ROOFLINE_METHOD.format(arch=no_table, gpu=gpu.name)
+    named = {"hardware": gpu.name} if no_table is None else {"hardware": gpu.name, "estimator": ROOFLINE_ESTIMATOR}
+    if profile is not None:  # the measured costs win over either model (XLA's tables, or the roofline alone)
+        uncalibrated = _step(rows, peak, devices, compile_seconds, method)
         rows, calibration = calibrated(rows, profile)
-        found = _step(rows, peak, devices, compile_seconds, METHOD)
-        return dataclasses.replace(found, hardware=gpu.name, calibration=dataclasses.replace(
-            calibration, estimated_seconds=uncalibrated.seconds or 0.0))
-    return dataclasses.replace(_step(rows, peak, devices, compile_seconds, METHOD), hardware=gpu.name)
+        found = _step(rows, peak, devices, compile_seconds, method)
+        return dataclasses.replace(found, calibration=dataclasses.replace(
+            calibration, estimated_seconds=uncalibrated.seconds or 0.0), **named)  # type: ignore[arg-type]
+    return dataclasses.replace(_step(rows, peak, devices, compile_seconds, method), **named)  # type: ignore[arg-type]
 
 
 def _step(rows: list[Timed], peak: float, devices: int, compile_seconds: float, method: str) -> StepTime:
