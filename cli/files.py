@@ -26,6 +26,14 @@ from te_ckpt_audit.records import AuditKey, Baseline
 def check_writable(path: str | Path) -> Path:
     """Where `write_output` will write `path` (symlinks followed), or a UsageError saying why it
     cannot: checked before the audit runs, so a run's work is not lost at the end."""
+    try:  # a pipe or terminal behind a link (/dev/stdout -> /proc/self/fd/1 -> pipe:[N]) has no real path
+        given = os.stat(path).st_mode
+    except OSError:
+        given = None
+    if given is not None and (stat.S_ISCHR(given) or stat.S_ISFIFO(given)):
+        if not os.access(path, os.W_OK):
+            raise UsageError(f"cannot write {path}: permission denied", "choose a writable path")
+        return Path(path)
     real = Path(os.path.realpath(path))
     try:
         mode = os.stat(real).st_mode

@@ -204,8 +204,14 @@ class _Parser:
 
 
 def parse(text: str, schema: Schema, what: str) -> Message:
-    """The message `text` holds, checked against `schema`; a TextProtoError names what is wrong."""
-    return _Parser(text, what).message(schema, None, "")
+    """The message `text` holds, checked against `schema`; a TextProtoError names what is wrong,
+    and where: every error starts with `what` (the file)."""
+    try:
+        return _Parser(text, what).message(schema, None, "")
+    except TextProtoError as err:
+        if err.template.startswith(what):
+            raise
+        raise TextProtoError(f"{what}: {err.template}", err.hint_template) from None
 
 
 def _quote(value: str) -> str:

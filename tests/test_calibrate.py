@@ -126,3 +126,12 @@ def test_a_profile_calibrates_a_gpu_without_xlas_cost_tables_too() -> None:
     assert found.calibration.estimated_seconds == plain.seconds and found.seconds != plain.seconds
     assert {k.name: k.basis for k in found.costliest}["mm"] == steptime.MEASURED
     assert found.estimator == plain.estimator == steptime.ROOFLINE_ESTIMATOR
+
+
+def test_an_escape_error_in_a_profile_names_the_file(tmp_path: Path) -> None:
+    """Issue 56, item 6: "unknown escape \\q in a string" did not say in which file."""
+    path = tmp_path / "p.txt"
+    path.write_text('costs { name: "a\\q" cost_us: 1 }\n')
+    with pytest.raises(UsageError) as err:
+        read_profile(path)
+    assert err.value.message.startswith(f"the profile {path}: unknown escape \\q")

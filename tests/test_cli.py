@@ -439,3 +439,16 @@ def test_xla_flags_xla_refuses_are_a_usage_error_on_every_command_that_starts_xl
     result = cli("sample_models/mlp.py:loss", "-p", "nothing_saveable", env={"XLA_FLAGS": "--xla_bogus_flag=1"})
     assert result.exit_code == 2
     assert result.stderr.startswith("te-ckpt-audit: error: XLA_FLAGS: XLA does not know --xla_bogus_flag=1")
+
+
+def test_output_to_dev_stdout_on_a_pipe_writes_the_report_there() -> None:
+    """Issue 56, item 6: `-o /dev/stdout` was refused when stdout is a pipe (its real path,
+    /proc/PID/fd/pipe:[N], is no file)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "te_ckpt_audit_cli", "sample_models/mlp.py:loss", "-p",
+                           "nothing_saveable", "-f", "json", "-o", "/dev/stdout"], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["results"][0]["policy"] == "nothing_saveable"

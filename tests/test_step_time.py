@@ -850,3 +850,13 @@ def test_a_gpu_without_xlas_cost_tables_is_said_in_words() -> None:
     said = _time_failure(RuntimeError("NOT_FOUND: Cannot find key: sm_80"), "a100-80gb")
     assert said.startswith("XLA's GPU cost tables have no entry for sm_80, the a100-80gb's architecture")
     assert _time_failure(ValueError("boom"), "h100") == "ValueError: boom"
+
+
+def test_a_cached_step_of_no_time_is_estimated_again_not_taken() -> None:
+    """Issue 56, item 6: a planted cache entry gave a 0 s step, exit 0."""
+    from te_ckpt_audit.records import to_plain
+
+    time = steptime.estimate(step_kernels(LOOP.format(layers=4)), H100, 1, 0.0)
+    plain = to_plain(time)
+    assert steptime.from_plain(plain) == time
+    assert steptime.from_plain({**plain, "seconds": 0.0}) is None

@@ -425,6 +425,8 @@ def from_plain(raw: Mapping[str, object]) -> StepTime | None:
         rows = raw.get("costliest")
         if not isinstance(rows, list):
             return None
+        if raw.get("seconds") is not None and not (_number(raw.get("seconds")) or 0) > 0:
+            return None  # a step takes time: a cached 0 s is a planted or broken entry, estimated again
         return StepTime(
             seconds=optional("seconds", _number),  # type: ignore[arg-type]
             seconds_low=optional("seconds_low", _number),  # type: ignore[arg-type]
