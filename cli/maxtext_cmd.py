@@ -7,6 +7,11 @@ ahead-of-time compile takes it."""
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
+import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
 
@@ -94,6 +99,24 @@ Maximize = Annotated[
 ]
 
 
+# What MaxText prints of itself on import (its optional cloud dependencies stubbed), not the user's
+MAXTEXT_CHATTER = re.compile(r"\[(?:[A-Z]+ )?NO-OP\] ")
+
+
+@contextlib.contextmanager
+def maxtexts_absl_quiet() -> Iterator[None]:
+    """MaxText's absl warnings of its own setup ("base_output_directory is not provided") and
+    transformers' import notes kept off stderr while it runs; errors still show."""
+    absl = logging.getLogger("absl")
+    level = absl.level
+    absl.setLevel(logging.ERROR)
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # the command line owns its process
+    try:
+        yield
+    finally:
+        absl.setLevel(level)
+
+
 @at_the_edge
 def maxtext(
     config: Annotated[str, typer.Argument(metavar="CONFIG", help="A MaxText config file (YAML), such as "
@@ -178,7 +201,7 @@ def maxtext(
     if recommend:
         searched = on_gpu.request if on_tpu is None else on_tpu
         assert searched is not None
-        with stdout_kept_for_the_report(), progress_on_stderr() as progress:
+        with stdout_kept_for_the_report(MAXTEXT_CHATTER), maxtexts_absl_quiet(), progress_on_stderr() as progress:
             found = recommend_maxtext(run, searched, tuple(batch or ()), tuple(layout or ()),
                                       max_compiles=max_compiles, progress=progress,
                                       capture=process.xla_log_kept_off_stderr, maximize=maximize,
@@ -186,7 +209,7 @@ def maxtext(
         text = render_maxtext_recommend_json if out.format is OutputFormat.JSON else render_maxtext_recommend_text
         emit(text(found), out.output)
         return ExitCode.OK if found.chosen is not None else ExitCode.CHECK_FAILED
-    with stdout_kept_for_the_report(), progress_on_stderr() as progress:
+    with stdout_kept_for_the_report(MAXTEXT_CHATTER), maxtexts_absl_quiet(), progress_on_stderr() as progress:
         report = audit_maxtext(run, policies, on_gpu.request, progress=progress,
                                capture=process.xla_log_kept_off_stderr, tpu=on_tpu)
     gate = check(report, peak=peak)

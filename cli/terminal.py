@@ -10,7 +10,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import io
 import os
+import re
 import signal
 import sys
 import threading
@@ -18,7 +20,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from rich.console import Console
 from rich.text import Text
@@ -157,12 +159,33 @@ def emit(text: str, output: str | Path | None) -> None:
                          "write it to a file with -o FILE") from None
 
 
+class _Dropping(io.TextIOBase):
+    """A text stream that passes its lines on to `out`, less those `drop` matches."""
+
+    def __init__(self, out: TextIO, drop: re.Pattern[str]) -> None:
+        self.out, self.drop, self.pending = out, drop, ""
+
+    def write(self, text: str) -> int:
+        lines = (self.pending + text).split("\n")
+        self.pending = lines.pop()
+        self.out.write("".join(line + "\n" for line in lines if not self.drop.match(line)))
+        return len(text)
+
+    def flush(self) -> None:
+        if self.pending and not self.drop.match(self.pending):
+            self.out.write(self.pending)
+        self.pending = ""
+        self.out.flush()
+
+
 @contextlib.contextmanager
-def stdout_kept_for_the_report() -> Iterator[None]:
+def stdout_kept_for_the_report(drop: re.Pattern[str] | None = None) -> Iterator[None]:
     """While the user's code runs, whatever it writes to standard output goes to stderr: Python's
     sys.stdout, and file descriptor 1 itself (os.write, subprocesses, sys.__stdout__), so that stdout
     carries only the report. Afterwards the working folder is the one it was before: the model's
-    code may change it, and the paths the user gave (-o, --save-baseline) are relative to theirs."""
+    code may change it, and the paths the user gave (-o, --save-baseline) are relative to theirs.
+    `drop`: lines Python writes there that are a library's chatter, not the user's (MaxText's
+    "[NO-OP] ... using stub." on import), left out."""
     for stream in (sys.stdout, sys.__stdout__):
         with contextlib.suppress(Exception):
             stream.flush()  # type: ignore[union-attr]
@@ -173,9 +196,13 @@ def stdout_kept_for_the_report() -> Iterator[None]:
         saved = -1
     folder = os.getcwd()
     try:
-        with contextlib.redirect_stdout(sys.stderr):
+        target = sys.stderr if drop is None else _Dropping(sys.stderr, drop)
+        with contextlib.redirect_stdout(target):
             yield
     finally:
+        if drop is not None:
+            with contextlib.suppress(Exception):
+                target.flush()
         with contextlib.suppress(OSError):
             os.chdir(folder)  # the model's code may have changed it: paths the user gave stay theirs
         with contextlib.suppress(Exception):

@@ -452,3 +452,17 @@ def test_output_to_dev_stdout_on_a_pipe_writes_the_report_there() -> None:
                           timeout=300)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["results"][0]["policy"] == "nothing_saveable"
+
+
+def test_a_librarys_chatter_on_stdout_is_dropped_and_the_rest_kept() -> None:
+    """The filter `maxtext` runs MaxText's own prints through (issue 56, item 5)."""
+    import io
+    import re
+
+    from te_ckpt_audit_cli.terminal import _Dropping
+
+    out = io.StringIO()
+    stream = _Dropping(out, re.compile(r"\[(?:[A-Z]+ )?NO-OP\] "))
+    stream.write("[NO-OP] mldiagnostics: dependency missing; using stub.\nthe user's line\n[DECOUPLED NO-OP] x\npart")
+    stream.flush()
+    assert out.getvalue() == "the user's line\npart"

@@ -468,3 +468,15 @@ def test_without_maxtext_a_config_name_is_told_how_to_install_it(tmp_path: Path,
         check_config_file(MaxTextRun("base.yml"))
     assert err.value.message == "no such MaxText config: base.yml, and MaxText is not installed to look in"
     assert "pip install --no-deps maxtext==0.2.5" in err.value.hint and "Python 3.12" in err.value.hint
+
+
+@needs_maxtext
+def test_maxtexts_own_chatter_is_kept_off_stderr(tmp_path: Path) -> None:
+    """Issue 56, item 5: each MaxText run printed ~10-17 lines on stderr that were MaxText's and its
+    dependencies' (absl's "base_output_directory is not provided", transformers' notes, "[NO-OP] ...
+    using stub."): none of it the user's, none of it the tool's."""
+    run = cli("maxtext", _base_yml(), *TINY, "-p", "full", cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    noise = [line for line in run.stderr.splitlines()
+             if line.startswith(("WARNING:absl:", "[transformers]", "[NO-OP]", "[DECOUPLED NO-OP]"))]
+    assert noise == [], noise

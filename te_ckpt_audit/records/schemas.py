@@ -21,9 +21,9 @@ RECOMMEND = "te-ckpt-audit-recommend/13"  # Recommendation.to_dict(); /2: gpu, c
 # /9: as te-ckpt-audit/9 has it; /10: time as te-ckpt-audit/10 has it; /11: time as te-ckpt-audit/11 has it;
 # /12: throughput.synthesis (--synthesize: names, proposals, solver, presets) and throughput.pick (what to paste)
 # /13: time as te-ckpt-audit/12 has it, throughput.synthesis.names[].line (a name the tool gave a matmul
-# line, --name-lines) and
-# throughput.pick.add (the checkpoint_name calls that give the model the pick's names of the tool's own),
-# findings (what the audit says of the trace: inputs-replicated), compiles counts a throughput search's points
+# line, --name-lines) and throughput.pick.add (the checkpoint_name calls that give the model the pick's
+# names of the tool's own), findings (what the audit says of the trace: inputs-replicated), compiles
+# counts a throughput search's points
 MAXTEXT_RECOMMEND = "te-ckpt-audit-maxtext-recommend/3"  # MaxTextRecommendation.to_dict(); /2: throughput;
 # /3: tpu (--tpu: the slice searched, libtpu's verdict), throughput per chip
 CHECK = "te-ckpt-audit-check/12"  # check results; /2: unbounded growth explicit, never a non-finite number;
