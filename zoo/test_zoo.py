@@ -129,3 +129,17 @@ def test_residuals_equal_jax(model: str, policy: str) -> None:
 def _difference(ours: Residuals, truth: Residuals) -> str:
     extra, missing = ours - truth, truth - ours
     return f"reported but not in JAX: {dict(extra)}; in JAX but not reported: {dict(missing)}"
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_the_tools_names_change_nothing_a_preset_saves(model: str) -> None:
+    """`--name-lines` (issue 58): each matmul line of the model's own code gets a checkpoint name of
+    the tool's; on real libraries' models every preset must keep exactly what it kept without them."""
+    module = _model(model)
+    report, _ = _audit(model, module)
+    if isinstance(report, BaseException):
+        pytest.skip(f"the audit itself failed: {_first_line(report)}")
+    named = te_ckpt_audit.audit(module.loss, *module.loss_inputs(), policies=list(POLICIES), name_lines=True)
+    for plain, with_names in zip(report.results, named.results, strict=True):
+        assert (plain.policy, plain.totals, plain.recompute_flops) == (
+            with_names.policy, with_names.totals, with_names.recompute_flops)
