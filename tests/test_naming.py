@@ -47,8 +47,10 @@ def test_each_matmul_line_inside_the_checkpoint_gets_its_name_and_nothing_else_d
 
 
 def test_the_tools_names_change_no_presets_bytes_or_recompute() -> None:
-    plain = audit_target(GPT, PRESETS, defines={"named": False})
-    named = audit_target(GPT, PRESETS, defines={"named": False}, name_lines=True)
+    """Under JAX's current remat. Under jax_remat3 (jax 0.10.2) a checkpoint_name changes what
+    everything_saveable keeps, the user's own as the tool's: there the audit is JAX's, names and all."""
+    plain = audit_target(GPT, PRESETS, defines={"named": False}, remat3="off")
+    named = audit_target(GPT, PRESETS, defines={"named": False}, name_lines=True, remat3="off")
     for a, b in zip(plain.results, named.results, strict=True):
         assert (a.policy, a.totals, a.recompute_flops) == (b.policy, b.totals, b.recompute_flops)
 

@@ -139,7 +139,12 @@ def test_the_tools_names_change_nothing_a_preset_saves(model: str) -> None:
     report, _ = _audit(model, module)
     if isinstance(report, BaseException):
         pytest.skip(f"the audit itself failed: {_first_line(report)}")
-    named = te_ckpt_audit.audit(module.loss, *module.loss_inputs(), policies=list(POLICIES), name_lines=True)
-    for plain, with_names in zip(report.results, named.results, strict=True):
+    # under jax_remat3 a checkpoint_name can change what a preset keeps (jax 0.10.2's everything_saveable
+    # does), the user's own as the tool's: the claim is the current remat's, checked there
+    def run(named: bool) -> Any:
+        return te_ckpt_audit.audit(module.loss, *module.loss_inputs(), policies=list(POLICIES), name_lines=named,
+                                   remat3="off")
+
+    for plain, with_names in zip(run(False).results, run(True).results, strict=True):
         assert (plain.policy, plain.totals, plain.recompute_flops) == (
             with_names.policy, with_names.totals, with_names.recompute_flops)
