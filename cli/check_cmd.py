@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import re
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Annotated, assert_never
@@ -53,9 +52,7 @@ def said_of_target(origin: str) -> Iterator[None]:
     try:
         yield
     except AuditError as err:
-        words = {k: f"{origin}.{k}" for k in _TARGET_WORDS}
-        err.template = re.sub(r"\$(\w+)\$", lambda m: words.get(m.group(1), m.group(0)), err.template)
-        err.hint_template = re.sub(r"\$(\w+)\$", lambda m: words.get(m.group(1), m.group(0)), err.hint_template)
+        err.say_as({k: f"{origin}.{k}" for k in _TARGET_WORDS})
         raise
 SaveFlag = Annotated[
     bool,

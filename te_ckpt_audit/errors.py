@@ -38,6 +38,14 @@ class AuditError(Exception):
     def hint(self) -> str:
         return worded(self.hint_template)
 
+    def say_as(self, words: Mapping[str, str]) -> None:
+        """Name the parameters `words` holds as it says (a config file's keys), the others kept as
+        `$name$` for whoever words the error last (the command line's flags)."""
+        def sub(text: str) -> str:
+            return _PARAMETER.sub(lambda m: words.get(m.group(1), m.group(0)), text)
+
+        self.template, self.hint_template = sub(self.template), sub(self.hint_template)
+
     def worded(self, words: Mapping[str, str]) -> tuple[str, str]:
         """(message, hint) with each parameter as `words` say it (a command line: its flags)."""
         return worded(self.template, words), worded(self.hint_template, words)
