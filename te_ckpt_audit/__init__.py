@@ -10,7 +10,6 @@ from __future__ import annotations
 from . import render as _render  # noqa: F401 (records print through it: records/_display.py)
 from ._api import audit, audit_target, check_config, check_target
 from ._session import Session
-from .analysis._mesh import MAX_DEVICES
 from .config import TargetConfig, parse_mesh
 from .errors import AuditError, DevicesUnavailable, PolicyError, PolicySpecError, TargetError, UsageError
 from .policies import checkpoint_dots_and_te_gemms, dots_and_te_gemms_with_no_batch_dims, te_gemms_saveable
@@ -48,6 +47,7 @@ from .search._recommend import DEFAULT_MAX_EVALS, recommend, recommend_target
 from .search._throughput import throughput_keyword
 from .sizes import parse_budget, parse_size
 from .specs import PolicySpec, parse_policies, resolve_policy
+from .trace._devices import MAX_DEVICES
 from .trace._trained import parse_params
 
 __version__ = "0.1.0"

@@ -21,18 +21,12 @@ from .gpus import GpuRequest
 from .records import AuditReport, Baseline, CheckResult, MeshSpec, Scope, ShardingSource, UnknownName
 from .registry import AS_IS, DEFAULT_POLICIES
 from .sizes import percent_limit
-from .specs import PolicyLike, PolicySpec, parse_policies
+from .specs import PolicyLike, parse_policies, some_policies
 from .targets import LogCapture
 from .tpus import TpuRequest
 from .trace._trained import ALL, ParamsLike
 
 Policies = Sequence[PolicyLike]
-
-
-def default_policies(session: Session) -> tuple[str, ...]:
-    """The default comparison: for a model with checkpoints of its own, what its own policy keeps
-    comes first (`as-is`), then the set every model gets."""
-    return (AS_IS, *DEFAULT_POLICIES) if session.has_remat else DEFAULT_POLICIES
 
 
 def audit(
@@ -79,14 +73,12 @@ def audit(
                          "audit(fn, *args); audit_target('model.py:loss') takes a target's text")
     gpu_arg(gpu)
     tpu_arg(tpu)  # a TpuRequest or None, before anything reads it
-    specs = None if policies is None else _some(parse_policies(policies, getattr(fn, "__name__", "fn")))
+    specs = None if policies is None else some_policies(policies, getattr(fn, "__name__", "fn"))
     own = (gpu is not None and gpu.step) or (tpu is not None and tpu.step)
     _no_remat3_comparison_of_a_step(own, remat3)
     session = Session.of_function(fn, *args, scope=Scope(scope), mesh=mesh, params=params, own_step=own,
-                                  name_lines=name_lines)
-    session.use_remat3(remat3)
-    chosen = (AS_IS,) if own and specs is None else (default_policies(session) if specs is None else specs)
-    return session.report(chosen, compile=compile, gpu=gpu, tpu=tpu_arg(tpu))
+                                  name_lines=name_lines, remat3=remat3)
+    return session.report(specs, compile=compile, gpu=gpu, tpu=tpu_arg(tpu))
 
 
 def audit_target(
@@ -131,16 +123,15 @@ def audit_target(
     placement = mesh_arg(mesh)
     gpu_arg(gpu)
     tpu_arg(tpu)
-    specs = None if policies is None else _some(parse_policies(policies, target))  # bad specs fail before it runs
+    specs = None if policies is None else some_policies(policies, target)  # bad specs fail before it runs
     own = (gpu is not None and gpu.step) or (tpu is not None and tpu.step)
     _no_remat3_comparison_of_a_step(own, remat3)
     session = Session.of_target(
         target, inputs=inputs, defines=defines, scope=Scope(scope), mesh=placement,
         shardings=ShardingSource(shardings), params=params, own_step=own, name_lines=name_lines, progress=progress,
+        remat3=remat3,
     )
-    session.use_remat3(remat3)
-    chosen = (AS_IS,) if own and specs is None else (default_policies(session) if specs is None else specs)
-    return session.report(chosen, compile=compile, gpu=gpu, progress=progress, executor=executor, capture=capture,
+    return session.report(specs, compile=compile, gpu=gpu, progress=progress, executor=executor, capture=capture,
                           tpu=tpu_arg(tpu))
 
 
@@ -152,13 +143,6 @@ def _no_remat3_comparison_of_a_step(own_step: bool, remat3: str | None) -> None:
         raise UsageError("$remat3$ both compares the policies' saved sets under JAX's two remats; $step$ compiles "
                          "a training step of the target's own, whose residuals are not audited",
                          "$remat3$ on (or off) compiles the step under that remat; drop $step$ to compare policies")
-
-
-def _some(specs: tuple[PolicySpec, ...]) -> tuple[PolicySpec, ...]:
-    if not specs:
-        raise UsageError("$policies$ is empty: a report compares at least one policy",
-                         "give one, or leave $policies$ out for the default set")
-    return specs
 
 
 def check_config(config: TargetConfig, tolerance: float = 0.0) -> None:

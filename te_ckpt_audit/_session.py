@@ -23,21 +23,11 @@ from typing import Any
 
 import jax
 
-from . import _jax_compat as jc
 from ._emulated import emulated_device
 from ._progress import Progress, quiet
 from .analysis._analysis import Analysis, analyse_policy, failed
 from .analysis._apply import resolve_scope
-from .analysis._mesh import (
-    build_abstract_mesh,
-    build_mesh,
-    mesh_context,
-    per_device,
-    place_args,
-    replicated_over,
-    source_of,
-    spec_of,
-)
+from .analysis._mesh import per_device
 from .analysis._warnings import NOTHING, remat3_row, warnings_for
 from .config import DefinesLike, as_defines
 from .errors import TargetError, UsageError
@@ -58,6 +48,7 @@ from .records import (
     TpuPlan,
     Trained,
 )
+from .registry import AS_IS, DEFAULT_POLICIES
 from .specs import AsIs, Custom, NoCheckpoint, PolicyLike, PolicySpec, policy_specs
 from .targets import (
     Compiled,
@@ -74,23 +65,13 @@ from .targets import (
 from .targets._cpu import compiled_memory
 from .targets._step import trained_paths
 from .tpus import TpuRequest
-from .trace._loading import anchored, load_inputs, load_target, user_code
-from .trace._trace import Traced, trace
+from .trace._devices import build_abstract_mesh, build_mesh, mesh_context, source_of, spec_of
+from .trace._loading import user_code
+from .trace._trace import Loaded, Traced, trace_function, trace_target
 from .trace._trained import ALL, ParamsLike
 
 REMAT3_MODES = ("on", "off", "both")
 Placement = jax.sharding.Mesh | jax.sharding.AbstractMesh | None
-
-
-def _jax_is_jax(target: str) -> None:
-    """The model's checkpoints are JAX's own: code that replaced JAX's checkpointing functions
-    would make the figures of another program than the one the user runs."""
-    replaced = jc.replaced_jax_functions()
-    if replaced:
-        raise TargetError(
-            f"{target}: the model's code replaced {', '.join(replaced)}; its checkpoints are not JAX's",
-            "audit the model with JAX's own functions (remove the replacement)",
-        )
 
 
 def _with_remat3(build: Callable[[], Session], mode: str) -> Session:
@@ -151,20 +132,25 @@ class Session:
     # --- building one ---------------------------------------------------------------------------
 
     @classmethod
+    def of_loaded(cls, loaded: Loaded, scope: Scope = Scope.AUTO, *, rebuild: Callable[[], Session] | None = None,
+                  own_step: bool = False, remat3: str | None = None) -> Session:
+        """The session of what the first stage (`trace`) loaded and traced, under `remat3`."""
+        session = cls(loaded.traced, scope, loaded.placement, keywords=loaded.keywords, rebuild=rebuild,
+                      own_step=own_step, replicated=loaded.replicated)
+        session.use_remat3(remat3)
+        return session
+
+    @classmethod
     def of_function(cls, fn: Callable[..., Any], *args: Any, scope: Scope = Scope.AUTO, mesh: Placement = None,
-                    params: ParamsLike = ALL, own_step: bool = False, name_lines: bool = False) -> Session:
+                    params: ParamsLike = ALL, own_step: bool = False, name_lines: bool = False,
+                    remat3: str | None = None) -> Session:
         """Trace `fn(*args)`; with `mesh`, its inputs placed on it (their NamedShardings, or
         replicated). `params` names the trained arguments (positions or names; by default every
         float input, as `jax.ad_checkpoint.print_saved_residuals(fn, *args)` differentiates them);
-        `name_lines`: the matmul lines of its code get the tool's checkpoint names."""
-        name = getattr(fn, "__name__", "fn")
-        with user_code(name), mesh_context(mesh):
-            placed = args if mesh is None else place_args(args, mesh)
-            traced = trace(fn, placed, name, ALL if own_step else params, differentiable=not own_step,
-                           name_lines=name_lines)
-        _jax_is_jax(name)
-        replicated = () if mesh is None else replicated_over(placed, mesh)
-        return cls(traced, scope, mesh, own_step=own_step, replicated=replicated)
+        `name_lines`: the matmul lines of its code get the tool's checkpoint names; `remat3`: see
+        `use_remat3`."""
+        loaded = trace_function(fn, args, mesh, params, own_step, name_lines)
+        return cls.of_loaded(loaded, scope, own_step=own_step, remat3=remat3)
 
     @classmethod
     def of_target(
@@ -180,6 +166,7 @@ class Session:
         own_step: bool = False,
         name_lines: bool = False,
         progress: Progress = quiet,
+        remat3: str | None = None,
     ) -> Session:
         """Load `file.py:fn` (or `package.module:fn`), call its inputs callable (given the mesh as
         keyword `mesh` when it declares one) and trace it, as the user's code: `sys.exit` there is
@@ -188,29 +175,16 @@ class Session:
         (by default the first, as `jax.grad(loss)(params, batch)` trains it); `own_step`: the
         target is a training step of the user's own. `defines`: the inputs callable's keywords,
         `{"seq": 64}` or `["seq=64"]`, typed by its defaults as `-D seq=64` is. `name_lines`: the
-        matmul lines of the user's code get the tool's checkpoint names (`trace._naming`)."""
+        matmul lines of the user's code get the tool's checkpoint names (`trace._naming`);
+        `remat3`: see `use_remat3`."""
         defines = as_defines(defines)
         build = build_mesh if ShardingSource(shardings) is ShardingSource.COMPILED else build_abstract_mesh
         placement = None if mesh is None else build(mesh)
-        with user_code(target):
-            inputs = anchored(inputs)
-            here = anchored(target, "target")  # a worker (a cluster's) may run in another folder
-            progress(f"loading {target}")
-            loaded = load_target(target)
-            with mesh_context(placement):
-                made = load_inputs(loaded, inputs, defines, mesh=placement)
-                progress(f"tracing {target}")
-                args = made.args
-                placed = args if placement is None else place_args(args, placement)
-                traced = trace(loaded.fn, placed, target, ALL if own_step else params, differentiable=not own_step,
-                               name_lines=name_lines)
-        _jax_is_jax(target)
-        rebuild = functools.partial(Session.of_target, here or target, inputs=inputs, defines=dict(defines),
+        loaded = trace_target(target, inputs, defines, placement, params, own_step, name_lines, progress)
+        rebuild = functools.partial(Session.of_target, loaded.where, inputs=loaded.inputs, defines=dict(defines),
                                     scope=Scope(scope), mesh=mesh, shardings=ShardingSource(shardings),
                                     params=params, own_step=own_step, name_lines=name_lines)
-        replicated = () if placement is None else replicated_over(placed, placement)
-        return cls(traced, scope, placement, keywords=made.keywords, rebuild=rebuild, own_step=own_step,
-                   replicated=replicated)
+        return cls.of_loaded(loaded, scope, rebuild=rebuild, own_step=own_step, remat3=remat3)
 
     def use_remat3(self, mode: str | None) -> None:
         """Which of JAX's remat implementations the results are: "on" (`jax_remat3`), "off" (the
@@ -417,9 +391,17 @@ class Session:
         return dataclasses.replace(time, model_flops=model // devices, recompute_flops=recompute_flops // devices,
                                    tokens=tokens, examples=examples)
 
+    def default_policies(self) -> tuple[str, ...]:
+        """The default comparison: for a model with checkpoints of its own, what its own policy
+        keeps comes first (`as-is`), then the set every model gets; a training step of the
+        target's own is compiled as it is."""
+        if self.own_step:
+            return (AS_IS,)
+        return (AS_IS, *DEFAULT_POLICIES) if self.has_remat else DEFAULT_POLICIES
+
     def report(
         self,
-        policies: Sequence[PolicyLike],
+        policies: Sequence[PolicyLike] | None = None,
         *,
         warnings: bool = True,
         compile: bool = False,
@@ -431,9 +413,9 @@ class Session:
     ) -> AuditReport:
         """Every policy's row, with warnings, (with `compile`) the compiled step and (with `gpu`)
         its peak on that GPU, (with `tpu`) libtpu's plan and verdict for that slice, as one
-        report. Under no policy at all is the function's own failure: its error is raised.
-        `executor` and `capture`: see `peaks`."""
-        specs = policy_specs(policies)
+        report (`default_policies` without `policies`). Under no policy at all is the function's
+        own failure: its error is raised. `executor` and `capture`: see `compiled`."""
+        specs = policy_specs(self.default_policies() if policies is None else policies)
         if gpu is not None and tpu is not None:
             raise UsageError("$gpu$ and $tpu$ both name the step's target", "give one of them")
         if gpu is not None:

@@ -38,7 +38,6 @@ import jax
 from . import _jax_compat as jc
 from ._progress import Progress, quiet
 from ._session import Session
-from .analysis._mesh import cpu_devices
 from .errors import TargetError, UsageError, first_line
 from .gpus import GpuRequest
 from .records import (
@@ -57,6 +56,7 @@ from .search._throughput import THROUGHPUT, per_device_of, point_of, search
 from .specs import AsIs
 from .targets import LogCapture
 from .tpus import ALIASES, CATALOG, TpuRequest, tpu_model
+from .trace._devices import cpu_devices
 from .trace._loading import user_code
 from .trace._trace import trace
 

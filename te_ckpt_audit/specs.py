@@ -321,6 +321,15 @@ def parse_policies(policies: Sequence[PolicyLike], what: str) -> tuple[PolicySpe
         return policy_specs(list(policies))
 
 
+def some_policies(policies: Sequence[PolicyLike], what: str) -> tuple[PolicySpec, ...]:
+    """`parse_policies`, and at least one: a report compares at least one policy."""
+    specs = parse_policies(policies, what)
+    if not specs:
+        raise UsageError("$policies$ is empty: a report compares at least one policy",
+                         "give one, or leave $policies$ out for the default set")
+    return specs
+
+
 def _close_to(spec: str) -> str | None:
     names = [k.name for k in KNOWN] + list(_PARAMETRIC)
     close = difflib.get_close_matches(spec.partition(":")[0], names, n=1, cutoff=0.5)

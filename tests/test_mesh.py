@@ -33,12 +33,13 @@ from te_ckpt_audit import (
     parse_mesh,
 )
 from te_ckpt_audit._jax_compat import JAX_VERSION
-from te_ckpt_audit.analysis._mesh import MAX_DEVICES, build_mesh, cpu_devices, device_bytes
+from te_ckpt_audit.analysis._mesh import device_bytes
 from te_ckpt_audit.config import load_config
 from te_ckpt_audit.errors import DevicesUnavailable
 from te_ckpt_audit.gating import check
 from te_ckpt_audit.records import JSON_SCHEMA, Budget
 from te_ckpt_audit.render import render_json, violation_message
+from te_ckpt_audit.trace._devices import MAX_DEVICES, build_mesh, cpu_devices
 
 ROOT = Path(__file__).resolve().parent.parent
 MEGATRON = str(ROOT / "sample_models" / "megatron_tp.py") + ":loss"

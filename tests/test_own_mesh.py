@@ -84,8 +84,8 @@ def test_a_shard_map_over_the_models_own_mesh_compiles_on_the_gpus() -> None:
 def test_a_mesh_of_other_devices_than_the_models_is_refused() -> None:
     """--mesh of 2 devices for a model that shards over its own 4: one line naming the option."""
     two = Mesh(np.array(jax.devices("cpu")[:2]).reshape(2), ("data",))
-    from te_ckpt_audit.analysis._mesh import spec_of
     from te_ckpt_audit.targets import step_mesh
+    from te_ckpt_audit.trace._devices import spec_of
     from te_ckpt_audit.trace._trace import trace
 
     traced = trace(sharded, (W, X), "own.py:sharded")

@@ -21,12 +21,12 @@ import jax
 
 from .. import _jax_compat as jc
 from ..analysis._apply import policy_function
-from ..analysis._mesh import mesh_context
 from ..errors import UsageError, first_line
 from ..optimizers import optax_update
 from ..records import MeshSpec, Scope, StepTime, TpuInfo, TpuPlan
 from ..specs import AsIs, PolicySpec
 from ..tpus import TpuRequest, TpuTarget
+from ..trace._devices import mesh_context
 from ..trace._trace import Traced
 from . import _steptime as steptime
 from ._kernels import VMEM, step_kernels

@@ -1,4 +1,5 @@
-"""Load a target (``path/to/file.py:attr`` or ``package.module:attr``) and its example inputs.
+"""Load a target (``path/to/file.py:attr`` or ``package.module:attr``) and its example inputs,
+placed on the mesh where one is given.
 
 The user's file is imported as Python would import it, so its code runs: module-level statements
 included. A file inside a package (folders with ``__init__.py``) is imported under its dotted
@@ -16,6 +17,7 @@ import importlib
 import importlib.machinery
 import importlib.util
 import inspect
+import math
 import os
 import sys
 import traceback
@@ -25,9 +27,12 @@ from types import ModuleType
 from typing import Any
 
 import jax
+import numpy as np
+from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec, Sharding
+from jax.tree_util import KeyEntry
 
 from ..errors import AuditError, TargetError, UsageError, a_or_an, first_line
-from ._source import raised_in_user_code, unbindable, user_location
+from ._source import raised_in_user_code, user_location
 
 Placement = jax.sharding.Mesh | jax.sharding.AbstractMesh | None  # where the inputs are placed
 Defines = Mapping[str, str]  # `-D key=value`: keyword parameters of the inputs callable, raw text
@@ -447,3 +452,105 @@ def _defaults(fn: Callable[..., object]) -> dict[str, object]:
     except (TypeError, ValueError):
         return {}
     return {n: p.default for n, p in params.items() if p.default is not inspect.Parameter.empty}
+
+
+def unbindable(fn: object, args: tuple[object, ...]) -> tuple[str, tuple[str, ...]] | None:
+    """Why `fn(*args)` cannot bind (the reason, and `fn`'s required positional parameters), or
+    None where it can or `fn` has no signature to tell."""
+    try:
+        signature = inspect.signature(fn)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    try:
+        signature.bind(*args)
+    except TypeError as exc:
+        wanted = tuple(n for n, p in signature.parameters.items()
+                       if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty)
+        return str(exc), wanted
+    return None
+
+
+def is_array_leaf(x: object) -> bool:
+    return isinstance(x, jax.ShapeDtypeStruct | jax.Array | np.ndarray | np.generic)
+
+
+def place_args(args: tuple[object, ...], mesh: Mesh | AbstractMesh) -> tuple[object, ...]:
+    """`args` with every array leaf a ShapeDtypeStruct sharded on `mesh`: a leaf without a sharding
+    is replicated; a NamedSharding must use the mesh's axes, each dividing the dimension it splits.
+    Checked before tracing, so a wrong spec is named by input and dimension."""
+
+    def place(path: tuple[KeyEntry, ...], leaf: Any) -> object:  # Any: an array leaf's shape and dtype
+        if not is_array_leaf(leaf):
+            return leaf
+        name = "args" + jax.tree_util.keystr(path)
+        try:  # a ShapeDtypeStruct resolves a bare PartitionSpec against the mesh only when asked
+            sharding = getattr(leaf, "sharding", None) if isinstance(leaf, jax.ShapeDtypeStruct | jax.Array) else None
+        except ValueError as exc:  # an axis the mesh does not have: JAX's message names it
+            hint = "use the mesh's axes, or add AXIS=SIZE to $mesh$"
+            raise UsageError(f"input {name}: {str(exc).strip()}", hint) from None
+        if sharding is None or (not isinstance(sharding, NamedSharding) and sharding.is_fully_replicated):
+            spec = PartitionSpec()
+        elif isinstance(sharding, NamedSharding):
+            spec = sharding.spec
+        else:
+            raise UsageError(
+                f"input {name} has a {type(sharding).__name__}; on a mesh an input's sharding is a NamedSharding",
+                "return ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, P(...)))",
+            )
+        shape = tuple(int(d) for d in np.shape(leaf))
+        _check_spec(name, shape, spec, mesh, sharding)
+        weak = bool(getattr(leaf, "weak_type", False))
+        return jax.ShapeDtypeStruct(shape, leaf.dtype, weak_type=weak, sharding=NamedSharding(mesh, spec))
+
+    return tuple(jax.tree_util.tree_map_with_path(place, args, is_leaf=is_array_leaf))
+
+
+def replicated_over(args: tuple[object, ...], mesh: Mesh | AbstractMesh) -> tuple[str, ...]:
+    """The mesh's axes of more than one device when no input of `args` (placed by `place_args`)
+    is sharded over any of them (every device then holds every input whole: the batch too); else ()."""
+    wide = tuple(name for name, size in mesh.shape.items() if size > 1)
+    for leaf in jax.tree_util.tree_leaves(args, is_leaf=is_array_leaf):
+        sharding = getattr(leaf, "sharding", None) if isinstance(leaf, jax.ShapeDtypeStruct) else None
+        if isinstance(sharding, NamedSharding):
+            named = {a for entry in sharding.spec if entry is not None
+                     for a in ((entry,) if isinstance(entry, str) else entry)}
+            if named & set(wide):
+                return ()
+    return wide
+
+
+def _check_spec(
+    name: str, shape: tuple[int, ...], spec: PartitionSpec, mesh: Mesh | AbstractMesh, sharding: Sharding | None
+) -> None:
+    sizes = dict(mesh.shape)
+    own = getattr(sharding, "mesh", None)
+    if own is not None and tuple(own.axis_names) != tuple(sizes):
+        extra = [a for a in own.axis_names if a not in sizes]
+        raise UsageError(
+            f"input {name} is sharded on a mesh with axes {tuple(own.axis_names)}, not this mesh's {tuple(sizes)}"
+            + (f" (axis {extra[0]!r} is not in the mesh)" if extra else ""),
+            "build the sharding from the `mesh` keyword the inputs callable is given",
+        )
+    if len(spec) > len(shape):
+        raise UsageError(f"input {name}: {spec} has {len(spec)} entries for {len(shape)} dimensions",
+                         "give one PartitionSpec entry per dimension at most")
+    for dim, entry in enumerate(spec):
+        axes = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+        for axis in axes:
+            if axis not in sizes:
+                raise UsageError(
+                    f"input {name}: axis {axis!r} of {spec} is not in the mesh ({', '.join(sizes)})",
+                    f"use the mesh's axes, or add {axis}=SIZE to $mesh$",
+                )
+            if own is not None and dict(own.shape)[axis] != sizes[axis]:
+                raise UsageError(
+                    f"input {name}: its mesh has {axis}={dict(own.shape)[axis]}, this mesh {axis}={sizes[axis]}",
+                    "build the sharding from the `mesh` keyword the inputs callable is given",
+                )
+        parts = math.prod(sizes[a] for a in axes)
+        if shape[dim] % parts:
+            over = " x ".join(f"{a}={sizes[a]}" for a in axes)
+            raise UsageError(
+                f"input {name}: dimension {dim} (size {shape[dim]}) is not divisible by mesh axis {over}",
+                "choose sizes the mesh divides (a $defines$ value, or the $mesh$ sizes)",
+            )

@@ -169,21 +169,3 @@ def display_path(filename: str, cwd: str) -> str:
 
 _INSTALLED = (f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.sep}")
 _STDLIB = re.compile(rf"{re.escape(os.sep)}lib{re.escape(os.sep)}python\d+\.\d+t?{re.escape(os.sep)}")
-
-
-def unbindable(fn: object, args: tuple[object, ...]) -> tuple[str, tuple[str, ...]] | None:
-    """Why `fn(*args)` cannot bind (the reason, and `fn`'s required positional parameters), or
-    None where it can or `fn` has no signature to tell."""
-    import inspect
-
-    try:
-        signature = inspect.signature(fn)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return None
-    try:
-        signature.bind(*args)
-    except TypeError as exc:
-        wanted = tuple(n for n, p in signature.parameters.items()
-                       if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty)
-        return str(exc), wanted
-    return None

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TypeAlias
 
 import jax
@@ -28,14 +28,28 @@ from .._jaxpr import (
     open_jaxpr,
     sub_jaxprs,
 )
+from .._progress import Progress, quiet
 from ..errors import TargetError, UsageError, first_line
 from ..policies import Policy, is_te_gemm, is_te_quantize, is_te_standin
 from ..records import Equation
+from ._devices import mesh_context
 from ._intern import SiteScopes, intern_bodies
+from ._loading import (
+    Defines,
+    Placement,
+    anchored,
+    is_array_leaf,
+    load_inputs,
+    load_target,
+    place_args,
+    replicated_over,
+    unbindable,
+    user_code,
+)
 from ._naming import name_lines as name_matmul_lines
 from ._params import Scopes, flow, name_modules, names_own_modules, param_module
 from ._sites import Sites
-from ._source import Origin, SourceFinder, unbindable, user_location
+from ._source import Origin, SourceFinder, user_location
 from ._trained import ALL, ParamsLike, TrainedInputs, parse_params, resolve_trained
 
 
@@ -152,10 +166,6 @@ class Structure:
         return tuple(jax.tree_util.tree_unflatten(self.treedef, full))
 
 
-def is_array_leaf(x: object) -> bool:
-    return isinstance(x, jax.ShapeDtypeStruct | jax.Array | np.ndarray | np.generic)
-
-
 def _describe(x: jax.ShapeDtypeStruct) -> str:
     return f"{np.dtype(x.dtype).name}{list(x.shape)}"
 
@@ -230,8 +240,58 @@ def trace(
     dtypes = [a.dtype for a in avals]
     trained = resolve_trained(fn, len(args), names, dtypes, parse_params(params), target or "the function")
     structure = Structure(treedef, tuple(leaves), tuple(dynamic))
+    replaced = jc.replaced_jax_functions()
+    if replaced:  # the figures would be of another program than the one the user runs
+        raise TargetError(
+            f"{target or 'the function'}: the model's code replaced {', '.join(replaced)}; its checkpoints are "
+            "not JAX's", "audit the model with JAX's own functions (remove the replacement)",
+        )
     return Traced(tagged, avals, names, rows, target, trained, structure, remat3=jc.remat3_on(),
                   custom_vjp3=jc.custom_vjp3_on(), line_names=tuple(sorted(line_names.items())))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Loaded:
+    """What this stage hands on: the trace, and what the inputs were made of and placed on."""
+
+    traced: Traced
+    placement: Placement  # the mesh the inputs are placed on, or None
+    replicated: tuple[str, ...] = ()  # the mesh's axes no input is sharded over, when none is
+    keywords: Mapping[str, object] = dataclasses.field(default_factory=dict)  # the inputs callable's call
+    where: str = ""  # the target anchored to its folder: a worker (a cluster's) may run in another
+    inputs: str | None = None  # the inputs callable, anchored likewise
+
+
+def trace_function(fn: jc.ArrayFn, args: tuple[object, ...], placement: Placement = None, params: ParamsLike = ALL,
+                   own_step: bool = False, name_lines: bool = False) -> Loaded:
+    """Trace `fn(*args)`, its inputs placed on `placement` (their NamedShardings, or replicated)."""
+    name = getattr(fn, "__name__", "fn")
+    with user_code(name), mesh_context(placement):
+        placed = args if placement is None else place_args(args, placement)
+        traced = trace(fn, placed, name, ALL if own_step else params, differentiable=not own_step,
+                       name_lines=name_lines)
+    return Loaded(traced, placement, () if placement is None else replicated_over(placed, placement))
+
+
+def trace_target(target: str, inputs: str | None = None, defines: Defines | None = None,
+                 placement: Placement = None, params: ParamsLike = None, own_step: bool = False,
+                 name_lines: bool = False, progress: Progress = quiet) -> Loaded:
+    """Load `file.py:fn` (or `package.module:fn`), call its inputs callable (given the mesh as
+    keyword `mesh` when it declares one), place what it returns on the mesh and trace it, as the
+    user's code: `sys.exit` there is the target's failure."""
+    with user_code(target):
+        inputs = anchored(inputs)
+        where = anchored(target, "target") or target
+        progress(f"loading {target}")
+        loaded = load_target(target)
+        with mesh_context(placement):
+            made = load_inputs(loaded, inputs, defines, mesh=placement)
+            progress(f"tracing {target}")
+            placed = made.args if placement is None else place_args(made.args, placement)
+            traced = trace(loaded.fn, placed, target, ALL if own_step else params, differentiable=not own_step,
+                           name_lines=name_lines)
+    replicated = () if placement is None else replicated_over(placed, placement)
+    return Loaded(traced, placement, replicated, made.keywords, where, inputs)
 
 
 def _flattened(args: tuple[object, ...], target: str) -> tuple[list[tuple[jc.Tree, jc.Value]], jax.tree_util.PyTreeDef]:
