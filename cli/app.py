@@ -108,7 +108,7 @@ PANELS = {
 }
 OWN_PANELS = {
     "recommend": {"budget": FIRST, "mesh": FIRST},  # the budget it searches for, not a gate
-    "maxtext": {"max_compiles": FIRST, "maximize": FIRST},  # with --recommend, which compiles anyway
+    "maxtext": {"max_compiles": FIRST, "maximize": FIRST, "synthesize": FIRST},  # with --recommend, which compiles
 }
 
 

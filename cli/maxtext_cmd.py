@@ -98,6 +98,15 @@ Maximize = Annotated[
                  "on the config's layout.", show_default=False),
 ]
 
+Synthesize = Annotated[
+    bool,
+    typer.Option("--synthesize", help="With --recommend --maximize throughput: make the remat policy instead of "
+                 "choosing among MaxText's: remat_policy=custom, each of its tensor keys the model names kept on the "
+                 "device or recomputed, with the per-device batch, solved on a per-key model of bytes and time "
+                 "fitted on compiles, every pick compiled; MaxText's policies (--policy, else a few of each family) "
+                 "compiled beside it."),
+]
+
 
 # What MaxText prints of itself on import (its optional cloud dependencies stubbed), not the user's
 MAXTEXT_CHATTER = re.compile(r"\[(?:[A-Z]+ )?NO-OP\] ")
@@ -132,6 +141,7 @@ def maxtext(
     layout: Layouts = None,
     max_compiles: MaxCompiles = 24,
     maximize: Maximize = None,
+    synthesize: Synthesize = False,
     fit: opt.Fit = False,
     peak_budget: opt.PeakBudgets = None,
     timed: opt.Time = False,
@@ -174,6 +184,9 @@ def maxtext(
     check_config_file(run)
     if maximize is not None and maximize != "throughput":
         raise UsageError(f"--maximize {maximize}: MaxText's search maximizes throughput", "--maximize throughput")
+    if synthesize and maximize is None:
+        raise UsageError("--synthesize makes the remat policy of the fastest step that fits",
+                         "add --recommend --maximize throughput")
     if (batch or layout or max_compiles != 24 or maximize) and not recommend:
         raise UsageError("--batch, --layout, --max-compiles and --maximize are about --recommend's search",
                          "add --recommend")
@@ -205,7 +218,7 @@ def maxtext(
             found = recommend_maxtext(run, searched, tuple(batch or ()), tuple(layout or ()),
                                       max_compiles=max_compiles, progress=progress,
                                       capture=process.xla_log_kept_off_stderr, maximize=maximize,
-                                      remat_policies=tuple(policies) if policy else ())
+                                      remat_policies=tuple(policies) if policy else (), synthesize=synthesize)
         text = render_maxtext_recommend_json if out.format is OutputFormat.JSON else render_maxtext_recommend_text
         emit(text(found), out.output)
         return ExitCode.OK if found.chosen is not None else ExitCode.CHECK_FAILED

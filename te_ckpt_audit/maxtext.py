@@ -52,8 +52,10 @@ from .records import (
     Throughput,
     TpuInfo,
 )
+from .registry import NOTHING_SAVEABLE
+from .search._synthesis import name_costs, synthesize
 from .search._throughput import THROUGHPUT, per_device_of, point_of, search
-from .specs import AsIs
+from .specs import AsIs, resolve_policy
 from .targets import LogCapture
 from .tpus import ALIASES, CATALOG, TpuRequest, tpu_model
 from .trace._devices import cpu_devices
@@ -671,6 +673,7 @@ def recommend_maxtext(
     capture: LogCapture | None = None,
     maximize: str | None = None,
     remat_policies: Sequence[str] = (),
+    synthesize: bool = False,
 ) -> MaxTextRecommendation:
     """The largest of `batch_sizes` (the config's own without them) at which one of MaxText's
     remat policies fits on `request`'s GPUs (a `GpuRequest`) or TPU slice (a `TpuRequest`: the
@@ -682,11 +685,17 @@ def recommend_maxtext(
     `maximize="throughput"`: the remat policy (of `remat_policies`, else all of MaxText's that
     apply) and per-device batch (the ladder from the config's own, or `batch_sizes`) whose step
     fits with the most estimated tokens per second per device (`_throughput`), on the config's
-    layout."""
+    layout. With `synthesize` too, the policy is made, not chosen: `remat_policy=custom` with each of
+    its tensor keys that the model names set to `device` or `remat` (`search._synthesis`, the
+    per-name costs from the loss MaxText differentiates), MaxText's policies (`remat_policies`, else
+    `SYNTHESIS_PRESETS`) compiled beside the pick."""
     if max_compiles < 1:
         raise UsageError(f"$max_compiles$ {max_compiles} must be at least 1", "e.g. $max_compiles$ 24")
     if maximize is not None and maximize != THROUGHPUT:
         raise UsageError(f"$maximize$ {maximize}: MaxText's search maximizes throughput", "$maximize$ throughput")
+    if synthesize and maximize is None:
+        raise UsageError("$synthesize$ makes the remat policy of the fastest step that fits",
+                         "add $maximize$ throughput")
     if remat_policies and maximize is None:
         raise UsageError("$remat_policies$ name what --maximize throughput searches", "add $maximize$ throughput")
     if maximize is not None and layouts:
@@ -709,6 +718,10 @@ def recommend_maxtext(
     # without TE's quantization the `_with_quantization` variants are their bases again: not tried
     quantized = bool(str(_config(run, None).quantization or ""))
     policies = [p for p in BY_SPEED if quantized or "quantization" not in p]
+    if synthesize:
+        chosen = [p for p in dict.fromkeys(remat_policies) if p != "as-is"] or [
+            p for p in SYNTHESIS_PRESETS if quantized or "quantization" not in p]
+        return _synthesized(run, request, chosen, batch_sizes, max_compiles, progress, capture)
     if maximize is not None:
         return _fastest(run, request, list(dict.fromkeys(remat_policies)) or policies, batch_sizes, max_compiles,
                         progress, capture)
@@ -781,6 +794,92 @@ def _fastest(run: MaxTextRun, request: GpuRequest | TpuRequest, policies: list[s
     best = searched.best
     chosen = None if best is None else tried[(best.policy, best.value)]
     return _recommendation(run, chosen, list(tried.values()), first[0] if first else None, timed, searched)
+
+
+# What MaxText's custom policy takes for each tensor key (configs/base.yml), and the key it keeps on
+# the device whatever it is set to: the scan carry, where each layer's recomputation starts.
+CUSTOM_VALUES = ("remat", "device", "offload")
+SCAN_CARRY = "decoder_layer_input"
+# The presets `--synthesize` compiles beside its pick unless --policy names others: MaxText's
+# fastest of each family, and full (nothing saved).
+SYNTHESIS_PRESETS = ("minimal_with_context", "minimal", "save_dot_except_mlp", "save_qkv_proj", "full")
+
+
+def custom_settings(policy: str, names: Sequence[str]) -> tuple[str | None, tuple[str, ...]]:
+    """The remat_policy and tensor keys (`key=device|remat`) that make the spec `policy` of MaxText's
+    train step over its custom keys `names`: one of MaxText's policies as it is, `nothing_saveable`
+    every key remat, `save_only_these_names:...` its names on the device and the others remat.
+
+    >>> custom_settings("save_only_these_names:context,mlpwo", ["context", "mlpwi", "mlpwo"])
+    ('custom', ('context=device', 'mlpwi=remat', 'mlpwo=device'))
+    >>> custom_settings("minimal", ["context"])
+    ('minimal', ())
+    """
+    if policy in REMAT_POLICIES or policy == "as-is":
+        return (None if policy == "as-is" else policy), ()
+    saved = () if policy == NOTHING_SAVEABLE else resolve_policy(policy).names
+    return "custom", tuple(f"{n}={'device' if n in saved else 'remat'}" for n in names)
+
+
+def _custom_keys(run: MaxTextRun) -> frozenset[str]:
+    """The tensor keys MaxText's custom policy takes in this config (its values are 'remat',
+    'device' or 'offload'), the scan carry left out: it is always kept."""
+    keys = _config(run, None).get_keys()
+    return frozenset(k for k, v in keys.items() if isinstance(v, str) and v in CUSTOM_VALUES) - {SCAN_CARRY}
+
+
+def _synthesized(run: MaxTextRun, request: GpuRequest | TpuRequest, presets: list[str], batch_sizes: Sequence[str],
+                 max_compiles: int, progress: Progress, capture: LogCapture | None) -> MaxTextRecommendation:
+    """`recommend_maxtext(..., synthesize=True)`: which of MaxText's custom tensor keys to keep on
+    the device, with the per-device batch, by `search._synthesis`'s solver over MaxText's own steps;
+    each name's bytes and recompute from the loss MaxText differentiates (traced under `full`)."""
+    timed = dataclasses.replace(request, time=True)
+    given = run.value("per_device_batch_size")
+    assert given is not None
+    start = _whole_batch(batch_sizes[0]) if batch_sizes else _whole_batch(given)
+    at_start = dataclasses.replace(run, settings=(*run.settings, f"per_device_batch_size={start}"))
+    progress("MaxText's loss under remat_policy=full: each custom key's bytes and recompute")
+    _, loss = maxtext_sessions(at_start, "full")
+    nothing = loss.result(resolve_policy(NOTHING_SAVEABLE), progress)  # the names are known once analysed
+    names = sorted(_custom_keys(at_start) & loss.checkpoint_names)
+    if not names:
+        raise UsageError("$synthesize$ decides on MaxText's custom tensor keys, and this model names none of them",
+                         "search MaxText's policies: drop $synthesize$")
+    costs = name_costs(loss, names, progress)
+    tried: dict[tuple[str, int], MaxTextPoint] = {}
+    first: list[Session] = []
+
+    def evaluate(batch: Sequence[tuple[str, int]]) -> list[Point]:
+        found = []
+        for policy, value in batch:
+            remat_policy, custom = custom_settings(policy, names)
+            at = dataclasses.replace(run, settings=(*run.settings, f"per_device_batch_size={value}", *custom))
+            said = remat_policy or "as-is"
+            progress(f"MaxText's train step: remat_policy={said}, batch {value}"
+                     + (f" ({', '.join(c for c in custom if c.endswith('=device')) or 'every key remat'})"
+                        if custom else ""))
+            try:
+                session = maxtext_session(at, remat_policy)
+                with _te_told_maxtexts_axes():
+                    step = session.compiled([AsIs()], timed, _named(progress, said), capture=capture)[AsIs().text]
+            except TargetError as exc:  # MaxText cannot build the step at this batch
+                tried[(policy, value)] = MaxTextPoint(said, str(value), PeakMemory.not_compiled(first_line(exc)),
+                                                      custom=custom)
+                found.append(Point(policy, value, None, False, None, None, first_line(exc)))
+                continue
+            first[:] = first or [session]
+            tried[(policy, value)] = MaxTextPoint(said, str(value), step.peak, custom=custom)
+            found.append(point_of(policy, value, step.peak, step.time, _tokens(at)))
+        return found
+
+    usable = timed.usable_bytes if isinstance(timed, GpuRequest) else timed.target.model.usable_bytes
+    flops = 3 * nothing.forward_flops + nothing.recompute_flops  # the loss's step, saving nothing
+    made = synthesize(evaluate, costs, start, "per_device_batch_size", usable, step_flops=flops,
+                      max_compiles=max_compiles, presets=presets, unit="tokens", on_presets=False)
+    found = per_device_of(made, timed)
+    best = found.best
+    chosen = None if best is None else tried[(best.policy, best.value)]
+    return _recommendation(run, chosen, list(tried.values()), first[0] if first else None, timed, found)
 
 
 def _whole_batch(value: str) -> int:

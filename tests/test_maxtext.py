@@ -10,6 +10,7 @@ shardings) directly on a mesh of those GPUs. The compiles run where MaxText and 
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import sys
@@ -193,7 +194,7 @@ def test_recommend_takes_the_largest_batch_that_fits_and_the_fastest_policy_at_i
     assert (rec.chosen.per_device_batch_size, rec.chosen.remat_policy) == ("4", plain[0])
     assert rec.config_lines() == f"remat_policy: '{plain[0]}'\nper_device_batch_size: 4"
     doc = rec.to_dict()
-    assert doc["schema"] == "te-ckpt-audit-maxtext-recommend/3" and doc["config_lines"] == rec.config_lines()
+    assert doc["schema"] == "te-ckpt-audit-maxtext-recommend/4" and doc["config_lines"] == rec.config_lines()
     small = tmp_path / "small.txtpb"
     small.write_text(gpu_model("h100").config_text(16 * 2**20))
     tight = GpuRequest(model_of_config(small),  # XLA's rematerialization off: it would search long, and fail
@@ -223,6 +224,49 @@ def test_recommend_by_throughput_compiles_and_times_every_point_it_reports() -> 
     assert (rec.chosen.remat_policy, rec.chosen.per_device_batch_size) == (found.best.policy, str(found.best.value))
     assert rec.settings() == f"remat_policy={found.best.policy} per_device_batch_size={found.best.value}"
     assert rec.to_dict()["throughput"]["best"] == rec.to_dict()["throughput"]["frontier"][-1]
+
+
+@compiles
+def test_synthesize_decides_maxtexts_custom_keys_compiles_every_point_and_prints_the_keys() -> None:
+    """Issue 58: `maxtext --recommend --maximize throughput --synthesize` makes remat_policy=custom:
+    its candidates are the custom tensor keys the model names (the scan carry never), every point is
+    MaxText's own step compiled and timed, MaxText's policies are compiled beside the pick, and the
+    pick's config lines set each key. A custom setting that keeps what save_qkv_proj keeps compiles
+    to save_qkv_proj's own plan: the keys say what the tool audited."""
+    from te_ckpt_audit.maxtext import custom_settings, maxtext_session
+    from te_ckpt_audit.specs import AsIs
+
+    run = MaxTextRun(_base_yml(), TINY)
+    h100 = GpuRequest(gpu_model("h100"), environment=GpuEnvironment(xla_flags=CUBLAS))
+    rec = recommend_maxtext(run, h100, max_compiles=6, maximize="throughput", synthesize=True,
+                            remat_policies=["save_qkv_proj"])
+    found = rec.throughput
+    assert found is not None and found.synthesis is not None and found.unit == "tokens"
+    names = [n.name for n in found.synthesis.names]
+    assert {"query_proj", "key_proj", "value_proj", "out_proj", "mlpwo"} <= set(names)
+    assert "decoder_layer_input" not in names and len(found.points) == len(rec.tried) <= 6
+    for point, tried in zip(found.points, rec.tried, strict=True):
+        assert point.peak_bytes == tried.peak.bytes_per_device and point.seconds is not None
+        if point.policy == "save_qkv_proj":
+            assert (tried.remat_policy, tried.custom) == ("save_qkv_proj", ())
+        else:  # the solver's own: every candidate key set, the saved ones on the device
+            saved = () if point.policy == "nothing_saveable" else point.policy.partition(":")[2].split(",")
+            assert tried.remat_policy == "custom"
+            assert tried.custom == tuple(f"{n}={'device' if n in saved else 'remat'}" for n in names)
+    policies = [p.policy for p in found.points]
+    assert policies[:2] == ["nothing_saveable", "save_only_these_names:" + ",".join(names)]
+    assert "save_qkv_proj" in policies
+    assert found.best is not None and rec.chosen is not None
+    assert rec.settings() is not None and f"per_device_batch_size={found.best.value}" in rec.settings()
+    assert all(f"{key}={value}" in rec.settings() for key, _, value in (c.partition("=") for c in rec.chosen.custom))
+    doc = rec.to_dict()
+    assert doc["schema"] == "te-ckpt-audit-maxtext-recommend/4" and doc["chosen"]["custom"] == list(rec.chosen.custom)
+    remat_policy, custom = custom_settings("save_only_these_names:key_proj,qkv_proj,query_proj,value_proj", names)
+    at = MaxTextRun(_base_yml(), (*TINY, *custom))
+    step = dataclasses.replace(h100, step=True, donate=(0,), optimizer=None)  # MaxText's step, as it is
+    own = maxtext_session(run, "save_qkv_proj").compiled([AsIs()], step)[AsIs().text].peak
+    keys = maxtext_session(at, remat_policy).compiled([AsIs()], step)[AsIs().text].peak
+    assert keys.bytes_per_device == own.bytes_per_device and keys.temp_bytes == own.temp_bytes
 
 
 @compiles
@@ -261,8 +305,9 @@ def test_settings_and_policies_are_checked_before_anything_runs() -> None:
     (["c.yml", "--gpu", "h100", "--recommend", "--layout", "fsdp=8"], "'fsdp=8' is not an ici_*/dcn_*_parallelism"),
     (["c.yml", "--gpu", "h100", "--recommend", "-p", "full"], "--recommend searches MaxText's remat policies itself"),
     (["c.yml", "--gpu", "h100", "--recommend", "--format", "markdown"], "--recommend writes table or json"),
+    (["c.yml", "--gpu", "h100", "--recommend", "--synthesize"], "--synthesize makes the remat policy of the fastest"),
 ], ids=["no-config", "not-key-value", "unknown-policy", "no-gpu", "batch-alone", "maximize-alone",
-        "maximize-batch", "recommend-time", "not-a-layout", "recommend-policy", "recommend-md"])
+        "maximize-batch", "recommend-time", "not-a-layout", "recommend-policy", "recommend-md", "synthesize-alone"])
 def test_bad_input_is_exit_2_in_one_line(tmp_path: Path, args: list[str], said: str) -> None:
     (tmp_path / "c.yml").write_text("base_config: base.yml\n")
     run = cli("maxtext", *args, cwd=tmp_path)

@@ -270,7 +270,7 @@ def test_a_maxtext_search_on_a_tpu_names_the_slice_in_every_format() -> None:
     assert "tokens/s/chip" in text and "libtpu's cycle estimates and the roofline" in text
     assert "peak: the plan per chip, or what a refused step requires" in text
     doc = json.loads(render_maxtext_recommend_json(rec))
-    assert doc["schema"] == "te-ckpt-audit-maxtext-recommend/3" and doc["gpu"] is None
+    assert doc["schema"] == "te-ckpt-audit-maxtext-recommend/4" and doc["gpu"] is None
     assert doc["tpu"]["topology"] == "v5e:16x16" and doc["tpu"]["chips"] == 256 and doc["tpu"]["libtpu"] == "0.0.50.1"
     assert doc["throughput"]["device"] == "chip"
     assert "tokens/s/chip" in rec._repr_html_()

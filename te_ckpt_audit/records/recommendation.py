@@ -271,6 +271,7 @@ class MaxTextPoint:
     per_device_batch_size: str  # as the config takes it ("4", "0.5")
     peak: PeakMemory
     layout: tuple[str, ...] = ()  # the ici/dcn parallelism settings tried ("ici_fsdp_parallelism=4"); () the config's
+    custom: tuple[str, ...] = ()  # remat_policy custom: each tensor's key set ("context=device", "mlpwo=remat")
 
     @property
     def fits(self) -> bool:
@@ -301,6 +302,7 @@ class MaxTextRecommendation(Shown):
             return ""
         lines = [f"remat_policy: '{self.chosen.remat_policy}'",
                  f"per_device_batch_size: {self.chosen.per_device_batch_size}"]
+        lines += [f"{key}: '{value}'" for key, _, value in (s.partition("=") for s in self.chosen.custom)]
         lines += [f"{key}: {value}" for key, _, value in (s.partition("=") for s in self.chosen.layout)]
         return "\n".join(lines)
 

@@ -24,8 +24,9 @@ RECOMMEND = "te-ckpt-audit-recommend/13"  # Recommendation.to_dict(); /2: gpu, c
 # line, --name-lines) and throughput.pick.add (the checkpoint_name calls that give the model the pick's
 # names of the tool's own), findings (what the audit says of the trace: inputs-replicated), compiles
 # counts a throughput search's points
-MAXTEXT_RECOMMEND = "te-ckpt-audit-maxtext-recommend/3"  # MaxTextRecommendation.to_dict(); /2: throughput;
-# /3: tpu (--tpu: the slice searched, libtpu's verdict), throughput per chip
+MAXTEXT_RECOMMEND = "te-ckpt-audit-maxtext-recommend/4"  # MaxTextRecommendation.to_dict(); /2: throughput;
+# /3: tpu (--tpu: the slice searched, libtpu's verdict), throughput per chip; /4: tried[].custom and
+# chosen.custom (remat_policy custom's tensor keys, --synthesize), throughput.synthesis
 CHECK = "te-ckpt-audit-check/12"  # check results; /2: unbounded growth explicit, never a non-finite number;
 # /3: each target's report is te-ckpt-audit/3, and peak figures (--gpu) may be violated; /4: reports are /4;
 # /5: reports are /5; /6: reports are /6; /7: reports are /7; /8: reports are /8;

@@ -16,6 +16,7 @@ import json
 from ..records import (
     Candidate,
     CandidateKind,
+    MaxTextPoint,
     MaxTextRecommendation,
     Point,
     Recommendation,
@@ -410,6 +411,14 @@ def _peak(c: Candidate) -> str:
     return f"{peak_range(p)} ({'fits' if p.fits else 'does not fit'})"
 
 
+def _maxtext_label(p: MaxTextPoint) -> str:
+    """A point's remat_policy; a custom one with the tensor keys it keeps on the device."""
+    if not p.custom:
+        return p.remat_policy
+    kept = [key for key, _, value in (c.partition("=") for c in p.custom) if value == "device"]
+    return f"{p.remat_policy}: {','.join(kept) or 'every key remat'}"
+
+
 def render_maxtext_recommend_text(rec: MaxTextRecommendation) -> str:
     """`maxtext --recommend` for a terminal: every point compiled, then the config lines to paste."""
     lines = [f"{rec.target}: MaxText's train step compiled for {rec.device_name or 'the GPU'}, per device"]
@@ -426,8 +435,8 @@ def render_maxtext_recommend_text(rec: MaxTextRecommendation) -> str:
         least = "n/a" if p.peak.least_fraction is None else f"{p.peak.least_fraction:.2f}"
         fits = "yes" if p.fits else ("n/a" if p.peak.error else "no")
         where = f"  {','.join(p.layout)}" if p.layout else ""
-        lines.append(f"{p.remat_policy:<40} {p.per_device_batch_size:>6} {peak_range(p.peak):>22} {fits:>5} {least:>6}"
-                     f"{where}")
+        lines.append(f"{_maxtext_label(p):<40} {p.per_device_batch_size:>6} {peak_range(p.peak):>22} {fits:>5} "
+                     f"{least:>6}{where}")
         if p.peak.error:
             lines.append(f"  not compiled: {p.peak.error}")
     lines.append("")

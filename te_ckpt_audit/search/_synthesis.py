@@ -92,10 +92,12 @@ def best_subset(items: Sequence[tuple[str, float, float]], room: float) -> tuple
 def synthesize(
     evaluate: Evaluate, costs: Sequence[SynthesisName], start: int, keyword: str, usable: int, *,
     step_flops: int = 0, max_compiles: int = DEFAULT_MAX_COMPILES, presets: Sequence[str] = (),
-    device: str = "GPU", estimator: str = "XLA's cost models",
+    device: str = "GPU", estimator: str = "XLA's cost models", unit: str | None = None, on_presets: bool = True,
 ) -> Throughput:
     """The fastest (subset of names, value) whose step the target takes, by the solver above; then,
-    while compiles are left, the `presets` at the pick's value, marked beside it."""
+    while compiles are left, the `presets` at the pick's value, marked beside it. `unit`: what the
+    throughput counts (the keyword's own by default); `on_presets=False`: no names on top of a
+    preset (MaxText's custom policy cannot add names to one of its presets)."""
     names = sorted((c for c in costs if c.name), key=lambda c: c.name)
     if not names:
         raise UsageError("--synthesize chooses among the model's checkpoint names, and it has none",
@@ -168,7 +170,7 @@ def synthesize(
     plain = {v: (p.seconds, p.peak_bytes) for (q, v), p in points.items() if q == NOTHING_SAVEABLE}
     best_preset = _fastest(p for p in points.values() if p.policy in presets and p.policy != NOTHING_SAVEABLE
                            and (p.seconds, p.peak_bytes) != plain.get(p.value))  # not one that saves nothing here
-    if made is not None and best_preset is not None and not bounded:  # the names on top of the best preset
+    if made is not None and best_preset is not None and not bounded and on_presets:  # names on the best preset
         on_top = names_spec(tuple(c.name for c in names), base=best_preset.policy).text
         ends = compiled([(on_top, best_preset.value)], max_compiles)
         if ends is None or not pick(best_preset.value, best_preset, ends[0], best_preset.policy):
@@ -176,7 +178,7 @@ def synthesize(
     best = _fastest(points.values())  # a preset may still be the fastest: then it is the answer
     searched = tuple(dict.fromkeys([NOTHING_SAVEABLE, *(p.policy for p in points.values())]))
     synthesis = Synthesized(tuple(names), tuple(proposals), SOLVER, tuple(presets))
-    return Throughput(keyword, keyword, best, tuple(points.values()), searched, max_compiles, bounded, (),
+    return Throughput(keyword, unit or keyword, best, tuple(points.values()), searched, max_compiles, bounded, (),
                       device, estimator, synthesis)
 
 
