@@ -525,3 +525,24 @@ def test_maxtexts_own_chatter_is_kept_off_stderr(tmp_path: Path) -> None:
     noise = [line for line in run.stderr.splitlines()
              if line.startswith(("WARNING:absl:", "[transformers]", "[NO-OP]", "[DECOUPLED NO-OP]"))]
     assert noise == [], noise
+
+
+def test_a_custom_point_names_the_keys_it_keeps_and_its_config_lines_set_every_key() -> None:
+    """Issue 58: a synthesized MaxText point is remat_policy=custom with every candidate key set;
+    the table names the keys kept on the device (their count where the list is long), the config
+    lines and the command-line settings set each key, and the JSON carries them."""
+    from te_ckpt_audit.records import MaxTextPoint, MaxTextRecommendation, PeakMemory
+    from te_ckpt_audit.render import render_maxtext_recommend_text
+
+    peak = PeakMemory(2 << 30, 2 << 30, 1 << 30, 0, 0, 1 << 30, True, False, None, 1.0)
+    short = MaxTextPoint("custom", "8", peak, custom=("context=device", "mlpwo=remat"))
+    long = MaxTextPoint("custom", "8", peak, custom=tuple(f"{k}=device" for k in (
+        "attention_out", "key_proj", "mlpwi_0", "mlpwi_1", "mlpwo", "out_proj", "query_proj", "value_proj")))
+    rec = MaxTextRecommendation("maxtext base.yml", short, (short, long, MaxTextPoint("full", "8", peak)), None)
+    rows = render_maxtext_recommend_text(rec).splitlines()
+    assert any(r.startswith("custom: context ") for r in rows)
+    assert any(r.startswith("custom: 8 of 8 keys on device ") for r in rows)
+    assert rec.config_lines().splitlines() == ["remat_policy: 'custom'", "per_device_batch_size: 8",
+                                               "context: 'device'", "mlpwo: 'remat'"]
+    assert rec.settings() == "remat_policy=custom per_device_batch_size=8 context=device mlpwo=remat"
+    assert rec.to_dict()["chosen"]["custom"] == ["context=device", "mlpwo=remat"]

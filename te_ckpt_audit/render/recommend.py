@@ -412,11 +412,13 @@ def _peak(c: Candidate) -> str:
 
 
 def _maxtext_label(p: MaxTextPoint) -> str:
-    """A point's remat_policy; a custom one with the tensor keys it keeps on the device."""
+    """A point's remat_policy; a custom one with the tensor keys it keeps on the device (their
+    count where the list would not fit the column)."""
     if not p.custom:
         return p.remat_policy
     kept = [key for key, _, value in (c.partition("=") for c in p.custom) if value == "device"]
-    return f"{p.remat_policy}: {','.join(kept) or 'every key remat'}"
+    label = f"{p.remat_policy}: {','.join(kept) or 'every key remat'}"
+    return label if len(label) <= 40 else f"{p.remat_policy}: {len(kept)} of {len(p.custom)} keys on device"
 
 
 def render_maxtext_recommend_text(rec: MaxTextRecommendation) -> str:
