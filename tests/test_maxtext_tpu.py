@@ -106,3 +106,9 @@ def test_recommend_searches_the_slice_by_libtpus_verdict_and_by_throughput() -> 
         # 8 chips x the per-device batch x 16 tokens, per second, per chip
         assert point.throughput == pytest.approx(8 * point.value * 16 / point.seconds / 8, rel=1e-12)
     assert fast.tpu is not None and fast.chosen is not None and found.best is not None
+    made = recommend_maxtext(run, _on(run), max_compiles=4, maximize="throughput", synthesize=True,
+                             remat_policies=["full"]).throughput
+    assert made is not None and made.synthesis is not None and made.device == "chip"
+    names = ",".join(n.name for n in made.synthesis.names)
+    assert [p.policy for p in made.points][:2] == ["nothing_saveable", f"save_only_these_names:{names}"]
+    assert all(p.fits and p.seconds is not None for p in made.points) and len(made.points) <= 4
