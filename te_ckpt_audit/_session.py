@@ -18,6 +18,7 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import functools
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -34,6 +35,7 @@ from .errors import TargetError, UsageError
 from .gpus import GpuRequest
 from .records import (
     AuditReport,
+    CompileProgress,
     GpuInfo,
     InputsReplicated,
     MeshSpec,
@@ -470,10 +472,15 @@ class Session:
 
     def _tpu_plan(self, compiler: TpuCompiler, spec: PolicySpec, progress: Progress,
                   capture: LogCapture | None) -> tuple[TpuPlan, StepTime | None]:
-        progress(f"compiling {spec.text} for {compiler.request.target.topology} (libtpu)")
-        with self._user_code(), \
-                capture() if capture is not None else contextlib.nullcontext():
-            return compiler.plan(spec, self.resolved_scope(spec))
+        topology = compiler.request.target.topology
+        progress(CompileProgress(spec.text, "libtpu", topology, None))  # a CI log's line, a spinner's entry
+        start = time.perf_counter()
+        try:
+            with self._user_code(), \
+                    capture() if capture is not None else contextlib.nullcontext():
+                return compiler.plan(spec, self.resolved_scope(spec))
+        finally:
+            progress(CompileProgress(spec.text, "libtpu", topology, round(time.perf_counter() - start, 1)))
 
     def report_of(self, results: Sequence[PolicyResult], gpu: GpuRequest | None = None,
                   tpu: TpuRequest | None = None) -> AuditReport:

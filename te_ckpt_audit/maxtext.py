@@ -832,7 +832,8 @@ def _synthesized(run: MaxTextRun, request: GpuRequest | TpuRequest, presets: lis
                  max_compiles: int, progress: Progress, capture: LogCapture | None) -> MaxTextRecommendation:
     """`recommend_maxtext(..., synthesize=True)`: which of MaxText's custom tensor keys to keep on
     the device, with the per-device batch, by `search._synthesis`'s solver over MaxText's own steps;
-    each name's bytes and recompute from the loss MaxText differentiates (traced under `full`)."""
+    each name's bytes and recompute from the loss MaxText differentiates (traced under `full`, whole:
+    its figures are divided by the run's devices, as the batch is split over them)."""
     timed = dataclasses.replace(request, time=True)
     given = run.value("per_device_batch_size")
     assert given is not None
@@ -845,7 +846,9 @@ def _synthesized(run: MaxTextRun, request: GpuRequest | TpuRequest, presets: lis
     if not names:
         raise UsageError("$synthesize$ decides on MaxText's custom tensor keys, and this model names none of them",
                          "search MaxText's policies: drop $synthesize$")
-    costs = name_costs(loss, names, progress)
+    devices = max(_sized(run).devices, 1)  # the loss is traced whole: its figures over the devices, per device
+    costs = [dataclasses.replace(c, bytes=c.bytes // devices, recompute_flops=c.recompute_flops // devices)
+             for c in name_costs(loss, names, progress)]
     tried: dict[tuple[str, int], MaxTextPoint] = {}
     first: list[Session] = []
 
@@ -873,7 +876,7 @@ def _synthesized(run: MaxTextRun, request: GpuRequest | TpuRequest, presets: lis
         return found
 
     usable = timed.usable_bytes if isinstance(timed, GpuRequest) else timed.target.model.usable_bytes
-    flops = 3 * nothing.forward_flops + nothing.recompute_flops  # the loss's step, saving nothing
+    flops = (3 * nothing.forward_flops + nothing.recompute_flops) // devices  # the loss's step, saving nothing
     made = synthesize(evaluate, costs, start, "per_device_batch_size", usable, step_flops=flops,
                       max_compiles=max_compiles, presets=presets, unit="tokens", on_presets=False)
     found = per_device_of(made, timed)
