@@ -206,3 +206,20 @@ def test_a_pick_on_a_preset_is_a_candidate_with_its_code() -> None:
     made = _Evaluator(session, 2**40, 1, lambda _: None).get(CandidateKind.COMBINED, "checkpoint_dots", ("fc1", "fc2"))
     assert made is not None and made.policy == names_spec(("fc1", "fc2"), base="checkpoint_dots").text
     assert 'save_only_these_names("fc1", "fc2")' in python_snippet(made)
+
+
+def test_a_preset_that_compiles_to_the_pick_is_the_answer() -> None:
+    """MaxText's 7B on an H100 node: the pick kept the projections and mlpwi, which is exactly what
+    MaxText's `minimal` keeps; the same step under a preset's name is the simpler answer on a tie."""
+
+    class _Named(_Target):
+        def saved(self, policy: str) -> tuple[str, ...]:
+            return ("a", "b") if policy == "minimal" else super().saved(policy)
+
+    target = _Named({"a": (1 * MIB, 0.010), "b": (1 * MIB, 0.008), "c": (40 * MIB, 0.001)}, usable=16 * MIB,
+                    base=4 * MIB, base_seconds=0.05)
+    found = synthesize(target.evaluate, target.costs(), 1, "batch", target.usable, max_compiles=16,
+                       presets=("minimal",), step_flops=50_000, on_presets=False)  # as MaxText searches
+    assert found.best is not None and found.best.policy == "minimal"
+    tie = [p for p in found.points if p.policy == "save_only_these_names:a,b" and p.value == found.best.value]
+    assert tie and tie[0].throughput == found.best.throughput  # the solver found it too: the preset is named

@@ -175,16 +175,18 @@ def synthesize(
         ends = compiled([(on_top, best_preset.value)], max_compiles)
         if ends is None or not pick(best_preset.value, best_preset, ends[0], best_preset.policy):
             bounded = True
-    best = _fastest(points.values())  # a preset may still be the fastest: then it is the answer
+    best = _fastest(points.values(), presets)  # a preset may still be the fastest (or tie): then it is the answer
     searched = tuple(dict.fromkeys([NOTHING_SAVEABLE, *(p.policy for p in points.values())]))
     synthesis = Synthesized(tuple(names), tuple(proposals), SOLVER, tuple(presets))
     return Throughput(keyword, unit or keyword, best, tuple(points.values()), searched, max_compiles, bounded, (),
                       device, estimator, synthesis)
 
 
-def _fastest(points: Iterable[Point]) -> Point | None:
+def _fastest(points: Iterable[Point], presets: Sequence[str] = ()) -> Point | None:
+    """The fitting point of most throughput, the smaller value on a tie, then one of `presets`
+    (the same step under a preset's name is the simpler answer)."""
     fitting = [p for p in points if p.fits and p.throughput is not None]
-    return max(fitting, key=lambda p: (p.throughput or 0.0, -p.value), default=None)
+    return max(fitting, key=lambda p: (p.throughput or 0.0, -p.value, p.policy in presets), default=None)
 
 
 def _solve(low: Point, high: Point, names: Sequence[SynthesisName], scale: float, usable: int, base: str | None,
