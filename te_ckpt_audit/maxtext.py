@@ -758,6 +758,48 @@ def _recommendation(run: MaxTextRun, chosen: MaxTextPoint | None, tried: Sequenc
                                  throughput, tpu if isinstance(tpu, TpuInfo) else None)
 
 
+class _Steps:
+    """The throughput searches' `evaluate`: each (policy, per-device batch) point MaxText's own
+    train step, compiled and timed, the policy one of MaxText's (or as-is) or a spec over the
+    custom keys `names` (`custom_settings`); every point kept for the record."""
+
+    def __init__(self, run: MaxTextRun, timed: GpuRequest | TpuRequest, names: Sequence[str], progress: Progress,
+                 capture: LogCapture | None) -> None:
+        self.run, self.timed, self.names, self.progress, self.capture = run, timed, names, progress, capture
+        self.tried: dict[tuple[str, int], MaxTextPoint] = {}
+        self.first: Session | None = None
+
+    def evaluate(self, batch: Sequence[tuple[str, int]]) -> list[Point]:
+        found = []
+        for policy, value in batch:
+            remat_policy, custom = custom_settings(policy, self.names)
+            at = dataclasses.replace(self.run, settings=(*self.run.settings, f"per_device_batch_size={value}",
+                                                         *custom))
+            said = remat_policy or "as-is"
+            kept = ", ".join(c for c in custom if c.endswith("=device")) or "every key remat"
+            self.progress(f"MaxText's train step: remat_policy={said}, batch {value}"
+                          + (f" ({kept})" if custom else ""))
+            try:
+                session = maxtext_session(at, remat_policy)
+                with _te_told_maxtexts_axes():
+                    step = session.compiled([AsIs()], self.timed, _named(self.progress, said),
+                                            capture=self.capture)[AsIs().text]
+            except TargetError as exc:  # MaxText cannot build the step at this batch
+                self.tried[(policy, value)] = MaxTextPoint(said, str(value), PeakMemory.not_compiled(first_line(exc)),
+                                                           custom=custom)
+                found.append(Point(policy, value, None, False, None, None, first_line(exc)))
+                continue
+            self.first = self.first or session
+            self.tried[(policy, value)] = MaxTextPoint(said, str(value), step.peak, custom=custom)
+            found.append(point_of(policy, value, step.peak, step.time, _tokens(at)))
+        return found
+
+    def recommendation(self, searched: Throughput) -> MaxTextRecommendation:
+        best = searched.best
+        chosen = None if best is None else self.tried[(best.policy, best.value)]
+        return _recommendation(self.run, chosen, list(self.tried.values()), self.first, self.timed, searched)
+
+
 def _fastest(run: MaxTextRun, request: GpuRequest | TpuRequest, policies: list[str], batch_sizes: Sequence[str],
              max_compiles: int, progress: Progress, capture: LogCapture | None) -> MaxTextRecommendation:
     """`recommend_maxtext`'s search by throughput: each (remat_policy, per_device_batch_size)
@@ -767,33 +809,12 @@ def _fastest(run: MaxTextRun, request: GpuRequest | TpuRequest, policies: list[s
     assert given is not None
     values = [_whole_batch(v) for v in batch_sizes]
     start = values[0] if values else _whole_batch(given)
-    tried: dict[tuple[str, int], MaxTextPoint] = {}
-    first: list[Session] = []
-
-    def evaluate(batch: Sequence[tuple[str, int]]) -> list[Point]:
-        found = []
-        for policy, value in batch:
-            at = dataclasses.replace(run, settings=(*run.settings, f"per_device_batch_size={value}"))
-            progress(f"MaxText's train step: remat_policy={policy}, batch {value}")
-            try:
-                session = maxtext_session(at, None if policy == "as-is" else policy)
-                with _te_told_maxtexts_axes():
-                    step = session.compiled([AsIs()], timed, _named(progress, policy), capture=capture)[AsIs().text]
-            except TargetError as exc:  # MaxText cannot build the step at this batch
-                tried[(policy, value)] = MaxTextPoint(policy, str(value), PeakMemory.not_compiled(first_line(exc)))
-                found.append(Point(policy, value, None, False, None, None, first_line(exc)))
-                continue
-            first[:] = first or [session]
-            tried[(policy, value)] = MaxTextPoint(policy, str(value), step.peak)
-            found.append(point_of(policy, value, step.peak, step.time, _tokens(at)))
-        return found
+    steps = _Steps(run, timed, (), progress, capture)
 
     # a per-device batch: every count splits evenly over the mesh, so the edge is bisected in steps of 1
-    searched = per_device_of(search(evaluate, policies, start, "per_device_batch_size", "tokens",
+    searched = per_device_of(search(steps.evaluate, policies, start, "per_device_batch_size", "tokens",
                                     max_compiles=max_compiles, values=values, grain=1), request)
-    best = searched.best
-    chosen = None if best is None else tried[(best.policy, best.value)]
-    return _recommendation(run, chosen, list(tried.values()), first[0] if first else None, timed, searched)
+    return steps.recommendation(searched)
 
 
 # What MaxText's custom policy takes for each tensor key (configs/base.yml), and the key it keeps on
@@ -849,40 +870,12 @@ def _synthesized(run: MaxTextRun, request: GpuRequest | TpuRequest, presets: lis
     devices = max(_sized(run).devices, 1)  # the loss is traced whole: its figures over the devices, per device
     costs = [dataclasses.replace(c, bytes=c.bytes // devices, recompute_flops=c.recompute_flops // devices)
              for c in name_costs(loss, names, progress)]
-    tried: dict[tuple[str, int], MaxTextPoint] = {}
-    first: list[Session] = []
-
-    def evaluate(batch: Sequence[tuple[str, int]]) -> list[Point]:
-        found = []
-        for policy, value in batch:
-            remat_policy, custom = custom_settings(policy, names)
-            at = dataclasses.replace(run, settings=(*run.settings, f"per_device_batch_size={value}", *custom))
-            said = remat_policy or "as-is"
-            progress(f"MaxText's train step: remat_policy={said}, batch {value}"
-                     + (f" ({', '.join(c for c in custom if c.endswith('=device')) or 'every key remat'})"
-                        if custom else ""))
-            try:
-                session = maxtext_session(at, remat_policy)
-                with _te_told_maxtexts_axes():
-                    step = session.compiled([AsIs()], timed, _named(progress, said), capture=capture)[AsIs().text]
-            except TargetError as exc:  # MaxText cannot build the step at this batch
-                tried[(policy, value)] = MaxTextPoint(said, str(value), PeakMemory.not_compiled(first_line(exc)),
-                                                      custom=custom)
-                found.append(Point(policy, value, None, False, None, None, first_line(exc)))
-                continue
-            first[:] = first or [session]
-            tried[(policy, value)] = MaxTextPoint(said, str(value), step.peak, custom=custom)
-            found.append(point_of(policy, value, step.peak, step.time, _tokens(at)))
-        return found
-
+    steps = _Steps(run, timed, names, progress, capture)
     usable = timed.usable_bytes if isinstance(timed, GpuRequest) else timed.target.model.usable_bytes
     flops = (3 * nothing.forward_flops + nothing.recompute_flops) // devices  # the loss's step, saving nothing
-    made = synthesize(evaluate, costs, start, "per_device_batch_size", usable, step_flops=flops,
+    made = synthesize(steps.evaluate, costs, start, "per_device_batch_size", usable, step_flops=flops,
                       max_compiles=max_compiles, presets=presets, unit="tokens", on_presets=False)
-    found = per_device_of(made, timed)
-    best = found.best
-    chosen = None if best is None else tried[(best.policy, best.value)]
-    return _recommendation(run, chosen, list(tried.values()), first[0] if first else None, timed, found)
+    return steps.recommendation(per_device_of(made, timed))
 
 
 def _whole_batch(value: str) -> int:
