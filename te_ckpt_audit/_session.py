@@ -68,12 +68,11 @@ from .targets._cpu import compiled_memory
 from .targets._step import trained_paths
 from .tpus import TpuRequest
 from .trace._devices import build_abstract_mesh, build_mesh, mesh_context, source_of, spec_of
-from .trace._loading import user_code
+from .trace._loading import Placement, user_code
 from .trace._trace import Loaded, Traced, trace_function, trace_target
 from .trace._trained import ALL, ParamsLike
 
 REMAT3_MODES = ("on", "off", "both")
-Placement = jax.sharding.Mesh | jax.sharding.AbstractMesh | None
 
 
 def _with_remat3(build: Callable[[], Session], mode: str) -> Session:

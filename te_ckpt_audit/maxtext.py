@@ -719,8 +719,7 @@ def recommend_maxtext(
     quantized = bool(str(_config(run, None).quantization or ""))
     policies = [p for p in BY_SPEED if quantized or "quantization" not in p]
     if synthesize:
-        chosen = [p for p in dict.fromkeys(remat_policies) if p != "as-is"] or [
-            p for p in SYNTHESIS_PRESETS if quantized or "quantization" not in p]
+        chosen = [p for p in dict.fromkeys(remat_policies) if p != "as-is"] or list(SYNTHESIS_PRESETS)
         return _synthesized(run, request, chosen, batch_sizes, max_compiles, progress, capture)
     if maximize is not None:
         return _fastest(run, request, list(dict.fromkeys(remat_policies)) or policies, batch_sizes, max_compiles,

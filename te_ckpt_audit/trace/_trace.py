@@ -267,10 +267,8 @@ def trace_function(fn: jc.ArrayFn, args: tuple[object, ...], placement: Placemen
     """Trace `fn(*args)`, its inputs placed on `placement` (their NamedShardings, or replicated)."""
     name = getattr(fn, "__name__", "fn")
     with user_code(name), mesh_context(placement):
-        placed = args if placement is None else place_args(args, placement)
-        traced = trace(fn, placed, name, ALL if own_step else params, differentiable=not own_step,
-                       name_lines=name_lines)
-    return Loaded(traced, placement, () if placement is None else replicated_over(placed, placement))
+        traced, replicated = _placed_and_traced(fn, args, name, placement, params, own_step, name_lines)
+    return Loaded(traced, placement, replicated)
 
 
 def trace_target(target: str, inputs: str | None = None, defines: Defines | None = None,
@@ -287,11 +285,18 @@ def trace_target(target: str, inputs: str | None = None, defines: Defines | None
         with mesh_context(placement):
             made = load_inputs(loaded, inputs, defines, mesh=placement)
             progress(f"tracing {target}")
-            placed = made.args if placement is None else place_args(made.args, placement)
-            traced = trace(loaded.fn, placed, target, ALL if own_step else params, differentiable=not own_step,
-                           name_lines=name_lines)
-    replicated = () if placement is None else replicated_over(placed, placement)
+            traced, replicated = _placed_and_traced(loaded.fn, made.args, target, placement, params, own_step,
+                                                    name_lines)
     return Loaded(traced, placement, replicated, made.keywords, where, inputs)
+
+
+def _placed_and_traced(fn: jc.ArrayFn, args: tuple[object, ...], name: str, placement: Placement,
+                       params: ParamsLike, own_step: bool, name_lines: bool) -> tuple[Traced, tuple[str, ...]]:
+    """`fn(*args)` traced, its inputs placed on `placement`, and the mesh's axes no input is sharded
+    over; a step of the user's own is traced as it is (every float input, not differentiated)."""
+    placed = args if placement is None else place_args(args, placement)
+    traced = trace(fn, placed, name, ALL if own_step else params, differentiable=not own_step, name_lines=name_lines)
+    return traced, () if placement is None else replicated_over(placed, placement)
 
 
 def _flattened(args: tuple[object, ...], target: str) -> tuple[list[tuple[jc.Tree, jc.Value]], jax.tree_util.PyTreeDef]:
