@@ -97,6 +97,22 @@ def test_table_fits_its_width_without_colour(report: AuditReport) -> None:
     assert "\x1b[" in render_table(report, TableView(color=True))
 
 
+def test_host_column_only_where_something_is_offloaded() -> None:
+    """Issue 56, item 5: at 80 columns the first table folded policy names to make room for a "host"
+    column of 0 B on every row; the terminal shows it only where a policy offloads (the Markdown,
+    HTML and JSON keep it), and a TE policy name of 28 characters stays on its line."""
+    w = jax.ShapeDtypeStruct((8, 8), jnp.float32)
+    x = jax.ShapeDtypeStruct((4, 8), jnp.float32)
+    kept = audit(tiny, w, x, policies=["none", "checkpoint_dots_and_te_gemms"])
+    text = render_table(kept, TableView(width=80))
+    first = text.split("Kept for the backward pass")[1].split("\n\n")[0]
+    assert " host " not in first and "| host |" in render_markdown(kept)
+    assert any(line.split()[1:2] == ["checkpoint_dots_and_te_gemms"] for line in first.splitlines())
+    offloads = audit(tiny, w, x, policies=["none", "save_and_offload_only_these_names:offload=hidden"])
+    assert offloads.results[1].totals.host_bytes == 4 * 8 * 4
+    assert " host " in render_table(offloads, TableView(width=80)).split("Kept for the backward pass")[1]
+
+
 # --- the schema ---------------------------------------------------------------------------------
 
 

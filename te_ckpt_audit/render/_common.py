@@ -195,6 +195,12 @@ def producer_headers(report: AuditReport) -> tuple[str, ...]:
             *(("requantized",) if q else ()))
 
 
+def offloaded(report: AuditReport) -> bool:
+    """Whether any policy keeps bytes in host memory: the terminal shows its "host" column only then
+    (at 80 columns the policy names need the room); the Markdown, HTML and JSON keep it always."""
+    return any(r.totals.host_bytes for r in report.results)
+
+
 def policy_errors(report: AuditReport) -> list[tuple[str, str]]:
     """(policy, why) for each policy JAX could not differentiate the function under."""
     return [(r.policy, r.error) for r in report.results if r.error is not None]

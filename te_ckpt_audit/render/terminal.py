@@ -42,6 +42,7 @@ from ._common import (
     kernels_title,
     marks_by_equation,
     mesh_note,
+    offloaded,
     policy_errors,
     producer_headers,
     shown_columns,
@@ -259,7 +260,8 @@ def _sections(report: AuditReport, view: TableView) -> list[list[RenderableType]
             _comparison(
                 report,
                 "Kept for the backward pass, and recomputed",
-                shown_columns(report, ("activation", "arguments", "host", "residuals", "recompute", "% of forward")),
+                shown_columns(report, ("activation", "arguments", *(("host",) if offloaded(report) else ()),
+                                       "residuals", "recompute", "% of forward")),
                 width,
             )
         ],
