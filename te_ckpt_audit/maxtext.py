@@ -53,7 +53,7 @@ from .records import (
     TpuInfo,
 )
 from .registry import NOTHING_SAVEABLE
-from .search._synthesis import name_costs, synthesize
+from .search._synthesis import check_max_compiles, name_costs, synthesize
 from .search._throughput import THROUGHPUT, per_device_of, point_of, search
 from .specs import AsIs, resolve_policy
 from .targets import LogCapture
@@ -696,6 +696,8 @@ def recommend_maxtext(
     if synthesize and maximize is None:
         raise UsageError("$synthesize$ makes the remat policy of the fastest step that fits",
                          "add $maximize$ throughput")
+    if synthesize:
+        check_max_compiles(max_compiles)
     if remat_policies and maximize is None:
         raise UsageError("$remat_policies$ name what --maximize throughput searches", "add $maximize$ throughput")
     if maximize is not None and layouts:

@@ -365,6 +365,33 @@ def test_a_model_without_names_is_told_which_tensors_to_name() -> None:
     assert rec.to_dict()["to_name"][0]["code"] == rec.to_name[0].code()
 
 
+def _looped_loss(w: jax.Array, x: jax.Array) -> jax.Array:
+    import jax.numpy as jnp
+
+    for i in range(3):  # a block per layer, as Flax's `Block_0`, `Block_1`, ... each its own module path
+        with jax.named_scope(f"block_{i}"):
+            x = jax.checkpoint(lambda x: jnp.sin(jnp.tanh(x @ w)))(x)
+    return jnp.sum(x)
+
+
+def test_a_line_a_loop_runs_is_one_place_to_name() -> None:
+    """A new user's Flax loop of blocks was told to add four names, one per block's module path, all
+    at the one line that makes them (one `checkpoint_name` there names them all): the places are the
+    user's lines, each named as --name-lines names it, with every block's bytes."""
+    import inspect
+
+    from te_ckpt_audit.trace._naming import line_name
+
+    f32 = jax.numpy.float32
+    s = jax.ShapeDtypeStruct
+    rec = recommend(Session(trace(_looped_loss, (s((64, 64), f32), s((32, 64), f32)), "t")), 20 * 1024)
+    line = inspect.getsourcelines(_looped_loss)[1] + 5
+    file = rec.to_name[0].line.rsplit(":", 1)[0] if rec.to_name and rec.to_name[0].line else ""
+    assert [(n.line, n.name) for n in rec.to_name] == [(f"{file}:{line}", line_name(file, line))]
+    widest = max((r for r in rec.report.results), key=lambda r: r.totals.activation_bytes)
+    assert rec.to_name[0].bytes == widest.totals.activation_bytes == 11 * 32 * 64 * 4  # every block's, not one's
+
+
 def test_a_model_with_names_is_not_told_to_name_more() -> None:
     assert recommend(Session(four()), 3328).to_name == ()
 
@@ -471,6 +498,34 @@ def test_maximize_throughput_answers_once_within_its_one_compile_limit(monkeypat
     assert len(starred) == 1 and best.policy in starred[0]
     page = render_recommend_html(rec)
     assert "Recommended:" not in page and page.count("<h2>Python</h2>") <= 1
+
+
+def test_a_synthesis_limit_too_small_to_pick_is_a_usage_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--synthesize --max-compiles 1` compiled nothing, then said "no point compiled fits the the chip:
+    ... more GPUs or a larger memory fraction" and exited 1 (nothing fits) for a step that fits: its
+    first batch needs two compiles. Refused before the target runs; a search that compiles nothing
+    says the limit ended it; a TPU's miss names chips."""
+    from test_cli import cli
+
+    from te_ckpt_audit import recommend_target
+    from te_ckpt_audit.gpus import GpuRequest, gpu_model
+    from te_ckpt_audit.records import Point, Throughput
+    from te_ckpt_audit.render.recommend import no_best_words
+
+    monkeypatch.chdir(Path(__file__).resolve().parent.parent)
+    with pytest.raises(UsageError) as err:
+        recommend_target("sample_models/no_such_file.py:loss", gpu=GpuRequest(gpu_model("h100")),
+                         maximize="throughput", synthesize=True, max_compiles=1)
+    assert err.value.message.startswith("synthesize compiles 2 steps (nothing saved, every name saved) before")
+    result = cli("recommend", "sample_models/mlp.py:loss", "--gpu", "h100", "--maximize", "throughput",
+                 "--synthesize", "--max-compiles", "1")
+    assert result.exit_code == 2 and "--max-compiles 1 is too few" in result.stderr
+    nothing = Throughput("batch", "batch", None, (), ("full",), 1, True, (), device="chip")
+    assert no_best_words(nothing) == "no point was compiled: the limit of 1 compile(s) ended the search first " \
+                                     "(raise it)"
+    refused = Throughput("batch", "batch", None, (Point("full", 8, 10**12, False, 1.0, 8.0),), ("full",), 8,
+                         device="chip")
+    assert no_best_words(refused) == "no point compiled fits the chip: a smaller batch or more chips"
 
 
 def test_no_pick_blames_what_failed_time_or_memory() -> None:

@@ -213,7 +213,8 @@ def render_recommend_text(rec: Recommendation, width: int | None = None) -> str:
             out += ["", "MaxText (base.yml remat settings):", _indent(block)]
     if rec.to_name:
         out += ["", "The model names no tensors (checkpoint_name), so only the presets were compared. Name its",
-                "largest activations where they are made, and recommend can save, recompute or offload each:"]
+                "largest activations where they are made, and recommend can save, recompute or offload each",
+                "(or add --name-lines: the tool names each matmul line itself and searches those, unedited):"]
         for n in rec.to_name:
             at = f" ({n.line})" if n.line and n.line != n.where else ""
             out.append(f"  {format_bytes(n.bytes):>10}  {n.where}{at}: {n.code()}")
@@ -334,15 +335,19 @@ def compiled_for_words(rec: Recommendation) -> str | None:
 def no_best_words(t: Throughput, gpu: str | None = None) -> str:
     """Why a throughput search has no pick, as it failed: a step that fits but could not be timed
     is a failure of the time estimate, not of memory (an A100 without XLA's cost tables)."""
-    gpu = gpu or f"the {t.device}"
+    gpu = gpu or t.device
     untimed = [p for p in t.points if p.fits and p.seconds is None]
     if untimed:
         why = f": {untimed[0].error}" if untimed[0].error else ""
         return f"the steps fit the {gpu} but their time could not be estimated{why}"
-    if t.points and all(p.peak_bytes is None for p in t.points):
+    if not t.points:
+        return f"no point was compiled: the limit of {t.max_compiles} compile(s) ended the search first (raise it)"
+    if all(p.peak_bytes is None for p in t.points):
         why = f": {t.points[0].error}" if t.points[0].error else ""
         return f"no point compiled{why}"
-    return f"no point compiled fits the {gpu}: a smaller batch, more GPUs or a larger memory fraction"
+    more = "a smaller batch or more chips" if t.device == "chip" else \
+        "a smaller batch, more GPUs or a larger memory fraction"
+    return f"no point compiled fits the {gpu}: {more}"
 
 
 def rate_unit(t: Throughput) -> str:

@@ -50,10 +50,11 @@ from ..sizes import MAX_JOBS, count_at_least_one, positive_bytes, size_arg
 from ..specs import PolicySpec, names_spec, resolve_policy, spellable
 from ..targets import LogCapture
 from ..tpus import TpuRequest
+from ..trace._naming import line_name
 from ..trace._trained import ParamsLike
 from ._fit import DEFAULT_MAX_COMPILES, fit_on_gpu, largest_fitting
 from ._synthesis import DEFAULT_MAX_COMPILES as SYNTHESIS_MAX_COMPILES
-from ._synthesis import name_costs
+from ._synthesis import check_max_compiles, name_costs
 from ._synthesis import synthesize as synthesize_policy
 from ._throughput import DEFAULT_MAX_COMPILES as THROUGHPUT_MAX_COMPILES
 from ._throughput import THROUGHPUT, per_device_of, spread, target_evaluator, target_search, throughput_keyword
@@ -293,9 +294,11 @@ def _identifier(text: str) -> str:
 
 
 def names_to_add(results: Sequence[PolicyResult], top: int = 5) -> tuple[NameToAdd, ...]:
-    """For a model with no checkpoint names: its largest activations, by module path (else source
-    line), under the policy that keeps the most; each with a name that `checkpoint_name` could give
-    it (the module's last part, else the producer and line), so `recommend` can choose among them."""
+    """For a model with no checkpoint names: its largest activations by the line of the user's code
+    that makes them (one `checkpoint_name` there names every layer it makes: a loop's blocks, a
+    scan's), else by module path (a library's code), under the policy that keeps the most; each with
+    the name to give it: the line's as `--name-lines` gives it (`gpt_52`), else the module's last
+    part, so that `recommend` can choose among them."""
     kept = max(results, key=lambda r: r.totals.activation_bytes, default=None)
     if kept is None:
         return ()
@@ -303,15 +306,16 @@ def names_to_add(results: Sequence[PolicyResult], top: int = 5) -> tuple[NameToA
     for r in kept.residuals:
         if r.kind is ResidualKind.ACTIVATION and r.bytes:
             line = f"{r.source.file}:{r.source.line}" if r.source else None
-            places.setdefault(r.module or line or (r.primitive or "?"), []).append(r)
+            places.setdefault(line or r.module or (r.primitive or "?"), []).append(r)
     ranked = sorted(places.items(), key=lambda kv: (-sum(r.bytes for r in kv[1]), kv[0]))[:top]
     out: list[NameToAdd] = []
     taken: set[str] = set()
     for where, made in ranked:
         first = made[0]
         line = f"{first.source.file}:{first.source.line}" if first.source else None
-        stem = _identifier(first.module.rsplit("/", 1)[-1] if first.module else f"{first.primitive or 'value'}"
-                           f"_{first.source.line if first.source else len(out)}")
+        stem = (line_name(first.source.file, first.source.line) if first.source else
+                _identifier(first.module.rsplit("/", 1)[-1] if first.module else f"{first.primitive or 'value'}"
+                            f"_{len(out)}"))
         name = stem if stem not in taken else f"{stem}_{len(out)}"
         taken.add(name)
         out.append(NameToAdd(where, line, sum(r.bytes for r in made),
@@ -543,6 +547,8 @@ def recommend_target(
         max_compiles = (DEFAULT_MAX_COMPILES if keyword is None else
                         SYNTHESIS_MAX_COMPILES if synthesize else THROUGHPUT_MAX_COMPILES)
     count_at_least_one(max_compiles, "max_compiles", 8)
+    if synthesize:
+        check_max_compiles(max_compiles)
     given = as_defines(defines)
 
     naming = bool(name_lines)

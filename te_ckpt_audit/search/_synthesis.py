@@ -47,10 +47,20 @@ from ..specs import names_spec, resolve_policy
 from ._throughput import SATURATED, Evaluate
 
 DEFAULT_MAX_COMPILES = 20  # per value two ends and a pick (and its corrections); the presets; one more round
+FIRST_COMPILES = 2  # the first batch's two ends, nothing saved and every name saved, before any pick
 CORRECTIONS = 2  # re-solves per value after a refused pick
 SOLVER = ("exact 0/1 knapsack over the names (Pareto-frontier dynamic programme) on an additive model of "
           "per-name bytes and seconds, fitted per batch on two compiles (nothing saved, every name saved); "
           "each pick compiled, a refused one re-solved with less memory; then once more on the best preset")
+
+
+def check_max_compiles(max_compiles: int) -> None:
+    """`--synthesize` compiles the first batch's two ends before it can pick anything: a limit
+    below that is a usage error, not a search that compiles nothing and says nothing fits."""
+    if max_compiles < FIRST_COMPILES:
+        raise UsageError(f"$synthesize$ compiles {FIRST_COMPILES} steps (nothing saved, every name saved) before "
+                         f"its first pick: $max_compiles$ {max_compiles} is too few",
+                         f"give $max_compiles$ {FIRST_COMPILES} or more ({DEFAULT_MAX_COMPILES} by default)")
 
 
 def name_costs(session: Session, names: Sequence[str], progress: Progress = quiet) -> tuple[SynthesisName, ...]:
