@@ -15,7 +15,7 @@ import jax
 import pytest
 
 from sample_models import eight_names
-from te_ckpt_audit import Session
+from te_ckpt_audit import Session, registry
 from te_ckpt_audit.analysis._analysis import analyse
 from te_ckpt_audit.errors import PolicySpecError, UsageError
 from te_ckpt_audit.policies import SaveFromBoth
@@ -390,6 +390,14 @@ def test_a_line_a_loop_runs_is_one_place_to_name() -> None:
     assert [(n.line, n.name) for n in rec.to_name] == [(f"{file}:{line}", line_name(file, line))]
     widest = max((r for r in rec.report.results), key=lambda r: r.totals.activation_bytes)
     assert rec.to_name[0].bytes == widest.totals.activation_bytes == 11 * 32 * 64 * 4  # every block's, not one's
+
+
+def test_the_presets_a_recommendation_lists_are_those_it_searched() -> None:
+    """Under --no-presets the record said every preset was searched, and --synthesize compiled them
+    all beside its pick (and answered one): `presets` is what was searched."""
+    assert recommend(Session(four()), 3328, presets=()).presets == ()
+    assert recommend(Session(four()), 3328, presets=["checkpoint_dots"]).presets == ("checkpoint_dots",)
+    assert recommend(Session(four()), 3328).presets == tuple(registry.presets())
 
 
 def test_a_model_with_names_is_not_told_to_name_more() -> None:

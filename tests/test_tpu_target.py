@@ -430,6 +430,23 @@ def test_synthesize_makes_a_policy_from_the_names_and_compiles_every_point_on_li
 
 
 @needs_libtpu
+def test_synthesize_under_no_presets_compiles_no_preset_and_picks_names() -> None:
+    """`--no-presets` ("search name subsets only") with --synthesize compiled every preset beside
+    the pick and answered one (everything_saveable): the presets it searched are none, none is
+    compiled, and the pick is the model's names."""
+    result = cli("recommend", "sample_models/gpt.py:loss", "-D", "layers=2", "-D", "seq=128", "-D", "d_model=128",
+                 "-D", "batch=8", "--tpu", "v5e", "--maximize", "throughput", "--synthesize", "--no-presets",
+                 "--max-compiles", "6", "--format", "json")
+    assert result.exit_code == 0, result.stderr
+    doc = json.loads(result.stdout)
+    t = doc["throughput"]
+    assert doc["presets"] == [] and t["synthesis"]["presets"] == []
+    assert {p["policy"] for p in t["points"]} <= {"nothing_saveable"} | {
+        p["policy"] for p in t["points"] if p["policy"].startswith("save_only_these_names:")}
+    assert t["best"]["policy"] != "everything_saveable" and 0 < len(t["points"]) <= 6
+
+
+@needs_libtpu
 def test_synthesize_names_the_matmul_lines_of_a_model_that_names_nothing_and_says_what_to_paste() -> None:
     """Issue 58, items 1 and 3: a GPT without one checkpoint_name; the tool names its matmul lines,
     the search decides on them on libtpu, and the JSON says the calls to add, file and line."""

@@ -247,14 +247,16 @@ def recommend(
         _exhaustive(ev, names, bases, allow_offload)
     elif names:
         _propose(ev, names, bases, kind_of, allow_offload)
-    return _found(ev, names, skipped, allow_offload, max_evals)
+    return _found(ev, names, skipped, allow_offload, max_evals, tuple(preset_list))
 
 
 def _found(
-    ev: _Evaluator, names: tuple[str, ...], skipped: tuple[str, ...], allow_offload: bool, max_evals: int
+    ev: _Evaluator, names: tuple[str, ...], skipped: tuple[str, ...], allow_offload: bool, max_evals: int,
+    presets: tuple[str, ...],
 ) -> Recommendation:
     """The record of a search: the winner (or the closest), the frontier, and the report of every
-    point shown."""
+    point shown; `presets` the named policies it searched (none under --no-presets: --synthesize
+    then compiles none beside its pick)."""
     evaluated = tuple(ev.done.values())
     if not evaluated or all(c.error is not None for c in evaluated):
         first = next((c.error for c in evaluated if c.error), None)
@@ -283,7 +285,7 @@ def _found(
         frontier=frontier,
         evaluated=evaluated,
         report=report,
-        presets=registry.presets(),
+        presets=presets,
         to_name=() if names or skipped else names_to_add(list(ev.results.values())),
     )
 
