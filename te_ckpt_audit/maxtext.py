@@ -245,9 +245,11 @@ def tpu_chips(chip: str, topology: str | None) -> int:
     found = re.fullmatch(r"(v\d\w*)-(\d{1,5})", (topology or "").strip())
     named = tpu_model(found.group(1)) if found is not None and found.group(1) in (*CATALOG, *ALIASES) else None
     if found is None or named != model:
+        counted = "TensorCores, two a chip" if model.name in ("v4", "v5p") else "chips"
         raise UsageError(f"--tpu {model.name} compiles for MaxText's compile_topology, which "
                          + (f"is {topology!r}, not a {model.name} slice" if topology else "the run leaves unset"),
-                         f"add compile_topology={model.name}-256 (MaxText's name of a {model.name} slice)")
+                         f"add compile_topology={model.name}-8, or the slice you train on (MaxText names a "
+                         f"{model.name} slice by its {counted}: {model.name}-8 ... {model.name}-256)")
     cores = int(found.group(2))
     return cores // 2 if model.dimensions == 3 else cores
 

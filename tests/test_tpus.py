@@ -228,8 +228,11 @@ def test_maxtexts_compile_topology_names_the_tpu_slice(chip: str, topology: str,
 def test_a_maxtext_run_on_a_tpu_needs_one_slice_of_that_chip(settings: tuple[str, ...], said: str) -> None:
     from te_ckpt_audit.maxtext import MaxTextRun
 
-    with pytest.raises(UsageError, match=re.escape(said)):
+    with pytest.raises(UsageError, match=re.escape(said)) as err:
         _ = MaxTextRun("base.yml", settings, tpu="v5e").devices
+    if "compile_topology_num_slices=2" not in settings:  # the hint: a slice a newcomer's chip comes in
+        assert err.value.hint.startswith("add compile_topology=v5e-8, or the slice you train on (MaxText names a "
+                                         "v5e slice by its chips")
 
 
 def test_maxtext_recommend_on_a_tpu_checks_its_settings_before_any_work(tmp_path: Path) -> None:

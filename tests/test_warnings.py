@@ -36,6 +36,25 @@ def test_a_name_no_checkpoint_name_carries() -> None:
     assert "'hiden'" in warning_message(unknown) and "did you mean 'hidden'" in warning_message(unknown)
 
 
+def test_a_line_name_pasted_without_name_lines_says_where_it_comes_from(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`recommend --synthesize` on a model without names answers `--policy
+    save_only_these_names:mlp_26 --name-lines`; pasted without --name-lines, the audit said only
+    "did you mean" one of the model's own names. It says which line the tool's name is, and how to
+    have it."""
+    from pathlib import Path
+
+    monkeypatch.chdir(Path(__file__).resolve().parent.parent)
+    result = audit_target("sample_models/mlp.py:loss", ["save_only_these_names:mlp_26"]).results[0]
+    unknown = next(w for w in result.warnings if w.code is WarningCode.UNKNOWN_NAME)
+    assert unknown.line == "sample_models/mlp.py:26"
+    assert warning_message(unknown).endswith("(it is the name --name-lines gives sample_models/mlp.py:26: add "
+                                             "--name-lines, or checkpoint_name there)")
+    again = audit_target("sample_models/mlp.py:loss", ["save_only_these_names:mlp_26"], name_lines=True).results[0]
+    assert WarningCode.UNKNOWN_NAME not in [w.code for w in again.warnings]
+    typo = audit_target("sample_models/mlp.py:loss", ["save_only_these_names:fc3"]).results[0].warnings[0]
+    assert typo.line is None and "did you mean 'fc2'?" in warning_message(typo)
+
+
 def test_a_known_name_gives_no_warning() -> None:
     assert codes("save_only_these_names:hidden") == []
 

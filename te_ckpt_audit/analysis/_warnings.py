@@ -33,6 +33,7 @@ from ..records import (
 )
 from ..registry import NOTHING_SAVEABLE
 from ..specs import AsIs, NoCheckpoint, PolicySpec, Preset, names_spec, spellable
+from ..trace._naming import line_name
 from ..trace._trace import Traced
 from ._apply import row_policy, verdict_of
 
@@ -102,6 +103,17 @@ def remat3_row(traced: Traced, spec: PolicySpec, now: PolicyResult, new: PolicyR
     return row, Remat3ChangesPolicy(spec.text, changed, row.remat_bytes, row.remat3_bytes, te_gemms)
 
 
+def _line_names(traced: Traced) -> dict[str, str]:
+    """The name `--name-lines` would spell for each line of the user's code in the trace: name ->
+    "file:line" (a pick of `recommend --synthesize` pasted without --name-lines names them)."""
+    found: dict[str, str] = {}
+    for row in traced.rows.by_id.values():
+        at = row.equation.source
+        if at is not None:
+            found.setdefault(line_name(at.file, at.line), f"{at.file}:{at.line}")
+    return found
+
+
 def _spec_warnings(traced: Traced, spec: PolicySpec, result: PolicyResult) -> list[AuditWarning]:
     warnings: list[AuditWarning] = []
     te_rows = [r for r in traced.rows.by_id.values() if r.equation.is_te_gemm]
@@ -123,10 +135,12 @@ def _spec_warnings(traced: Traced, spec: PolicySpec, result: PolicyResult) -> li
     if result.scope is Scope.INNER and is_policy(spec) and not traced.has_remat:
         warnings.append(InnerScopeWithoutCheckpoints(spec.text))
     used = set(traced.rows.names)
-    for name in (*spec.names, *spec.offload_names):
-        if name not in used:
-            close = difflib.get_close_matches(name, sorted(used), n=1)
-            warnings.append(UnknownName(spec.text, name, close[0] if close else None, tuple(sorted(used))))
+    missing = [n for n in (*spec.names, *spec.offload_names) if n not in used]
+    lines = _line_names(traced) if missing else {}
+    for name in missing:
+        close = difflib.get_close_matches(name, sorted(used), n=1)
+        warnings.append(UnknownName(spec.text, name, close[0] if close else None, tuple(sorted(used)),
+                                    lines.get(name)))
     if spec.saves_everything_regardless:
         warnings.append(SavesEverything(spec.text))
     if spec.offloads and result.totals.host_bytes == 0:

@@ -54,6 +54,7 @@ class UnknownName:
     name: str
     closest: str | None  # the model's name closest to it
     model_names: tuple[str, ...]  # every checkpoint name the model has
+    line: str | None = None  # "file:line" of the model's code whose name `--name-lines` spells so (`mlp_26`)
     code: ClassVar[WarningCode] = WarningCode.UNKNOWN_NAME
 
 
@@ -164,8 +165,8 @@ def warning_document(w: AuditWarning) -> dict[str, Any]:
     match w:
         case TeGemmsRecomputed(_, equations, flops):
             doc.update(equations=list(equations), flops=flops)
-        case UnknownName(_, name, closest, model_names):
-            doc.update(name=name, suggestion=closest, known=list(model_names))
+        case UnknownName(_, name, closest, model_names, line):
+            doc.update(name=name, suggestion=closest, known=list(model_names), origins=[line] if line else [])
         case TeRequantized(_, equations, flops, modules, names, saving, delayed):
             doc.update(equations=list(equations), flops=flops, modules=list(modules), known=list(names),
                        suggestion=saving, name="delayed" if delayed else None)

@@ -116,7 +116,9 @@ def warning_message(w: AuditWarning) -> str:
             return f"{w.policy} saves exactly what nothing_saveable saves: it checkpoints nothing in this model"
         case findings.UnknownName():
             hint = (
-                f"did you mean {w.closest!r}?"
+                f"it is the name --name-lines gives {w.line}: add --name-lines, or checkpoint_name there"
+                if w.line
+                else f"did you mean {w.closest!r}?"
                 if w.closest
                 else f"names in the model: {', '.join(w.model_names) or 'none'}"
             )

@@ -60,7 +60,7 @@ def check_max_compiles(max_compiles: int) -> None:
     if max_compiles < FIRST_COMPILES:
         raise UsageError(f"$synthesize$ compiles {FIRST_COMPILES} steps (nothing saved, every name saved) before "
                          f"its first pick: $max_compiles$ {max_compiles} is too few",
-                         f"give $max_compiles$ {FIRST_COMPILES} or more ({DEFAULT_MAX_COMPILES} by default)")
+                         f"give $max_compiles$ {FIRST_COMPILES} or more, or leave it out")
 
 
 def name_costs(session: Session, names: Sequence[str], progress: Progress = quiet) -> tuple[SynthesisName, ...]:
