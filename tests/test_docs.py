@@ -108,7 +108,8 @@ def test_the_front_pages_first_audit_is_what_the_command_prints(monkeypatch: pyt
         block = ("24 array inputs" + shown.split("\n```", 1)[0]).splitlines()
         at = 0
         for line in (line.rstrip() for line in block if line.strip() != "..."):
-            assert line in printed[at:], f"{page}: {line!r} is not the command's output (in order)"
+            assert line in printed[at:], (f"{page}: {line!r} is not the command's output (in order); it printed:\n"
+                                          + "\n".join(printed))  # all of it: a rare -n 2 failure to read
             at = printed.index(line, at) + 1
         assert at > 10
 

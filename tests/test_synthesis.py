@@ -125,6 +125,18 @@ def test_the_compile_limit_is_kept_and_said() -> None:
     assert len(target.compiled) <= 5 and found.bounded
 
 
+def test_a_step_its_own_cost_dominates_climbs_by_fours_then_tries_the_rung_a_jump_skipped() -> None:
+    """A toy scan on a v5e: the step's own cost dominates, so every doubling nearly doubled
+    throughput and 20 compiles stopped the climb at batch 1024 of a memory edge far above. After a
+    doubling that gains 60% the ladder climbs by fours; the jump past the edge tries the rung it
+    skipped, which fits and is the answer."""
+    target = _Target({"a": (1, 1e-7), "b": (1, 1e-7)}, usable=1200, base=1, base_seconds=1e-6, fixed=0.2)
+    found = synthesize(target.evaluate, target.costs(), 1, "batch", target.usable, max_compiles=40, presets=())
+    plain = [v for p, v in target.compiled if p == "nothing_saveable"]
+    assert plain == [1, 2, 8, 32, 128, 512, 2048, 1024]  # fours, a refusal at 2048, the skipped 1024
+    assert found.best is not None and found.best.value == 1024 and not found.bounded
+
+
 def test_a_model_without_names_is_told_where_to_name() -> None:
     with pytest.raises(UsageError, match="checkpoint names"):
         synthesize(lambda w: [], (), 1, "batch", 2**30)

@@ -186,3 +186,20 @@ def test_a_policy_whose_throughput_stops_growing_stops_climbing_and_says_so() ->
     assert [p.value for p in found.points] == [8, 16] and found.saturated == ("roomy",) and not found.bounded
     growing, _ = _run({"roomy": dataclasses.replace(roomy, overhead=40.0)}, max_compiles=4)
     assert growing.saturated == () and growing.bounded
+
+
+def test_a_step_its_own_cost_dominates_climbs_by_fours_and_a_jump_past_the_edge_is_bisected() -> None:
+    """A small model on a large chip: the step takes about the same time at every batch, so each
+    doubling nearly doubles throughput and the memory edge is far. The ladder climbed by twos and
+    spent its compiles before the edge; after a doubling that gained 60% it climbs by fours, and
+    the edge a jump overshot is bisected as before."""
+    flat = {"flat": Step(fixed=0, per_example=1, overhead=1.0, cost=0.0001)}  # fits up to MEMORY examples
+    found, ev = _run(flat, start=1, max_compiles=40)
+    _checked(found, ev)
+    climbed = [v for _, v in ev.calls]
+    assert climbed[:5] == [1, 2, 8, 32, 128]  # twice, then fours
+    assert found.best is not None and MEMORY // 2 < found.best.value <= MEMORY  # the edge, bisected
+    assert not found.bounded
+    slow = {"slow": Step(fixed=0, per_example=1, overhead=0.0, cost=1.0)}  # no gain from the batch at all
+    found, ev = _run(slow, start=1)
+    assert [v for _, v in ev.calls] == [1, 2] and found.saturated == ("slow",)

@@ -44,7 +44,7 @@ from ..errors import UsageError
 from ..records import Point, Proposal, SynthesisName, Synthesized, Throughput
 from ..registry import NOTHING_SAVEABLE
 from ..specs import names_spec, resolve_policy
-from ._throughput import SATURATED, Evaluate
+from ._throughput import SATURATED, Evaluate, doubling_gain, ladder_step
 
 DEFAULT_MAX_COMPILES = 20  # per value two ends and a pick (and its corrections); the presets; one more round
 FIRST_COMPILES = 2  # the first batch's two ends, nothing saved and every name saved, before any pick
@@ -150,7 +150,7 @@ def synthesize(
 
     bounded = False
     value, tried_down = start, False
-    previous = 0.0  # the best throughput at the value before: the ladder stops where doubling gains under 2%
+    below: Point | None = None  # the best fitting point of the rung below: the ladder stops where doubling gains < 2%
     while True:
         ends = compiled([(NOTHING_SAVEABLE, value), (every, value)])
         if ends is None:
@@ -161,16 +161,20 @@ def synthesize(
             if value == start and not tried_down and value > 1:
                 value, tried_down = value // 2, True  # the start does not fit: one step down
                 continue
+            if below is not None and value == 4 * below.value:  # a jump past the edge: the rung it skipped
+                value, tried_down = 2 * below.value, True
+                continue
             break
         if value < start:  # found a fitting value below the start: that is the ladder's top
             tried_down = True
         if not pick(value, low, high, None):
             bounded = True
-        here = max((p.throughput or 0.0 for (_, v), p in points.items() if v == value and p.fits), default=0.0)
-        if bounded or tried_down or (previous and here < SATURATED * previous):
+        here = _fastest(p for (_, v), p in points.items() if v == value)
+        gain = doubling_gain(below, here)
+        if bounded or tried_down or (gain is not None and gain < SATURATED):
             break
-        previous = here
-        value *= 2
+        below = here
+        value *= ladder_step(gain)
     made = _fastest(points.values())
     if made is not None:
         for preset in presets:  # the presets at the pick's value: what the synthesis is measured against

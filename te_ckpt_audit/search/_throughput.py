@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import math
 from collections.abc import Callable, Sequence
 
 from .._progress import Progress, quiet
@@ -41,6 +42,7 @@ from ..tpus import TpuRequest
 THROUGHPUT = "throughput"  # `--maximize throughput`
 DEFAULT_MAX_COMPILES = 8  # points (each the memory compiles and the time compile of one step): ~1 min on a small model
 SATURATED = 1.02  # a policy stops climbing once doubling its batch gains less than 2% throughput
+ACCELERATE = 1.6  # a doubling that gained this much: the step's own cost dominates, the ladder quadruples
 
 # (policy, value) pairs -> their points, compiled (several at once where the caller can)
 Evaluate = Callable[[Sequence[tuple[str, int]]], Sequence[Point]]
@@ -88,13 +90,37 @@ def grain_of(start: int) -> int:
     return start & -start
 
 
-def _climb(edge: _Edge, start: int, tried: set[int]) -> int | None:
+def doubling_gain(lower: Point | None, upper: Point | None) -> float | None:
+    """The throughput one doubling of the batch gained between two fitting points of a ladder
+    (a jump of four is two doublings).
+
+    >>> doubling_gain(Point("p", 8, 1, True, 1.0, 8.0), Point("p", 32, 1, True, 1.0, 32.0))
+    2.0
+    """
+    if (lower is None or upper is None or not lower.fits or not upper.fits or not lower.throughput
+            or not upper.throughput or upper.value <= lower.value):
+        return None
+    return float((upper.throughput / lower.throughput) ** (1 / math.log2(upper.value / lower.value)))
+
+
+def ladder_step(gain: float | None) -> int:
+    """How far the ladder climbs from a fitting value: twice it, four times where the last doubling
+    gained at least ACCELERATE (a step its own cost dominates, as a small model's: throughput grows
+    almost with the batch, and the memory edge is far); a jump past the edge is bisected back.
+
+    >>> ladder_step(None), ladder_step(1.3), ladder_step(1.9)
+    (2, 2, 4)
+    """
+    return 4 if gain is not None and gain >= ACCELERATE else 2
+
+
+def _climb(edge: _Edge, start: int, tried: set[int], gain: float | None = None) -> int | None:
     """The policy's next value on the ladder, or None once its edge is bracketed (or 1 does not fit)."""
     if edge.fit is None:
         value = start if edge.fail is None else edge.fail // 2
         return value if value >= 1 and value not in tried else None
     if edge.fail is None:
-        return edge.fit * 2
+        return edge.fit * ladder_step(gain)
     return None
 
 
@@ -128,11 +154,15 @@ def search(
     def best_of(policy: str) -> float:
         return max((p.throughput or 0.0 for (q, _), p in points.items() if q == policy and p.fits), default=0.0)
 
+    def gain_of(policy: str) -> float | None:  # the last rung's gain per doubling
+        fitting = sorted((p for (q, _), p in points.items() if q == policy and p.fits), key=lambda p: p.value)
+        return doubling_gain(*fitting[-2:]) if len(fitting) >= 2 else None
+
     def wanted() -> list[tuple[str, int]]:
         if values:
             return [(p, v) for v in dict.fromkeys(values) for p in policies if (p, v) not in points]
         climbing = [(p, v) for p in policies if p not in saturated
-                    and (v := _climb(edges[p], start, {w for q, w in points if q == p})) is not None]
+                    and (v := _climb(edges[p], start, {w for q, w in points if q == p}, gain_of(p))) is not None]
         if climbing:  # the policies with the fewest points first: a bounded search stays broad
             return sorted(climbing, key=lambda w: (sum(q == w[0] for q, _ in points), policies.index(w[0])))
         ranked = sorted(policies, key=lambda p: (-best_of(p), policies.index(p)))
@@ -148,9 +178,11 @@ def search(
         for (policy, value), point in zip(batch, evaluate(batch), strict=True):
             points[(policy, value)] = point
             edges[policy].after(point)
-            half = points.get((policy, value // 2))
-            if (point.fits and half is not None and half.fits and point.throughput is not None
-                    and half.throughput is not None and point.throughput < SATURATED * half.throughput):
+            below = max((p for (q, v), p in points.items() if q == policy and v < value and p.fits),
+                        key=lambda p: p.value, default=None)  # the rung below (half, or a quarter after a jump)
+            gain = doubling_gain(below, point) if below is not None and value in (2 * below.value, 4 * below.value) \
+                else None  # a rung of the climb, not a bisection's
+            if gain is not None and gain < SATURATED:
                 saturated.append(policy)
     fitting = [p for p in points.values() if p.fits and p.throughput is not None]
     best = max(fitting, key=lambda p: (p.throughput or 0.0, -policies.index(p.policy), -p.value), default=None)
