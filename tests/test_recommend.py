@@ -400,6 +400,38 @@ def test_the_presets_a_recommendation_lists_are_those_it_searched() -> None:
     assert recommend(Session(four()), 3328).presets == tuple(registry.presets())
 
 
+def test_values_an_installed_library_makes_are_placed_by_module_path_with_the_layers_merged(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hugging Face's BERT is called from one line of the user's: every activation was placed at that
+    line (a name there names the logits). A value made inside an installed library's code is placed
+    by its module path with the layer indices merged (one name in that code names every layer), at
+    the library's line."""
+    from te_ckpt_audit import recommend_target
+
+    (tmp_path / "tlib.py").write_text(
+        "__te_ckpt_audit_library__ = True  # as an installed library's file reads to the tool\n"
+        "import jax, jax.numpy as jnp\n"
+        "def model(w, x):\n"
+        "    for i in range(3):\n"
+        "        with jax.named_scope(f'layer_{i}'), jax.named_scope('attention'):\n"
+        "            x = jax.checkpoint(lambda x: jnp.tanh(x @ w))(x)\n"
+        "    return x\n")
+    (tmp_path / "user.py").write_text(
+        "import jax, jax.numpy as jnp\n"
+        "from tlib import model\n"
+        "def loss(w, x):\n"
+        "    return jnp.sum(model(w, x))\n"
+        "def loss_inputs():\n"
+        "    f = jax.ShapeDtypeStruct\n"
+        "    return f((64, 64), jnp.float32), f((32, 64), jnp.float32)\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    rec = recommend_target("user.py:loss", budget="1KiB")
+    assert [(n.where, n.line, n.name) for n in rec.to_name] == [("layer_*/attention", "tlib.py:6", "attention")]
+    widest = max((r for r in rec.report.results), key=lambda r: r.totals.activation_bytes)
+    assert rec.to_name[0].bytes == widest.totals.activation_bytes == 3 * 2 * 32 * 64 * 4  # every layer's dot, tanh
+
+
 def test_a_model_with_names_is_not_told_to_name_more() -> None:
     assert recommend(Session(four()), 3328).to_name == ()
 

@@ -298,31 +298,63 @@ def _identifier(text: str) -> str:
 def names_to_add(results: Sequence[PolicyResult], top: int = 5) -> tuple[NameToAdd, ...]:
     """For a model with no checkpoint names: its largest activations by the line of the user's code
     that makes them (one `checkpoint_name` there names every layer it makes: a loop's blocks, a
-    scan's), else by module path (a library's code), under the policy that keeps the most; each with
-    the name to give it: the line's as `--name-lines` gives it (`gpt_52`), else the module's last
-    part, so that `recommend` can choose among them."""
+    scan's); a value made inside an installed library's code (Hugging Face's BERT called from one
+    line of the user's) by its module path with the layer indices merged (`layer/*/attention`: one
+    name in that code names every layer), under the policy that keeps the most; each with the name
+    to give it: the line's as `--name-lines` gives it (`gpt_52`), else the module's last part, so
+    that `recommend` can choose among them."""
     kept = max(results, key=lambda r: r.totals.activation_bytes, default=None)
     if kept is None:
         return ()
     places: dict[str, list[Residual]] = {}
     for r in kept.residuals:
         if r.kind is ResidualKind.ACTIVATION and r.bytes:
-            line = f"{r.source.file}:{r.source.line}" if r.source else None
-            places.setdefault(line or r.module or (r.primitive or "?"), []).append(r)
+            places.setdefault(_place(r), []).append(r)
     ranked = sorted(places.items(), key=lambda kv: (-sum(r.bytes for r in kv[1]), kv[0]))[:top]
     out: list[NameToAdd] = []
     taken: set[str] = set()
     for where, made in ranked:
         first = made[0]
         line = f"{first.source.file}:{first.source.line}" if first.source else None
-        stem = (line_name(first.source.file, first.source.line) if first.source else
-                _identifier(first.module.rsplit("/", 1)[-1] if first.module else f"{first.primitive or 'value'}"
-                            f"_{len(out)}"))
+        by_line = line == where
+        library = first.frame if not by_line and first.frame is not None else None
+        if by_line and first.source:
+            stem = line_name(first.source.file, first.source.line)
+        elif first.module:  # the module's last part, or as many parts as tell it from those named before
+            parts = [p for p in where.split("/") if p and p != "*"]
+            stem = next((n for k in range(1, len(parts) + 1) if (n := _identifier("_".join(parts[-k:]))) not in taken),
+                        _identifier(where))
+        else:
+            stem = _identifier(f"{first.primitive or 'value'}_{len(out)}")
         name = stem if stem not in taken else f"{stem}_{len(out)}"
         taken.add(name)
-        out.append(NameToAdd(where, line, sum(r.bytes for r in made),
-                             tuple(dict.fromkeys(r.primitive or "?" for r in made)), name))
+        out.append(NameToAdd(where, f"{library.file}:{library.line}" if library else line,
+                             sum(r.bytes for r in made), tuple(dict.fromkeys(r.primitive or "?" for r in made)), name))
     return tuple(out)
+
+
+def _place(r: Residual) -> str:
+    """Where a residual is named: the user's line that makes it; its module path, layer indices
+    merged, where an installed library's code below that line makes it (its innermost frame is not
+    the user's); the producer where neither is known."""
+    line = f"{r.source.file}:{r.source.line}" if r.source else None
+    in_library = r.frame is not None and r.frame != r.source
+    if r.module and (line is None or in_library):
+        return _layers_merged(r.module)
+    return line or r.module or r.primitive or "?"
+
+
+def _layers_merged(module: str) -> str:
+    """A module path with its layer indices as `*` (a number, or an instance number of a module
+    that holds others): every layer's values are one place to name; the module that makes the
+    value keeps its own (Dense_0 and Dense_1 are two places).
+
+    >>> _layers_merged("FlaxBertModule/encoder/layer/0/attention/self/query"), _layers_merged("Net/Block_3/Dense_0")
+    ('FlaxBertModule/encoder/layer/*/attention/self/query', 'Net/Block_*/Dense_0')
+    """
+    parts = module.split("/")
+    return "/".join("*" if part.isdigit() else re.sub(r"_\d+$", "_*", part) if i < len(parts) - 1 else part
+                    for i, part in enumerate(parts))
 
 
 def _subsets(names: Sequence[str]) -> Iterable[tuple[str, ...]]:
