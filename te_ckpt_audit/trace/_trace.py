@@ -80,7 +80,10 @@ class Rows:
         self.memo: dict[int, tuple[AnyJaxpr, AnyJaxpr]] = {}
         self.has_remat = False  # a checkpoint anywhere, custom_vjp forward rules included
         self.sites = Sites()  # where each equation is, call site by call site (_sites)
-        self.prefix_of: dict[int, str] = {}  # id of a body -> the prefix it was tagged under
+        # id of a body -> (the body, kept alive so that its id stays its own; the prefix it was tagged under):
+        # a body traced later (a custom_vjp's forward rule, at each differentiation) may die, and a new
+        # body given its id read as one more call of it, its equations left without rows
+        self.prefix_of: dict[int, tuple[jc.Jaxpr | jc.ClosedJaxpr, str]] = {}
         self.interned: SiteScopes = {}  # checkpoints whose body _intern shared: their own scopes
         self.input_modules: tuple[str | None, ...] = ()  # each input's module, where parameters name them
         self.batched_weight_gemms: dict[str, str] | None = None  # _warnings' lint, found once per trace
@@ -447,8 +450,8 @@ def _tag_bodies(eqn: jc.JaxprEqn, eid: str, ctx: _Context, rows: Rows) -> jc.Par
         body = f"{eid}." if len(subs) == 1 else f"{eid}.{j}."
         first = id(sub) not in rows.prefix_of
         if first:
-            rows.prefix_of[id(sub)] = body
-        rows.sites.call(eid, rows.prefix_of[id(sub)], first)
+            rows.prefix_of[id(sub)] = (sub, body)
+        rows.sites.call(eid, rows.prefix_of[id(sub)][1], first)
 
     def tag_body(j: int, sub: jc.Jaxpr) -> jc.Jaxpr:
         return _tag(sub, f"{eid}." if len(subs) == 1 else f"{eid}.{j}.", ctx, rows)
