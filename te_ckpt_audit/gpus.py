@@ -133,6 +133,7 @@ class GpuModel:
     config: str | None = dataclasses.field(default=None, repr=False)  # a config file's own text (--gpu-config)
     path: Path | None = dataclasses.field(default=None, repr=False, compare=False)  # that file, absolute
     rates: Rates | None = dataclasses.field(default=None, repr=False)  # what the step-time estimate needs
+    host_link: float = 0.0  # bytes per second to and from host memory, each direction (HOST_LINKS); 0: unknown
 
     def dense_flops(self, kind: int = BF16) -> float:
         """Dense tensor-core FLOP/s of one GPU for element type `kind` (BF16 by default); 0 unknown.
@@ -203,8 +204,14 @@ device_description_str: "{self.description}"
 """
 
 
+# The host link, each direction: PCIe's x16 rates (PCI-SIG: 16 GT/s a lane for 4.0, 32 GT/s for 5.0,
+# 128b/130b encoding), 31.5 and 63 GB/s; Hopper and Blackwell GPUs (HGX H100/H200/B200, the H100 PCIe
+# card) attach by PCIe 5.0, A100 and L40S by 4.0. Offloaded residuals cross it (`--time`).
+PCIE4_X16, PCIE5_X16 = 31.5 * GB, 63.0 * GB
+HOST_LINKS = {"h100-sxm": PCIE5_X16, "h100-pcie": PCIE5_X16, "h200": PCIE5_X16, "b200": PCIE5_X16,
+              "a100-40gb": PCIE4_X16, "a100-80gb": PCIE4_X16, "l40s": PCIE4_X16}
 CATALOG: dict[str, GpuModel] = {
-    m.name: m
+    m.name: dataclasses.replace(m, host_link=HOST_LINKS.get(m.name, 0.0))
     for m in (
         GpuModel("h100-sxm", "NVIDIA H100 80GB HBM3", (9, 0), 132, 84942979072, 52428800, 1.98, 3352320000000, HOPPER,
                  rates=H100_SXM_RATES),

@@ -530,7 +530,7 @@ def test_recommend_times_what_it_compiles(tmp_path: Any) -> None:
     run = cli("recommend", "sample_models/mlp.py:loss", "--gpu", "h100", "--time", "--format", "json", "-o", str(out))
     assert run.returncode == 0, run.stderr
     doc = json.loads(out.read_text())
-    assert doc["schema"] == "te-ckpt-audit-recommend/13"
+    assert doc["schema"] == "te-ckpt-audit-recommend/14"
     chosen = doc["recommended"]
     assert chosen["peak"] is not None and chosen["time"]["seconds"] > 0 and chosen["time"]["error"] is None
     assert chosen["time"]["model_flops"] == 3 * chosen["forward_flops"]
@@ -860,3 +860,44 @@ def test_a_cached_step_of_no_time_is_estimated_again_not_taken() -> None:
     plain = to_plain(time)
     assert steptime.from_plain(plain) == time
     assert steptime.from_plain({**plain, "seconds": 0.0}) is None
+
+
+def test_offloaded_residuals_cross_the_host_link_beside_the_kernels() -> None:
+    """An offload policy's copies to host memory and back were timed at the HBM's bandwidth and
+    summed with the kernels: offloading read as free (a GPT offloading three names: 0.320 ms, the
+    same as saving them). They go over the GPU's host link (PCIe 5.0 x16 on an H100, 63 GB/s each
+    direction) on their own stream, beside the kernels scheduled before their wait: what the
+    schedule leaves unhidden is added, and said."""
+    h100 = gpu_model("h100")
+    assert h100.host_link == 63e9 and gpu_model("a100").host_link == 31.5e9
+    copy = Kernel("dynamic-update-slice-start", KernelKind.HOST, 0, 630_000, asynchronous=True)  # 10 us over PCIe
+    work = Kernel("fusion", KernelKind.MEMORY, 0, int(4e-6 * h100.bandwidth))  # 4 us at the HBM's bandwidth
+    wait = Kernel("dynamic-update-slice-done", KernelKind.HOST, 0, 0, waits_for=copy.name)
+    t = steptime.estimate([copy, work, wait], h100, 1, 0.0)
+    assert t.host_seconds == pytest.approx(10e-6) and t.exposed_host_seconds == pytest.approx(6e-6)
+    assert t.compute_seconds == pytest.approx(4e-6) and t.seconds == pytest.approx(10e-6)
+    hidden = steptime.estimate([copy, *[work] * 3, wait], h100, 1, 0.0)  # 12 us of kernels hide it
+    assert hidden.exposed_host_seconds == 0 and hidden.seconds == pytest.approx(12e-6)
+    waited_at_once = steptime.estimate([copy, wait, work], h100, 1, 0.0)  # nothing between: all of it shows
+    assert waited_at_once.seconds == pytest.approx(14e-6)
+    plain = {k: v for k, v in to_plain(t).items() if k in ("host_seconds", "exposed_host_seconds")}
+    assert plain == {"host_seconds": pytest.approx(10e-6), "exposed_host_seconds": pytest.approx(6e-6)}
+
+
+@compiles
+def test_an_offload_policys_compiled_step_times_its_host_copies() -> None:
+    """XLA:GPU offloads a scanned stack's residuals as asynchronous dynamic-update-slice fusions into
+    host memory and dynamic-slice fusions back: each read as a copy over the host link, waited for
+    at its done; saving the same names on the device has none."""
+    from te_ckpt_audit import audit_target
+
+    off, kept = "save_and_offload_only_these_names:offload=ffn1,qkv_proj", "save_only_these_names:ffn1,qkv_proj"
+    report = audit_target(str(ROOT / "sample_models/gpt.py") + ":loss", [off, kept],
+                          gpu=GpuRequest(H100, time=True))
+    moved, device = (r.time for r in report.results)
+    assert moved is not None and device is not None and moved.seconds is not None
+    host = report.results[0].totals.host_bytes
+    assert host > 0 and moved.host_seconds == pytest.approx(2 * host / H100.host_link, rel=0.01)  # out and back
+    assert 0 <= moved.exposed_host_seconds <= moved.host_seconds and device.host_seconds == 0
+    assert moved.seconds == pytest.approx(moved.compute_seconds + moved.exposed_communication_seconds
+                                          + moved.exposed_host_seconds)

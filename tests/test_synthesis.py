@@ -50,16 +50,23 @@ class _Target:
         self.interaction, self.fixed = interaction, fixed
         self.compiled: list[tuple[str, int]] = []
 
+    link = 0.0  # bytes/s each direction to host memory: an offloaded name's copies out and back
+
     def saved(self, policy: str) -> tuple[str, ...]:
         names = policy.split("+")[0]
         return () if names in PRESETS else tuple(resolve_policy(names).names)  # type: ignore[attr-defined]
 
+    def offloaded(self, policy: str) -> tuple[str, ...]:
+        names = policy.split("+")[0]
+        return tuple(resolve_policy(names).offload_names) if "offload" in names else ()
+
     def point(self, policy: str, v: int) -> Point:
-        saved, dots = self.saved(policy), "checkpoint_dots" in policy.split("+")
+        saved, dots, moved = self.saved(policy), "checkpoint_dots" in policy.split("+"), self.offloaded(policy)
         extra = (3 * MIB * v if dots else 0) + sum(self.names[n][0] for n in saved) * v
         extra += self.interaction * v if len(saved) == 2 else 0  # two together, not all three: unseen by the ends
         seconds = self.fixed + self.base_seconds * v
         seconds -= (0.004 * v if dots else 0) + sum(self.names[n][1] for n in saved) * v
+        seconds += sum(2 * self.names[n][0] * v / self.link - self.names[n][1] * v for n in moved)
         peak = self.base * v + extra
         if peak > self.usable:  # as a target answers: a step that does not fit gets no time
             return Point(policy, v, peak, False, None, None, "the step does not fit the chip's HBM")
@@ -135,6 +142,45 @@ def test_a_step_its_own_cost_dominates_climbs_by_fours_then_tries_the_rung_a_jum
     plain = [v for p, v in target.compiled if p == "nothing_saveable"]
     assert plain == [1, 2, 8, 32, 128, 512, 2048, 1024]  # fours, a refusal at 2048, the skipped 1024
     assert found.best is not None and found.best.value == 1024 and not found.bounded
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_the_multiple_choice_knapsack_is_exact_against_every_assignment(seed: int) -> None:
+    from te_ckpt_audit.search._synthesis import best_choice
+
+    rng = random.Random(seed)
+    items = [(f"n{i}", ((float(rng.randint(1, 50)), rng.uniform(-1.0, 3.0), "device"),
+                        (0.0, rng.uniform(-1.0, 2.0), "offload"))) for i in range(rng.randint(1, 6))]
+    room = float(rng.randint(0, 120))
+    chosen, size, seconds = best_choice(items, room)
+    best = 0.0
+    for picks in itertools.product((None, 0, 1), repeat=len(items)):
+        options = [item[1][k] for item, k in zip(items, picks, strict=True) if k is not None]
+        if sum(o[0] for o in options) <= room and all(o[1] > 0 for o in options):
+            best = max(best, sum(o[1] for o in options))
+    assert seconds == pytest.approx(best) and size <= room
+    assert sum(dict((c, (b, t)) for b, t, c in opts)[chosen[n]][1] for n, opts in items if n in chosen) == \
+        pytest.approx(seconds)
+
+
+def test_with_a_host_link_a_name_too_large_to_keep_is_offloaded_where_that_is_faster() -> None:
+    """`--allow-offload` on a GPU: the device cannot hold `a` at any batch that fits, recomputing it is
+    slow, and its copies over the host link cost less than its recompute: the pick offloads it (the
+    compiles say so), and is faster than anything without offload."""
+    names = {"a": (9 * MIB, 0.010), "b": (1 * MIB, 0.002)}
+    plain = _Target(names, usable=12 * MIB, base=4 * MIB, base_seconds=0.05)
+    plain.link = 100 * MIB / 0.001  # 100 MiB a millisecond: 9 MiB out and back in 0.18 ms, 10 ms saved
+    without = synthesize(plain.evaluate, plain.costs(), 1, "batch", plain.usable, max_compiles=16,
+                         step_flops=50_000)
+    moving = _Target(names, usable=12 * MIB, base=4 * MIB, base_seconds=0.05)
+    moving.link = plain.link
+    found = synthesize(moving.evaluate, moving.costs(), 1, "batch", moving.usable, max_compiles=16,
+                       step_flops=50_000, host_link=moving.link)
+    assert found.best is not None and without.best is not None and found.synthesis is not None
+    assert "offload=a" in found.best.policy and found.best.fits
+    assert (found.best.throughput or 0) > (without.best.throughput or 0)
+    assert "offloaded to host memory" in found.synthesis.solver
+    assert all("offload" not in p.policy for p in without.points)  # no link, no offload
 
 
 def test_a_model_without_names_is_told_where_to_name() -> None:

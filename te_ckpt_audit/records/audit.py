@@ -353,6 +353,10 @@ class StepTime:
     # of seconds: what a step pays beyond its kernels' work (a TPU's: a cost per step and one per
     # kernel run, measured on the chip); 0 where the estimate has none
     overhead_seconds: float = 0.0
+    # copies of offloaded residuals to host memory and back, over the host link (a GPU's PCIe), as if
+    # none overlapped; and of it, what XLA's schedule leaves unhidden beside the kernels (in `seconds`)
+    host_seconds: float = 0.0
+    exposed_host_seconds: float = 0.0
 
     @property
     def mfu(self) -> float | None:

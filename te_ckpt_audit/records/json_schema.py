@@ -196,7 +196,7 @@ JSON_SCHEMA: dict[str, Any] = {
                             examples={"oneOf": [{"type": "null"}, _INT]}, examples_per_second_per_gpu=_OPT_NUMBER,
                             device={"enum": ["GPU", "chip"]}, hardware=_STR, estimator=_STR,
                             floor_seconds=_SECONDS, floor_kernels=_INT, unestimated=_array(_STR),
-                            overhead_seconds=_SECONDS,
+                            overhead_seconds=_SECONDS, host_seconds=_SECONDS, exposed_host_seconds=_SECONDS,
                             calibration={"oneOf": [{"type": "null"}, _object(
                                 profile=_STR, instructions=_INT, measured=_INT, missing=_INT,
                                 ratios=_array({"type": "array", "prefixItems": [_enum(KernelKind),

@@ -197,6 +197,13 @@ def producer_headers(report: AuditReport) -> tuple[str, ...]:
             *(("requantized",) if q else ()))
 
 
+def _host_link(t: StepTime) -> str:
+    """How the host copies were timed: a GPU's over its host link; a TPU's at libtpu's estimate, which
+    does not time the link (the catalog holds no TPU host link): said, not hidden."""
+    return ("; libtpu's estimate, not the host link's time: a TPU's host link is not in the catalog"
+            if t.device == "chip" else "; each direction over the GPU's host link, PCIe")
+
+
 def offloaded(report: AuditReport) -> bool:
     """Whether any policy keeps bytes in host memory: the terminal shows its "host" column only then
     (at 80 columns the policy names need the room); the Markdown, HTML and JSON keep it always."""
@@ -719,6 +726,9 @@ def time_notes(report: AuditReport) -> list[str]:
                          f"{format_seconds(r.time.compute_seconds)} computing, "
                          f"{format_seconds(r.time.communication_seconds)} in collectives, "
                          f"{format_seconds(r.time.exposed_communication_seconds)} of it exposed"
+                         + (f", {format_seconds(r.time.host_seconds)} copying offloaded residuals to host memory "
+                            f"and back ({format_seconds(r.time.exposed_host_seconds)} of it exposed beside the "
+                            f"kernels{_host_link(r.time)})" if r.time.host_seconds or r.totals.host_bytes else "")
                          + (f", {format_seconds(r.time.overhead_seconds)} the step's own cost beyond its kernels' work "
                             f"(per step and per kernel run, {r.time.kernels:,} runs)"
                             if r.time.overhead_seconds else ""))

@@ -612,7 +612,7 @@ def recommend_target(
     if keyword is not None and synthesize:
         on = dataclasses.replace(on, time=True)
         return _synthesized(rec, session, lambda v: session_with({keyword: str(v)}), keyword, start, on,
-                            max_compiles, progress, executor, capture, limit)
+                            max_compiles, progress, executor, capture, limit, allow_offload)
     if keyword is not None:  # one question, one search: no memory pick compiled beside it, one compile limit
         on = dataclasses.replace(on, time=True)  # throughput is the step's estimated time
         policies = spread([c.policy for c in rec.frontier if c.error is None], max(2, max_compiles // 4))
@@ -632,9 +632,11 @@ def recommend_target(
 def _synthesized(rec: Recommendation, session: Session, build: Callable[[int], Session], keyword: str, start: int,
                  on: GpuRequest | TpuRequest, max_compiles: int, progress: Progress,
                  executor: concurrent.futures.Executor | None, capture: LogCapture | None,
-                 limit: int) -> Recommendation:
+                 limit: int, allow_offload: bool = False) -> Recommendation:
     """`--synthesize`: the names' costs from the audit, the solver's picks compiled on the target,
-    the presets beside the pick; the winner's candidate (at the start value) for the code to paste."""
+    the presets beside the pick; the winner's candidate (at the start value) for the code to paste.
+    With `allow_offload` on a GPU, a name may be offloaded too (over its host link); a TPU's host
+    link is not in the catalog, so there the solver says it did not offload."""
     if not rec.names:
         to_name = "; ".join(f"at {n.line or n.where}: {n.code()}" for n in rec.to_name[:3])
         raise UsageError("$synthesize$ chooses among the model's checkpoint names, and it has none",
@@ -646,8 +648,14 @@ def _synthesized(rec: Recommendation, session: Session, build: Callable[[int], S
     usable = on.usable_bytes if isinstance(on, GpuRequest) else on.target.model.usable_bytes
     nothing = session.result(resolve_policy(registry.NOTHING_SAVEABLE), progress)
     flops = 3 * nothing.forward_flops + nothing.recompute_flops  # the step's, saving nothing, at the start value
+    link = on.model.host_link if allow_offload and isinstance(on, GpuRequest) else 0.0
     found = per_device_of(synthesize_policy(evaluate, costs, start, keyword, usable, step_flops=flops,
-                                            max_compiles=max_compiles, presets=rec.presets), on)
+                                            max_compiles=max_compiles, presets=rec.presets, host_link=link), on)
+    if allow_offload and not link and found.synthesis is not None:  # asked, and not done: said
+        why = ("a TPU's host link is not in the catalog" if isinstance(on, TpuRequest)
+               else f"the host link of {on.model.name} is not known")
+        found = dataclasses.replace(found, synthesis=dataclasses.replace(
+            found.synthesis, solver=f"{found.synthesis.solver}; nothing offloaded: {why}"))
     evaluated = rec.evaluated
     if found.best is not None and all(c.policy != found.best.policy for c in evaluated):
         names, _, base = found.best.policy.partition("+")  # the synthesis spells save_only_these_names:...[+PRESET]

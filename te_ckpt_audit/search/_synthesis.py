@@ -85,29 +85,49 @@ def best_subset(items: Sequence[tuple[str, float, float]], room: float) -> tuple
     >>> best_subset([("a", 3, 1.0), ("b", 2, 0.8), ("c", 2, 0.7)], 4)
     (('b', 'c'), 4.0, 1.5)
     """
-    frontier: list[tuple[float, float, tuple[str, ...]]] = [(0.0, 0.0, ())]
-    for name, size, seconds in items:
-        if seconds <= 0:
-            continue
-        grown = [(b + size, s + seconds, (*names, name)) for b, s, names in frontier if b + size <= room]
-        merged = sorted(frontier + grown, key=lambda x: (x[0], -x[1]))
+    chosen, bytes_, seconds = best_choice([(name, ((size, sec, DEVICE),)) for name, size, sec in items], room)
+    return tuple(sorted(chosen)), bytes_, seconds
+
+
+DEVICE, OFFLOAD = "device", "offload"  # a name's choices beside recomputing it
+
+
+def best_choice(items: Sequence[tuple[str, Sequence[tuple[float, float, str]]]],
+                room: float) -> tuple[dict[str, str], float, float]:
+    """For each name one of its options (bytes on the device, seconds saved, choice), or none of
+    them (recomputed), so that the seconds saved sum highest with the bytes summing within `room`:
+    exact, over the Pareto frontier of (bytes, seconds) of every assignment (a multiple-choice
+    knapsack). An option that saves no time is never chosen.
+
+    >>> best_choice([("a", ((3, 1.0, "device"), (0, 0.6, "offload"))), ("b", ((2, 0.8, "device"),))], 2)
+    ({'a': 'offload', 'b': 'device'}, 2.0, 1.4)
+    """
+    frontier: list[tuple[float, float, tuple[tuple[str, str], ...]]] = [(0.0, 0.0, ())]
+    for name, options in items:
+        grown = list(frontier)
+        for size, seconds, choice in options:
+            if seconds > 0:
+                grown += [(b + size, s + seconds, (*picked, (name, choice))) for b, s, picked in frontier
+                          if b + size <= room]
         frontier = []
-        for entry in merged:  # keep a subset only if it saves more than every smaller one
+        for entry in sorted(grown, key=lambda x: (x[0], -x[1])):  # keep one only if it saves more than any smaller
             if not frontier or entry[1] > frontier[-1][1]:
                 frontier.append(entry)
-    bytes_, seconds, names = max(frontier, key=lambda x: (x[1], -x[0]))
-    return tuple(sorted(names)), bytes_, seconds
+    bytes_, seconds, picked = max(frontier, key=lambda x: (x[1], -x[0]))
+    return dict(picked), bytes_, seconds
 
 
 def synthesize(
     evaluate: Evaluate, costs: Sequence[SynthesisName], start: int, keyword: str, usable: int, *,
     step_flops: int = 0, max_compiles: int = DEFAULT_MAX_COMPILES, presets: Sequence[str] = (),
     device: str = "GPU", estimator: str = "XLA's cost models", unit: str | None = None, on_presets: bool = True,
+    host_link: float = 0.0,
 ) -> Throughput:
     """The fastest (subset of names, value) whose step the target takes, by the solver above; then,
     while compiles are left, the `presets` at the pick's value, marked beside it. `unit`: what the
     throughput counts (the keyword's own by default); `on_presets=False`: no names on top of a
-    preset (MaxText's custom policy cannot add names to one of its presets)."""
+    preset (MaxText's custom policy cannot add names to one of its presets); `host_link` (bytes/s
+    each direction, a GPU's PCIe): each name may be offloaded to host memory too (`--allow-offload`)."""
     names = sorted((c for c in costs if c.name), key=lambda c: c.name)
     if not names:
         raise UsageError("--synthesize chooses among the model's checkpoint names, and it has none",
@@ -130,7 +150,7 @@ def synthesize(
         """The solver's pick at `value` over the ends `low` (the base alone) and `high` (every name
         on it), compiled, re-solved where refused; False where the compile limit stopped it."""
         every_here = names_spec(tuple(c.name for c in names), base=base).text
-        proposal = _solve(low, high, names, value / start, usable, base, step_flops=step_flops)
+        proposal = _solve(low, high, names, value / start, usable, base, step_flops=step_flops, host_link=host_link)
         for _ in range(CORRECTIONS + 1):
             spec, extra, saved = proposal
             if spec in (low.policy, every_here):
@@ -145,7 +165,7 @@ def synthesize(
                 return True
             over = (point.peak_bytes or usable) - usable
             proposal = _solve(low, high, names, value / start, usable, base, shrink=max(over, int(extra * 0.25)),
-                              cap=extra, step_flops=step_flops)
+                              cap=extra, step_flops=step_flops, host_link=host_link)
         return True
 
     bounded = False
@@ -191,7 +211,11 @@ def synthesize(
             bounded = True
     best = _fastest(points.values(), presets)  # a preset may still be the fastest (or tie): then it is the answer
     searched = tuple(dict.fromkeys([NOTHING_SAVEABLE, *(p.policy for p in points.values())]))
-    synthesis = Synthesized(tuple(names), tuple(proposals), SOLVER, tuple(presets))
+    solver = SOLVER if not host_link else (
+        f"{SOLVER}; each name saved on the device, offloaded to host memory (its copies out and back over the "
+        f"host link, {host_link / 1e9:g} GB/s each direction, counted in full) or recomputed: a multiple-choice "
+        "knapsack")
+    synthesis = Synthesized(tuple(names), tuple(proposals), solver, tuple(presets))
     return Throughput(keyword, unit or keyword, best, tuple(points.values()), searched, max_compiles, bounded, (),
                       device, estimator, synthesis)
 
@@ -204,21 +228,28 @@ def _fastest(points: Iterable[Point], presets: Sequence[str] = ()) -> Point | No
 
 
 def _solve(low: Point, high: Point, names: Sequence[SynthesisName], scale: float, usable: int, base: str | None,
-           shrink: float = 0.0, cap: float | None = None, step_flops: int = 0) -> tuple[str, float, float]:
+           shrink: float = 0.0, cap: float | None = None, step_flops: int = 0,
+           host_link: float = 0.0) -> tuple[str, float, float]:
     """The pick at one value over a base (None: nothing saved): (spec, predicted extra bytes over the
-    base alone, predicted seconds saved)."""
+    base alone, predicted seconds saved). With `host_link` (bytes/s each direction) and no base, a
+    name may also be offloaded: no bytes on the device, its seconds less its copy to host memory and
+    back over the link, counted in full (the compile's estimate then says what the schedule hides)."""
     total_bytes = sum(n.bytes for n in names) * scale
     measured = (high.peak_bytes or 0) - (low.peak_bytes or 0) if high.peak_bytes and low.peak_bytes else total_bytes
     ratio = max(measured, 0) / total_bytes if total_bytes > 0 else 1.0
-    items = [(n.name, n.bytes * scale * ratio, seconds)
+    offload = host_link > 0 and base is None
+    items = [(n.name, ((n.bytes * scale * ratio, seconds, DEVICE),
+                       *(((0.0, seconds - 2 * n.bytes * scale / host_link, OFFLOAD),) if offload else ())))
              for n, seconds in zip(names, name_seconds(low, high, names, scale, step_flops), strict=True)]
     room = float("inf") if high.fits and cap is None else usable - (low.peak_bytes or 0)
     if cap is not None:
         room = min(room, cap) - shrink
-    chosen, extra, saved = best_subset(items, max(room, 0.0))
+    chosen, extra, saved = best_choice(items, max(room, 0.0))
     if not chosen:
         return low.policy, 0.0, 0.0
-    return names_spec(chosen, base=base).text, extra, saved
+    kept = sorted(n for n, c in chosen.items() if c == DEVICE)
+    moved = sorted(n for n, c in chosen.items() if c == OFFLOAD)
+    return names_spec(kept, moved, base=base).text, extra, saved
 
 
 def name_seconds(low: Point, high: Point, names: Sequence[SynthesisName], scale: float,

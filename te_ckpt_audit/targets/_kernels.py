@@ -76,6 +76,8 @@ def type_bytes(type_text: str, on_chip: str = "") -> int:
 
 
 VMEM = "S(1)"  # libtpu's layouts: the TensorCore's vector memory, beside the HBM
+HOST_MEMORY = "S(5)"  # XLA's layouts: host memory (an offloaded residual's buffer)
+_HOST_MOVES = ("fusion", "dynamic-slice", "dynamic-update-slice", "copy")  # what moves data to or from it
 
 
 @dataclasses.dataclass(slots=True)
@@ -269,7 +271,7 @@ class Kernel:
     nics: int = 1  # across hosts: the group's devices on each host (their NICs share the traffic)
     source: str = ""  # what it computes: the op_name of its metadata, and its source line
     collective: str = ""  # a collective's kind: all-reduce, all-gather, reduce-scatter, all-to-all, ...
-    asynchronous: bool = False  # a collective that starts here and is waited for later (its `waits_for`)
+    asynchronous: bool = False  # a collective or host copy that starts here, waited for later (its `waits_for`)
     waits_for: str = ""  # not a kernel: where the schedule waits for the asynchronous collective named
     loop: tuple[str, ...] = ()  # the while loops around it, outermost first (the schedule's order is theirs)
     cycles: int = 0  # libtpu's estimate of one run, in the chip's cycles (`estimated_cycles`; 0 elsewhere)
@@ -278,6 +280,7 @@ class Kernel:
 class _Reader:
     def __init__(self, comps: dict[str, list[Inst]], devices: int, per_host: int, on_chip: str = "") -> None:
         self.comps, self.devices, self.per_host, self.on_chip = comps, devices, per_host, on_chip
+        self.host_copies: set[str] = set()  # the copy-starts to or from host memory read so far
         self.types = {name: {i.name: i.type for i in insts} for name, insts in comps.items()}
         self._fused: dict[str, tuple[int, bool, str, int]] = {}
         self._insts: dict[str, dict[str, Inst]] = {}
@@ -457,6 +460,9 @@ class _Reader:
             if inst.operands and inst.operands[0]:
                 yield Kernel(inst.name, COLLECTIVE, 0, 0, runs=runs, waits_for=inst.operands[0])
             return
+        if code.endswith("-done") and inst.operands and inst.operands[0] in self.host_copies:
+            yield Kernel(inst.name, HOST, 0, 0, runs=runs, waits_for=inst.operands[0])  # where the step waits for it
+            return
         for k in self._kernel(comp, inst, runs):
             yield dataclasses.replace(k, cycles=_cycles(inst)) if k.kind is not COLLECTIVE else k
 
@@ -496,17 +502,32 @@ class _Reader:
             return
         if code == "copy-start":
             operand = self.operand_type(comp, inst.operands[0]) if inst.operands else ""
-            host = "S(5)" in inst.type or "S(5)" in operand
+            host = HOST_MEMORY in inst.type or HOST_MEMORY in operand
             if host:  # one side is host memory
                 moved = type_bytes(operand)
             elif self.on_chip:  # to or from VMEM: only the HBM side of (source, destination, context) counts
                 moved = self.hbm(inst.type)
             else:
                 moved = 2 * type_bytes(operand)
+            if host:  # to or from host memory: on the copy engine, beside the kernels until its copy-done
+                self.host_copies.add(inst.name)
             yield Kernel(inst.name, HOST if host else MEMORY, 0, moved,
-                         xla_us=costs, runs=runs, source=source)
+                         xla_us=costs, runs=runs, source=source, asynchronous=host)
             return
         if code in _NO_KERNEL or code.endswith("-done"):
+            return
+        if base in _HOST_MOVES and (HOST_MEMORY in inst.type or any(
+                HOST_MEMORY in self.operand_type(comp, o) for o in inst.operands)):
+            # an offloaded residual's slice written to or read from host memory (a scanned stack's:
+            # XLA:GPU's dynamic-update-slice and dynamic-slice fusions, libtpu's dynamic-update-slice-
+            # and dynamic-slice-starts): what crosses the host link is its device side; a -start's
+            # type holds its operands and result both
+            started = code.endswith("-start")
+            moved = type_bytes(inst.type, HOST_MEMORY) + (0 if started else sum(
+                type_bytes(self.operand_type(comp, o), HOST_MEMORY) for o in inst.operands))
+            if started:
+                self.host_copies.add(inst.name)
+            yield Kernel(inst.name, HOST, 0, moved, xla_us=costs, runs=runs, source=source, asynchronous=started)
             return
         if code in ("fusion", "fusion-start"):
             called = inst.attr("calls") or ""

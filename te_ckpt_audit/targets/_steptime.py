@@ -101,6 +101,8 @@ def floor_seconds(kernel: Kernel, gpu: GpuModel) -> float:
     and attention), its bytes at the HBM bandwidth; a collective's, its links'."""
     if kernel.kind is KernelKind.COLLECTIVE:
         return link_seconds(kernel, gpu)
+    if kernel.kind is KernelKind.HOST and gpu.host_link:  # a copy to or from host memory: over the host link
+        return kernel.bytes / gpu.host_link
     compute = 0.0
     if kernel.kind in (KernelKind.GEMM, KernelKind.ATTENTION) and kernel.flops:
         peak = gpu.dense_flops(_PRECISION.get(kernel.precision, BF16)) or gpu.dense_flops(BF16)
@@ -272,8 +274,9 @@ def _step(rows: list[Timed], peak: float, devices: int, compile_seconds: float, 
     """The step of timed kernels: `peak` the utilisations' denominator (one device's dense BF16
     FLOP/s), `method` what timed them."""
     work = [t for t in rows if not t.kernel.waits_for]
-    compute = [t for t in work if t.kernel.kind is not KernelKind.COLLECTIVE]
+    compute = [t for t in work if t.kernel.kind not in (KernelKind.COLLECTIVE, KernelKind.HOST)]
     talk = [t for t in work if t.kernel.kind is KernelKind.COLLECTIVE]
+    carry = [t for t in work if t.kernel.kind is KernelKind.HOST]  # offloaded residuals to host memory and back
 
     def total(ts: Iterable[Timed], field: str) -> float:
         return sum(getattr(t, field) * t.kernel.runs for t in ts)
@@ -283,18 +286,23 @@ def _step(rows: list[Timed], peak: float, devices: int, compile_seconds: float, 
     unestimated = sorted({t.kernel.name for t in compute if t.basis == NO_ESTIMATE})
     computing = total(compute, "seconds")
     communicating = total(talk, "seconds")
-    exposed = min(communicating, max(0.0, elapsed(rows) - computing))
+    hosting = total(carry, "seconds")
+    beyond = max(0.0, elapsed(rows) - computing)  # what the collectives and host copies add, in XLA's schedule
+    exposed = min(communicating, beyond)
+    exposed_host = min(hosting, beyond - exposed)
     costliest = sorted(work, key=lambda t: -t.seconds * t.kernel.runs)[:COSTLIEST]
     if not all(math.isfinite(x) for x in (computing, communicating, total(compute, "high"))):
         # every input is bounded where it comes in; should a sum still overflow, no figure is shown
         return _failed("the estimate is not finite: a kernel's time overflowed", peak, devices, method)
     return StepTime(
-        seconds=computing + exposed,
-        seconds_low=total(compute, "low") + exposed,
-        seconds_high=total(compute, "high") + exposed,
+        seconds=computing + exposed + exposed_host,
+        seconds_low=total(compute, "low") + exposed + exposed_host,
+        seconds_high=total(compute, "high") + exposed + exposed_host,
         compute_seconds=computing,
         communication_seconds=communicating,
         exposed_communication_seconds=exposed,
+        host_seconds=hosting,
+        exposed_host_seconds=exposed_host,
         kernels=sum(t.kernel.runs for t in work),
         hlo_flops=sum(t.kernel.flops * t.kernel.runs for t in work),
         model_flops=0,
@@ -317,11 +325,13 @@ def elapsed(rows: list[Timed], depth: int = 0, runs: int = 1) -> float:
     """The time the kernels take in the order XLA's latency-hiding scheduler put them: compute
     kernels one after another on the compute stream; an asynchronous collective starts on the
     collective stream (after the one before it there) and runs beside the kernels scheduled
-    between it and its wait; a synchronous one waits for the collective stream and blocks. A loop's
+    between it and its wait; a synchronous one waits for the collective stream and blocks; a copy to
+    or from host memory (an offloaded residual) runs on its own copy stream the same way. A loop's
     body (its rows, contiguous) takes its own elapsed time once per trip: where a collective it
     starts is waited for in the next trip (XLA's pipelined collectives), it runs beside that trip's
-    kernels, so a trip takes its compute and waits, or its collectives' time, whichever is longer."""
-    now = stream = busy = 0.0
+    kernels, so a trip takes its compute and waits, or its collectives' (or host copies') time,
+    whichever is longer."""
+    now = stream = copying = busy = carried = 0.0
     ends: dict[str, float] = {}
     i = 0
     while i < len(rows):
@@ -338,6 +348,10 @@ def elapsed(rows: list[Timed], depth: int = 0, runs: int = 1) -> float:
             continue
         if k.waits_for:
             now = max(now, ends.get(k.waits_for, now))
+        elif k.kind is KernelKind.HOST and k.asynchronous:  # on the copy engine, beside the kernels
+            copying = max(now, copying) + t.seconds
+            carried += t.seconds
+            ends[k.name] = copying
         elif k.kind is KernelKind.COLLECTIVE and k.asynchronous:
             stream = max(now, stream) + t.seconds
             busy += t.seconds
@@ -348,7 +362,7 @@ def elapsed(rows: list[Timed], depth: int = 0, runs: int = 1) -> float:
         else:
             now += t.seconds
         i += 1
-    return max(now, busy) if depth else max(now, stream)
+    return max(now, busy, carried) if depth else max(now, stream, copying)
 
 
 def _trips(rows: list[Timed], runs: int) -> int:
@@ -456,6 +470,8 @@ def from_plain(raw: Mapping[str, object]) -> StepTime | None:
             floor_kernels=count("floor_kernels"),
             unestimated=_names(raw.get("unestimated", [])),
             overhead_seconds=number("overhead_seconds"),  # an entry made before it: estimated again
+            host_seconds=number("host_seconds"),
+            exposed_host_seconds=number("exposed_host_seconds"),
         )
     except _Invalid:
         return None
