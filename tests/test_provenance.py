@@ -108,3 +108,29 @@ def test_a_residuals_producer_and_line_do_not_depend_on_the_policy() -> None:
 
     assert len(named(none)) == 4 and named(none) == named(everything)
     assert all(eq is not None and prim is not None and line in (73, 82) for _, eq, prim, line in named(none))
+
+
+def test_a_residual_differentiation_makes_keeps_its_line_in_a_long_lived_process(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The te_transformer sample's scatter at line 75: JAX's differentiation makes an `add` residual
+    by a rule it may have traced before for another caller, whose traceback it then carries (in a
+    notebook or a test worker: the front page read "(no source)" for it in 3 of 5 parallel suite
+    runs). Such a producer, untagged inside a tagged call, takes the call's own site when its
+    traceback names no line of the traced program; here the tracebacks are made to name none."""
+    from pathlib import Path
+
+    from te_ckpt_audit import Session
+    from te_ckpt_audit.specs import resolve_policy
+    from te_ckpt_audit.trace._source import Origin, SourceFinder
+
+    monkeypatch.chdir(Path(__file__).resolve().parent.parent)
+    session = Session.of_target("sample_models/te_transformer.py:loss")  # traced: every row has its line
+
+    def stale(self: SourceFinder, eqn: object) -> Origin:  # a differentiation rule traced for another caller
+        return Origin(None, None)
+
+    monkeypatch.setattr(SourceFinder, "__call__", stale)
+    result = session.result(resolve_policy("none"))
+    adds = [r for r in result.residuals if r.primitive == "add" and r.equation is None and r.bytes == 8192]
+    assert adds and all(r.source is not None and (r.source.file, r.source.line) == (
+        "sample_models/te_transformer.py", 75) for r in adds)

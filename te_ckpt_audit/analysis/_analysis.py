@@ -211,6 +211,7 @@ def _residuals(traced: Traced, jaxpr: jc.Jaxpr) -> list[Residual]:
     made: dict[int, tuple[jc.JaxprEqn | None, _ProducerFacts]] = {}  # id(eqn) -> (eqn, what it says): layers share them
     types: dict[jc.AbstractValue, tuple[tuple[int, ...], str, int]] = {}
     position = {v: i for i, v in enumerate(jaxpr.invars)}
+    known: list[frozenset[str]] = []  # the traced program's files, once needed
     out = []
     for var, kind, _ in residual_outputs(jaxpr):
         producer = resolver.resolve(jaxpr, var) if kind not in (ResidualKind.CONSTANT, ResidualKind.LITERAL) else None
@@ -225,6 +226,15 @@ def _residuals(traced: Traced, jaxpr: jc.Jaxpr) -> list[Residual]:
         if m.row is not None and producer is not None and m.equation is not None:  # at its own call site
             scopes, origin = traced.rows.sites.at(m.equation, producer.tags)
             module = "/".join(scopes) or None
+        elif producer is not None and producer.tags and not _of_the_trace(origin, traced, known):
+            # made by differentiation inside a tagged call, its traceback no line of the traced program's:
+            # a rule JAX traced before for another caller keeps that caller's (a long-lived process: a
+            # notebook, a test worker); the call's own site is where it was made here
+            call = max((t for t in producer.tags if t in traced.rows.by_id), key=lambda t: (t.count("."), t),
+                       default=None)
+            if call is not None:
+                scopes, origin = traced.rows.sites.at(call, producer.tags)
+                module = "/".join(scopes) or None
         aval = var.aval
         if aval not in types:
             types[aval] = (aval_shape(aval), aval_dtype(aval), aval_bytes(aval))
@@ -265,6 +275,16 @@ def _residuals(traced: Traced, jaxpr: jc.Jaxpr) -> list[Residual]:
             )
         )
     return out
+
+
+def _of_the_trace(origin: Origin, traced: Traced, known: list[frozenset[str]]) -> bool:
+    """Whether `origin` is a line of a file the traced program's own equations come from (`known`:
+    those files, worked out on the first call)."""
+    if origin.source is None:
+        return False
+    if not known:
+        known.append(frozenset(r.equation.source.file for r in traced.rows.by_id.values() if r.equation.source))
+    return origin.source.file in known[0]
 
 
 def _origin(traced: Traced, row: Row | None, eqn: jc.JaxprEqn | None) -> Origin:
