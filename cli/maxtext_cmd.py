@@ -107,6 +107,13 @@ Synthesize = Annotated[
                  "compiled beside it."),
 ]
 
+AllowOffload = Annotated[
+    bool,
+    typer.Option("--allow-offload", help="With --synthesize on GPUs: a tensor key may be offloaded to host memory "
+                 "too (its copies over the GPU's host link, PCIe); on a TPU nothing is offloaded (its host link is "
+                 "not in the catalog), and the solver line says so."),
+]
+
 
 # What MaxText prints of itself on import (its optional cloud dependencies stubbed), not the user's
 MAXTEXT_CHATTER = re.compile(r"\[(?:[A-Z]+ )?NO-OP\] ")
@@ -142,6 +149,7 @@ def maxtext(
     max_compiles: MaxCompiles = 24,
     maximize: Maximize = None,
     synthesize: Synthesize = False,
+    allow_offload: AllowOffload = False,
     fit: opt.Fit = False,
     peak_budget: opt.PeakBudgets = None,
     timed: opt.Time = False,
@@ -187,6 +195,9 @@ def maxtext(
     if synthesize and maximize is None:
         raise UsageError("--synthesize makes the remat policy of the fastest step that fits",
                          "add --recommend --maximize throughput")
+    if allow_offload and not synthesize:
+        raise UsageError("--allow-offload lets --synthesize offload MaxText's tensor keys",
+                         "add --recommend --maximize throughput --synthesize")
     if (batch or layout or max_compiles != 24 or maximize) and not recommend:
         raise UsageError("--batch, --layout, --max-compiles and --maximize are about --recommend's search",
                          "add --recommend")
@@ -218,7 +229,8 @@ def maxtext(
             found = recommend_maxtext(run, searched, tuple(batch or ()), tuple(layout or ()),
                                       max_compiles=max_compiles, progress=progress,
                                       capture=process.xla_log_kept_off_stderr, maximize=maximize,
-                                      remat_policies=tuple(policies) if policy else (), synthesize=synthesize)
+                                      remat_policies=tuple(policies) if policy else (), synthesize=synthesize,
+                                      allow_offload=allow_offload)
         text = render_maxtext_recommend_json if out.format is OutputFormat.JSON else render_maxtext_recommend_text
         emit(text(found), out.output)
         return ExitCode.OK if found.chosen is not None else ExitCode.CHECK_FAILED

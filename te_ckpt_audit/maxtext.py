@@ -676,6 +676,7 @@ def recommend_maxtext(
     maximize: str | None = None,
     remat_policies: Sequence[str] = (),
     synthesize: bool = False,
+    allow_offload: bool = False,
 ) -> MaxTextRecommendation:
     """The largest of `batch_sizes` (the config's own without them) at which one of MaxText's
     remat policies fits on `request`'s GPUs (a `GpuRequest`) or TPU slice (a `TpuRequest`: the
@@ -690,7 +691,10 @@ def recommend_maxtext(
     layout. With `synthesize` too, the policy is made, not chosen: `remat_policy=custom` with each of
     its tensor keys that the model names set to `device` or `remat` (`search._synthesis`, the
     per-name costs from the loss MaxText differentiates), MaxText's policies (`remat_policies`, else
-    `SYNTHESIS_PRESETS`) compiled beside the pick."""
+    `SYNTHESIS_PRESETS`) compiled beside the pick; with `allow_offload` on GPUs, `offload` as well
+    (over the GPU's host link; a TPU's is not in the catalog: there the solver says it did not)."""
+    if allow_offload and not synthesize:
+        raise UsageError("$allow_offload$ lets $synthesize$ offload MaxText's tensor keys", "add $synthesize$")
     if max_compiles < 1:
         raise UsageError(f"$max_compiles$ {max_compiles} must be at least 1", "e.g. $max_compiles$ 24")
     if maximize is not None and maximize != THROUGHPUT:
@@ -724,7 +728,7 @@ def recommend_maxtext(
     policies = [p for p in BY_SPEED if quantized or "quantization" not in p]
     if synthesize:
         chosen = [p for p in dict.fromkeys(remat_policies) if p != "as-is"] or list(SYNTHESIS_PRESETS)
-        return _synthesized(run, request, chosen, batch_sizes, max_compiles, progress, capture)
+        return _synthesized(run, request, chosen, batch_sizes, max_compiles, progress, capture, allow_offload)
     if maximize is not None:
         return _fastest(run, request, list(dict.fromkeys(remat_policies)) or policies, batch_sizes, max_compiles,
                         progress, capture)
@@ -830,19 +834,23 @@ SYNTHESIS_PRESETS = ("minimal_with_context", "minimal", "save_dot_except_mlp", "
 
 
 def custom_settings(policy: str, names: Sequence[str]) -> tuple[str | None, tuple[str, ...]]:
-    """The remat_policy and tensor keys (`key=device|remat`) that make the spec `policy` of MaxText's
-    train step over its custom keys `names`: one of MaxText's policies as it is, `nothing_saveable`
-    every key remat, `save_only_these_names:...` its names on the device and the others remat.
+    """The remat_policy and tensor keys (`key=device|offload|remat`) that make the spec `policy` of
+    MaxText's train step over its custom keys `names`: one of MaxText's policies as it is,
+    `nothing_saveable` every key remat, `save_only_these_names:...` its names on the device and the
+    others remat, `save_and_offload_only_these_names:...` its offloaded names `offload` too.
 
     >>> custom_settings("save_only_these_names:context,mlpwo", ["context", "mlpwi", "mlpwo"])
     ('custom', ('context=device', 'mlpwi=remat', 'mlpwo=device'))
+    >>> custom_settings("save_and_offload_only_these_names:save=context;offload=mlpwi", ["context", "mlpwi"])
+    ('custom', ('context=device', 'mlpwi=offload'))
     >>> custom_settings("minimal", ["context"])
     ('minimal', ())
     """
     if policy in REMAT_POLICIES or policy == "as-is":
         return (None if policy == "as-is" else policy), ()
-    saved = () if policy == NOTHING_SAVEABLE else resolve_policy(policy).names
-    return "custom", tuple(f"{n}={'device' if n in saved else 'remat'}" for n in names)
+    spec = None if policy == NOTHING_SAVEABLE else resolve_policy(policy)
+    saved, moved = (spec.names, spec.offload_names) if spec is not None else ((), ())
+    return "custom", tuple(f"{n}={'device' if n in saved else 'offload' if n in moved else 'remat'}" for n in names)
 
 
 def _custom_keys(run: MaxTextRun) -> frozenset[str]:
@@ -853,7 +861,8 @@ def _custom_keys(run: MaxTextRun) -> frozenset[str]:
 
 
 def _synthesized(run: MaxTextRun, request: GpuRequest | TpuRequest, presets: list[str], batch_sizes: Sequence[str],
-                 max_compiles: int, progress: Progress, capture: LogCapture | None) -> MaxTextRecommendation:
+                 max_compiles: int, progress: Progress, capture: LogCapture | None,
+                 allow_offload: bool = False) -> MaxTextRecommendation:
     """`recommend_maxtext(..., synthesize=True)`: which of MaxText's custom tensor keys to keep on
     the device, with the per-device batch, by `search._synthesis`'s solver over MaxText's own steps;
     each name's bytes and recompute from the loss MaxText differentiates (traced under `full`, whole:
@@ -876,8 +885,14 @@ def _synthesized(run: MaxTextRun, request: GpuRequest | TpuRequest, presets: lis
     steps = _Steps(run, timed, names, progress, capture)
     usable = timed.usable_bytes if isinstance(timed, GpuRequest) else timed.target.model.usable_bytes
     flops = (3 * nothing.forward_flops + nothing.recompute_flops) // devices  # the loss's step, saving nothing
+    link = timed.model.host_link if allow_offload and isinstance(timed, GpuRequest) else 0.0
     made = synthesize(steps.evaluate, costs, start, "per_device_batch_size", usable, step_flops=flops,
-                      max_compiles=max_compiles, presets=presets, unit="tokens", on_presets=False)
+                      max_compiles=max_compiles, presets=presets, unit="tokens", on_presets=False, host_link=link)
+    if allow_offload and not link and made.synthesis is not None:  # asked, and not done: said
+        made = dataclasses.replace(made, synthesis=dataclasses.replace(
+            made.synthesis, solver=f"{made.synthesis.solver}; nothing offloaded: a TPU's host link is not in the "
+            "catalog" if isinstance(timed, TpuRequest) else f"{made.synthesis.solver}; nothing offloaded: the "
+            f"host link of {timed.model.name} is not known"))
     return steps.recommendation(per_device_of(made, timed))
 
 

@@ -227,6 +227,26 @@ def test_recommend_by_throughput_compiles_and_times_every_point_it_reports() -> 
 
 
 @compiles
+def test_synthesize_with_offload_allowed_may_set_a_key_offload_and_says_how_it_timed_it() -> None:
+    """Issue 58: `--allow-offload` on GPUs: each custom key kept on the device, offloaded or
+    recomputed; the solver says the host link it priced the copies at, and every point compiled
+    sets each key to what its spec says (an offloaded name `offload`)."""
+    from te_ckpt_audit.maxtext import custom_settings
+
+    run = MaxTextRun(_base_yml(), TINY)
+    h100 = GpuRequest(gpu_model("h100"), environment=GpuEnvironment(xla_flags=CUBLAS))
+    rec = recommend_maxtext(run, h100, max_compiles=4, maximize="throughput", synthesize=True, allow_offload=True,
+                            remat_policies=["save_qkv_proj"])
+    found = rec.throughput
+    assert found is not None and found.synthesis is not None
+    assert "offloaded to host memory" in found.synthesis.solver and "63 GB/s" in found.synthesis.solver
+    names = [n.name for n in found.synthesis.names]
+    for point, tried in zip(found.points, rec.tried, strict=True):
+        if point.policy != "save_qkv_proj":
+            assert ("custom", tried.custom) == custom_settings(point.policy, names)
+
+
+@compiles
 def test_synthesize_decides_maxtexts_custom_keys_compiles_every_point_and_prints_the_keys() -> None:
     """Issue 58: `maxtext --recommend --maximize throughput --synthesize` makes remat_policy=custom:
     its candidates are the custom tensor keys the model names (the scan carry never), every point is
@@ -306,8 +326,11 @@ def test_settings_and_policies_are_checked_before_anything_runs() -> None:
     (["c.yml", "--gpu", "h100", "--recommend", "-p", "full"], "--recommend searches MaxText's remat policies itself"),
     (["c.yml", "--gpu", "h100", "--recommend", "--format", "markdown"], "--recommend writes table or json"),
     (["c.yml", "--gpu", "h100", "--recommend", "--synthesize"], "--synthesize makes the remat policy of the fastest"),
+    (["c.yml", "--gpu", "h100", "--recommend", "--maximize", "throughput", "--allow-offload"],
+     "--allow-offload lets --synthesize offload MaxText's tensor keys"),
 ], ids=["no-config", "not-key-value", "unknown-policy", "no-gpu", "batch-alone", "maximize-alone",
-        "maximize-batch", "recommend-time", "not-a-layout", "recommend-policy", "recommend-md", "synthesize-alone"])
+        "maximize-batch", "recommend-time", "not-a-layout", "recommend-policy", "recommend-md", "synthesize-alone",
+        "offload-alone"])
 def test_bad_input_is_exit_2_in_one_line(tmp_path: Path, args: list[str], said: str) -> None:
     (tmp_path / "c.yml").write_text("base_config: base.yml\n")
     run = cli("maxtext", *args, cwd=tmp_path)
