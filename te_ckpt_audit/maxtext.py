@@ -53,7 +53,7 @@ from .records import (
     TpuInfo,
 )
 from .registry import NOTHING_SAVEABLE
-from .search._synthesis import check_max_compiles, name_costs, synthesize
+from .search._synthesis import check_max_compiles, host_link_of, name_costs, synthesize
 from .search._throughput import THROUGHPUT, per_device_of, point_of, search
 from .specs import AsIs, resolve_policy
 from .targets import LogCapture
@@ -885,14 +885,10 @@ def _synthesized(run: MaxTextRun, request: GpuRequest | TpuRequest, presets: lis
     steps = _Steps(run, timed, names, progress, capture)
     usable = timed.usable_bytes if isinstance(timed, GpuRequest) else timed.target.model.usable_bytes
     flops = (3 * nothing.forward_flops + nothing.recompute_flops) // devices  # the loss's step, saving nothing
-    link = timed.model.host_link if allow_offload and isinstance(timed, GpuRequest) else 0.0
+    link, why = host_link_of(timed, allow_offload)
     made = synthesize(steps.evaluate, costs, start, "per_device_batch_size", usable, step_flops=flops,
-                      max_compiles=max_compiles, presets=presets, unit="tokens", on_presets=False, host_link=link)
-    if allow_offload and not link and made.synthesis is not None:  # asked, and not done: said
-        made = dataclasses.replace(made, synthesis=dataclasses.replace(
-            made.synthesis, solver=f"{made.synthesis.solver}; nothing offloaded: a TPU's host link is not in the "
-            "catalog" if isinstance(timed, TpuRequest) else f"{made.synthesis.solver}; nothing offloaded: the "
-            f"host link of {timed.model.name} is not known"))
+                      max_compiles=max_compiles, presets=presets, unit="tokens", on_presets=False, host_link=link,
+                      not_offloaded=why)
     return steps.recommendation(per_device_of(made, timed))
 
 

@@ -281,3 +281,18 @@ def test_a_preset_that_compiles_to_the_pick_is_the_answer() -> None:
     assert found.best is not None and found.best.policy == "minimal"
     tie = [p for p in found.points if p.policy == "save_only_these_names:a,b" and p.value == found.best.value]
     assert tie and tie[0].throughput == found.best.throughput  # the solver found it too: the preset is named
+
+
+def test_offload_asked_where_no_host_link_is_known_is_said_not_dropped() -> None:
+    from te_ckpt_audit.gpus import GpuRequest, Optimizer, gpu_model
+    from te_ckpt_audit.search._synthesis import host_link_of
+    from te_ckpt_audit.tpus import TpuRequest, parse_tpu
+
+    h100, v5e = GpuRequest(gpu_model("h100")), TpuRequest(parse_tpu("v5e"), Optimizer.ADAMW)
+    assert host_link_of(h100, True) == (63e9, None) and host_link_of(h100, False) == (0.0, None)
+    assert host_link_of(v5e, True) == (0.0, "a TPU's host link is not in the catalog")
+    target = _Target({"a": (1 * MIB, 0.010)}, usable=64 * MIB, base=1 * MIB, base_seconds=0.05)
+    found = synthesize(target.evaluate, target.costs(), 1, "batch", target.usable, max_compiles=4,
+                       not_offloaded=host_link_of(v5e, True)[1])
+    assert found.synthesis is not None
+    assert found.synthesis.solver.endswith("; nothing offloaded: a TPU's host link is not in the catalog")

@@ -54,7 +54,7 @@ from ..trace._naming import line_name
 from ..trace._trained import ParamsLike
 from ._fit import DEFAULT_MAX_COMPILES, fit_on_gpu, largest_fitting
 from ._synthesis import DEFAULT_MAX_COMPILES as SYNTHESIS_MAX_COMPILES
-from ._synthesis import check_max_compiles, name_costs
+from ._synthesis import check_max_compiles, host_link_of, name_costs
 from ._synthesis import synthesize as synthesize_policy
 from ._throughput import DEFAULT_MAX_COMPILES as THROUGHPUT_MAX_COMPILES
 from ._throughput import THROUGHPUT, per_device_of, spread, target_evaluator, target_search, throughput_keyword
@@ -648,14 +648,10 @@ def _synthesized(rec: Recommendation, session: Session, build: Callable[[int], S
     usable = on.usable_bytes if isinstance(on, GpuRequest) else on.target.model.usable_bytes
     nothing = session.result(resolve_policy(registry.NOTHING_SAVEABLE), progress)
     flops = 3 * nothing.forward_flops + nothing.recompute_flops  # the step's, saving nothing, at the start value
-    link = on.model.host_link if allow_offload and isinstance(on, GpuRequest) else 0.0
+    link, why = host_link_of(on, allow_offload)
     found = per_device_of(synthesize_policy(evaluate, costs, start, keyword, usable, step_flops=flops,
-                                            max_compiles=max_compiles, presets=rec.presets, host_link=link), on)
-    if allow_offload and not link and found.synthesis is not None:  # asked, and not done: said
-        why = ("a TPU's host link is not in the catalog" if isinstance(on, TpuRequest)
-               else f"the host link of {on.model.name} is not known")
-        found = dataclasses.replace(found, synthesis=dataclasses.replace(
-            found.synthesis, solver=f"{found.synthesis.solver}; nothing offloaded: {why}"))
+                                            max_compiles=max_compiles, presets=rec.presets, host_link=link,
+                                            not_offloaded=why), on)
     evaluated = rec.evaluated
     if found.best is not None and all(c.policy != found.best.policy for c in evaluated):
         names, _, base = found.best.policy.partition("+")  # the synthesis spells save_only_these_names:...[+PRESET]

@@ -41,9 +41,11 @@ from collections.abc import Iterable, Sequence
 from .._progress import Progress, quiet
 from .._session import Session
 from ..errors import UsageError
+from ..gpus import GpuRequest
 from ..records import Point, Proposal, SynthesisName, Synthesized, Throughput
 from ..registry import NOTHING_SAVEABLE
 from ..specs import names_spec, resolve_policy
+from ..tpus import TpuRequest
 from ._throughput import SATURATED, Evaluate, doubling_gain, ladder_step
 
 DEFAULT_MAX_COMPILES = 20  # per value two ends and a pick (and its corrections); the presets; one more round
@@ -52,6 +54,16 @@ CORRECTIONS = 2  # re-solves per value after a refused pick
 SOLVER = ("exact 0/1 knapsack over the names (Pareto-frontier dynamic programme) on an additive model of "
           "per-name bytes and seconds, fitted per batch on two compiles (nothing saved, every name saved); "
           "each pick compiled, a refused one re-solved with less memory; then once more on the best preset")
+
+
+def host_link_of(on: GpuRequest | TpuRequest, allow_offload: bool) -> tuple[float, str | None]:
+    """What `--allow-offload` gives the solver on this target: the host link's bytes per second each
+    direction (0: no offload), and where it was asked and cannot be given, why (said in its line)."""
+    if not allow_offload:
+        return 0.0, None
+    if isinstance(on, TpuRequest):
+        return 0.0, "a TPU's host link is not in the catalog"
+    return (on.model.host_link, None) if on.model.host_link else (0.0, f"the host link of {on.model.name} is not known")
 
 
 def check_max_compiles(max_compiles: int) -> None:
@@ -121,13 +133,14 @@ def synthesize(
     evaluate: Evaluate, costs: Sequence[SynthesisName], start: int, keyword: str, usable: int, *,
     step_flops: int = 0, max_compiles: int = DEFAULT_MAX_COMPILES, presets: Sequence[str] = (),
     device: str = "GPU", estimator: str = "XLA's cost models", unit: str | None = None, on_presets: bool = True,
-    host_link: float = 0.0,
+    host_link: float = 0.0, not_offloaded: str | None = None,
 ) -> Throughput:
     """The fastest (subset of names, value) whose step the target takes, by the solver above; then,
     while compiles are left, the `presets` at the pick's value, marked beside it. `unit`: what the
     throughput counts (the keyword's own by default); `on_presets=False`: no names on top of a
     preset (MaxText's custom policy cannot add names to one of its presets); `host_link` (bytes/s
-    each direction, a GPU's PCIe): each name may be offloaded to host memory too (`--allow-offload`)."""
+    each direction, a GPU's PCIe): each name may be offloaded to host memory too (`--allow-offload`);
+    `not_offloaded`: why it was asked for and not given (`host_link_of`), said in the solver's line."""
     names = sorted((c for c in costs if c.name), key=lambda c: c.name)
     if not names:
         raise UsageError("--synthesize chooses among the model's checkpoint names, and it has none",
@@ -215,6 +228,8 @@ def synthesize(
         f"{SOLVER}; each name saved on the device, offloaded to host memory (its copies out and back over the "
         f"host link, {host_link / 1e9:g} GB/s each direction, counted in full) or recomputed: a multiple-choice "
         "knapsack")
+    if not_offloaded:
+        solver = f"{solver}; nothing offloaded: {not_offloaded}"
     synthesis = Synthesized(tuple(names), tuple(proposals), solver, tuple(presets))
     return Throughput(keyword, unit or keyword, best, tuple(points.values()), searched, max_compiles, bounded, (),
                       device, estimator, synthesis)
