@@ -34,7 +34,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 # (case, target, defines, batch keyword): a MaxText-named Llama, a GPT with full float32 attention
 # (with its names, and without any: the tool names its matmul lines), a ResNet-34-style convnet with
-# no checkpoint and no names, a wide MLP; each at a depth the chip's host compiles in seconds
+# no checkpoint and no names, a top-1 MoE transformer with TE-style GEMMs and names, a wide MLP; each
+# at a depth the chip's host compiles in seconds
 CASES: list[tuple[str, str, dict[str, Any], str]] = [
     ("llama-1b 6 layers", "sample_models/llama.py:loss", {"model": "llama-1b", "layers": 6, "seq": 1024,
                                                            "per_device_batch": 4}, "per_device_batch"),
@@ -45,6 +46,9 @@ CASES: list[tuple[str, str, dict[str, Any], str]] = [
      {"layers": 6, "seq": 1024, "d_model": 1024, "heads": 16, "d_ff": 4096, "vocab": 32768, "batch": 4,
       "named": False}, "batch"),
     ("convnet resnet-34 layout, no names", "bench/models/convnet.py:loss", {"batch": 64, "image": 64}, "batch"),
+    ("moe 4 layers bf16, te stand-in", "sample_models/te_transformer.py:loss",
+     {"layers": 4, "seq": 1024, "d_model": 1024, "heads": 16, "d_ff": 4096, "experts": 8, "vocab": 32768,
+      "dtype": "bfloat16", "batch": 4}, "batch"),
     ("mlp wide", "sample_models/mlp.py:loss", {"d_in": 4096, "d_hidden": 16384, "d_out": 4096, "batch": 4096},
      "batch"),
 ]
