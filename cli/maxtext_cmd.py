@@ -109,9 +109,9 @@ Synthesize = Annotated[
 
 AllowOffload = Annotated[
     bool,
-    typer.Option("--allow-offload", help="With --synthesize on GPUs: a tensor key may be offloaded to host memory "
-                 "too (its copies over the GPU's host link, PCIe); on a TPU nothing is offloaded (its host link is "
-                 "not in the catalog), and the solver line says so."),
+    typer.Option("--allow-offload", help="With --synthesize on GPUs and v5e: a tensor key may be offloaded to host "
+                 "memory too (its copies over the host link: a GPU's PCIe, the v5e's as measured on the chip); on "
+                 "another TPU nothing is offloaded (its host link was not measured), and the solver line says so."),
 ]
 
 

@@ -88,7 +88,7 @@ Maximize = Annotated[
 AllowOffload = Annotated[
     bool,
     typer.Option("--allow-offload", help="Also search policies that offload names to host memory (with "
-                 "--synthesize on a GPU: each name saved, offloaded over the host link, or recomputed)."),
+                 "--synthesize on a GPU or a v5e: each name saved, offloaded over the host link, or recomputed)."),
 ]
 MaxEvals = Annotated[
     int,

@@ -691,8 +691,8 @@ def recommend_maxtext(
     layout. With `synthesize` too, the policy is made, not chosen: `remat_policy=custom` with each of
     its tensor keys that the model names set to `device` or `remat` (`search._synthesis`, the
     per-name costs from the loss MaxText differentiates), MaxText's policies (`remat_policies`, else
-    `SYNTHESIS_PRESETS`) compiled beside the pick; with `allow_offload` on GPUs, `offload` as well
-    (over the GPU's host link; a TPU's is not in the catalog: there the solver says it did not)."""
+    `SYNTHESIS_PRESETS`) compiled beside the pick; with `allow_offload` on GPUs and the v5e, `offload` as well
+    (over the host link; where a TPU's was not measured, the solver says it did not)."""
     if allow_offload and not synthesize:
         raise UsageError("$allow_offload$ lets $synthesize$ offload MaxText's tensor keys", "add $synthesize$")
     if max_compiles < 1:

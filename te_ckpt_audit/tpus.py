@@ -38,6 +38,7 @@ class TpuModel:
     source: str
     clock_hz: float = 1.5e9  # the TensorCore's: libtpu's estimated cycles are its (CLOCKS says whence)
     hbm_attained: float = 0.0  # bytes/s a kernel bound by HBM reaches (V5E_HBM_ATTAINED says whence; 0: hbm_bandwidth)
+    host_link: float = 0.0  # bytes/s to or from host memory, each direction, as a step's copies run (0: not known)
 
 
 def _usable_like_v5e(hbm: int) -> int:
@@ -74,6 +75,17 @@ V5E_HBM_ATTAINED = 648e9
 CATALOG = {name: dataclasses.replace(m, hbm_attained=m.hbm_bandwidth * V5E_HBM_ATTAINED / CATALOG["v5e"].hbm_bandwidth)
            for name, m in CATALOG.items()}
 ATTAINED_SOURCE = {n: "measured on the chip (x + 1)" if n == "v5e" else "assumed: the v5e's share" for n in CATALOG}
+# The host link as an offloading step's copies cross it, each direction: on the lent v5e a jitted copy
+# of 256 MiB to 1 GiB from host memory to the chip ran at 13.4-14.0 GB/s, and at 14 GB/s `--time`
+# (each copy on a stream of its own, in libtpu's schedule) gives a 6-layer GPT step (batch 8) that the
+# chip ran 94.7 ms slower with ffn1 offloaded (768 MiB out and back) and 233.8 ms slower with its five
+# names offloaded (1.69 GiB) than with them saved within 3% of both (+2.6%, +2.3%; libtpu's own
+# estimate had them 46% and 68% fast: as if offloading were free). bench/tpu_host.py, bench/data/
+# tpu-v5e-host.jsonl. Other chips' links were not measured: there offload keeps libtpu's estimate,
+# and the report says so.
+V5E_HOST_LINK = 14e9
+CATALOG = {name: dataclasses.replace(m, host_link=V5E_HOST_LINK if name == "v5e" else 0.0)
+           for name, m in CATALOG.items()}
 ALIASES = {"v5litepod": "v5e", "v5lite": "v5e", "trillium": "v6e"}
 
 

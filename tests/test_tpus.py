@@ -140,6 +140,37 @@ def test_a_tpu_loops_trips_come_from_its_condition_and_each_kernel_from_libtpus_
     assert (time.device, time.hardware) == ("chip", "v5e")
 
 
+def test_a_v5e_times_offloaded_residuals_over_its_host_link_as_the_chip_ran_them() -> None:
+    """Issue 58 (and 56: nothing silently different): on the v5e libtpu's estimate priced an
+    offloading step as if its copies were free (a GPT offloading its five names: 112.6 ms estimated,
+    345.9 ms on the chip). A v5e's copies to host memory and back now cross its host link, 14 GB/s
+    each direction: what the chip's own copies ran at (bench/data/tpu-v5e-host.jsonl: 13.4-14.0 GB/s
+    host to chip for 256 MiB-1 GiB), on their stream beside the kernels; the report says which link,
+    and a chip whose link was not measured says that libtpu's estimate stands."""
+    from te_ckpt_audit.records import to_plain
+    from te_ckpt_audit.render._common import _host_link
+    from te_ckpt_audit.targets import _steptime as steptime
+    from te_ckpt_audit.targets._kernels import Kernel, KernelKind
+
+    rows = [json.loads(line) for line in (DATA / "tpu-v5e-host.jsonl").read_text().splitlines()]
+    links = [r["to_device_bytes_per_second"] for r in rows if r["study"] == "link" and r["bytes"] >= 256 * 2**20]
+    v5e = tpu_model("v5e")
+    assert len(links) == 2 and min(links) < v5e.host_link < max(links) * 1.01
+    assert [m.name for m in CATALOG.values() if m.host_link] == ["v5e"]
+    chip = {r["case"].split(", ")[1]: r["seconds_per_step"] for r in rows if r["study"] == "offload"}
+    assert chip["offloaded"] > 3 * chip["saved"] > 3 * 0.1  # what the estimate read as free
+    copy = Kernel("dynamic-update-slice-start", KernelKind.HOST, 0, 140_000, asynchronous=True)  # 10 us at 14 GB/s
+    work = Kernel("fusion", KernelKind.MEMORY, 0, int(4e-6 * v5e.hbm_attained), cycles=1)  # libtpu: 1 cycle
+    wait = Kernel("dynamic-update-slice-done", KernelKind.HOST, 0, 0, waits_for=copy.name)
+    t = steptime.tpu_estimate([copy, work, wait], v5e, 1, 0.0)
+    assert t.host_seconds == pytest.approx(10e-6) and t.host_link == 14e9
+    assert t.exposed_host_seconds == pytest.approx(10e-6 - t.compute_seconds)
+    assert "each direction over the v5e's host link, 14 GB/s as measured on the chip" in _host_link(t)
+    assert to_plain(t)["host_link"] == 14e9 and steptime.from_plain(to_plain(t)) == t
+    v6e = steptime.tpu_estimate([copy, work, wait], tpu_model("v6e"), 1, 0.0)
+    assert v6e.host_link == 0 and "the v6e's host link was not measured" in _host_link(v6e)
+
+
 def test_a_kernel_libtpu_cannot_estimate_is_named_and_not_timed_at_int64_max() -> None:
     """Issue 56, item 2: libtpu gave a reduction over a 4 GiB score tensor INT64_MAX cycles; the
     estimate timed it at its bandwidth floor without a word and its upper bound read 3.7e10 s. Now

@@ -357,6 +357,9 @@ class StepTime:
     # none overlapped; and of it, what XLA's schedule leaves unhidden beside the kernels (in `seconds`)
     host_seconds: float = 0.0
     exposed_host_seconds: float = 0.0
+    # bytes per second each direction those copies were timed at (the GPU's PCIe, a v5e's link as
+    # measured on the chip); 0: at the compiler's own estimate (a TPU whose link was not measured)
+    host_link: float = 0.0
 
     @property
     def mfu(self) -> float | None:

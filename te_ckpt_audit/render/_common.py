@@ -198,10 +198,14 @@ def producer_headers(report: AuditReport) -> tuple[str, ...]:
 
 
 def _host_link(t: StepTime) -> str:
-    """How the host copies were timed: a GPU's over its host link; a TPU's at libtpu's estimate, which
-    does not time the link (the catalog holds no TPU host link): said, not hidden."""
-    return ("; libtpu's estimate, not the host link's time: a TPU's host link is not in the catalog"
-            if t.device == "chip" else "; each direction over the GPU's host link, PCIe")
+    """How the host copies were timed: a GPU's over its host link (PCIe); a v5e's over its link as
+    measured on the chip; another TPU's at libtpu's estimate, which does not time the link (its link
+    was not measured): said, not hidden."""
+    if not t.host_link:
+        return f"; libtpu's estimate, not the host link's time: the {t.hardware or 'TPU'}'s host link was not measured"
+    link = f"{t.host_link / 1e9:g} GB/s"
+    return (f"; each direction over the GPU's host link, PCIe, {link}" if t.device != "chip" else
+            f"; each direction over the {t.hardware}'s host link, {link} as measured on the chip")
 
 
 def offloaded(report: AuditReport) -> bool:

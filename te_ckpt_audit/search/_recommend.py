@@ -635,8 +635,8 @@ def _synthesized(rec: Recommendation, session: Session, build: Callable[[int], S
                  limit: int, allow_offload: bool = False) -> Recommendation:
     """`--synthesize`: the names' costs from the audit, the solver's picks compiled on the target,
     the presets beside the pick; the winner's candidate (at the start value) for the code to paste.
-    With `allow_offload` on a GPU, a name may be offloaded too (over its host link); a TPU's host
-    link is not in the catalog, so there the solver says it did not offload."""
+    With `allow_offload` on a GPU or a v5e, a name may be offloaded too (over its host link); where
+    the target's host link was not measured (other TPUs), the solver says it did not offload."""
     if not rec.names:
         to_name = "; ".join(f"at {n.line or n.where}: {n.code()}" for n in rec.to_name[:3])
         raise UsageError("$synthesize$ chooses among the model's checkpoint names, and it has none",

@@ -61,9 +61,8 @@ def host_link_of(on: GpuRequest | TpuRequest, allow_offload: bool) -> tuple[floa
     direction (0: no offload), and where it was asked and cannot be given, why (said in its line)."""
     if not allow_offload:
         return 0.0, None
-    if isinstance(on, TpuRequest):
-        return 0.0, "a TPU's host link is not in the catalog"
-    return (on.model.host_link, None) if on.model.host_link else (0.0, f"the host link of {on.model.name} is not known")
+    model = on.target.model if isinstance(on, TpuRequest) else on.model
+    return (model.host_link, None) if model.host_link else (0.0, f"the host link of {model.name} is not known")
 
 
 def check_max_compiles(max_compiles: int) -> None:

@@ -191,6 +191,9 @@ def tpu_timed(kernel: Kernel, chip: TpuModel) -> Timed:
     if kernel.kind is KernelKind.COLLECTIVE:
         seconds = ici_seconds(kernel, chip)
         return Timed(kernel, seconds, seconds, seconds, ROOFLINE)
+    if kernel.kind is KernelKind.HOST and chip.host_link:  # to or from host memory: over the host link
+        seconds = kernel.bytes / chip.host_link
+        return Timed(kernel, seconds, seconds, seconds, ROOFLINE)
     if kernel.cycles >= UNESTIMATED_CYCLES:  # libtpu's INT64_MAX: no estimate at all, not a slow kernel
         floor = tpu_roofline(kernel, chip) * TPU_EFFICIENCY
         return Timed(kernel, floor, floor, floor, NO_ESTIMATE)
@@ -210,7 +213,8 @@ def tpu_estimate(kernels: Iterable[Kernel], chip: TpuModel, devices: int, compil
         extra = TPU_STEP_S + TPU_KERNEL_S * found.kernels
         found = dataclasses.replace(found, seconds=found.seconds + extra, seconds_low=found.seconds_low + extra,
                                     seconds_high=found.seconds_high + extra, overhead_seconds=extra)
-    return dataclasses.replace(found, device="chip", hardware=chip.name, estimator=TPU_ESTIMATOR)
+    return dataclasses.replace(found, device="chip", hardware=chip.name, estimator=TPU_ESTIMATOR,
+                               host_link=chip.host_link)
 
 
 def tpu_failed(why: str, chip: TpuModel, devices: int) -> StepTime:
@@ -260,7 +264,9 @@ def estimate(kernels: Iterable[Kernel], gpu: GpuModel, devices: int, compile_sec
     rows = [timed(k, gpu) for k in kernels]
     peak = gpu.dense_flops(BF16)
     method = METHOD if no_table is None else ROOFLINE_METHOD.format(arch=no_table, gpu=gpu.name)
-    named = {"hardware": gpu.name} if no_table is None else {"hardware": gpu.name, "estimator": ROOFLINE_ESTIMATOR}
+    named: dict[str, object] = {"hardware": gpu.name, "host_link": gpu.host_link}
+    if no_table is not None:
+        named["estimator"] = ROOFLINE_ESTIMATOR
     if profile is not None:  # the measured costs win over either model (XLA's tables, or the roofline alone)
         uncalibrated = _step(rows, peak, devices, compile_seconds, method)
         rows, calibration = calibrated(rows, profile)
@@ -472,6 +478,7 @@ def from_plain(raw: Mapping[str, object]) -> StepTime | None:
             overhead_seconds=number("overhead_seconds"),  # an entry made before it: estimated again
             host_seconds=number("host_seconds"),
             exposed_host_seconds=number("exposed_host_seconds"),
+            host_link=number("host_link"),
         )
     except _Invalid:
         return None
