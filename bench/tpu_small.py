@@ -3,8 +3,11 @@ item 2): what each kernel pays whatever its work, and the kernels libtpu cannot 
 
     # on the lent TPU v5e (the device tool), every case in one process:
     PYTHONPATH=. python bench/tpu_small.py --on-chip --out $OUT/tpu-v5e-small.jsonl
-    # here: the per-kernel cost fitted on the fitted rows, the held-out rows against it
-    python bench/tpu_small.py --fit bench/data/tpu-v5e-small.jsonl
+    # here: each row's estimate again (the same program compiled for a v5e, deviceless), then the
+    # step's own costs fitted on these rows and bench/tpu_host.py's (each model held out in turn)
+    JAX_PLATFORMS=cpu PYTHONPATH=. python bench/tpu_small.py --refresh bench/data/tpu-v5e-small.jsonl
+    JAX_PLATFORMS=cpu PYTHONPATH=. python bench/tpu_small.py --refresh bench/data/tpu-v5e-host.jsonl
+    python bench/tpu_small.py --fit bench/data/tpu-v5e-small.jsonl bench/data/tpu-v5e-host.jsonl
     python bench/tpu_small.py --table bench/data/tpu-v5e-small.jsonl   # docs/guide/tpu.md's table
 
 Each case is one training step as te-ckpt-audit builds it (`_step.training_step`, AdamW, the
@@ -92,16 +95,22 @@ def _pipelined(compiled: Any, values: list[Any], feed: Any, budget: float = 0.5,
 
 
 def _estimate(text: str) -> dict[str, Any]:
+    """te-ckpt-audit's estimate of a compiled step: its seconds, the kernels' work in it (libtpu's
+    cycles, the VMEM copies), kernel runs, arrays passed, and what the host takes to launch it."""
     from te_ckpt_audit.targets import _steptime as steptime
-    from te_ckpt_audit.targets._kernels import VMEM, step_kernels
+    from te_ckpt_audit.targets._kernels import VMEM, entry_arrays, step_kernels
     from te_ckpt_audit.tpus import tpu_model
 
     chip = tpu_model("v5e")
     kernels = step_kernels(text, 1, chip.chips_per_host, VMEM)
-    timed = steptime.tpu_estimate(kernels, chip, 1, 0.0)
+    arrays = entry_arrays(text)
+    timed = steptime.tpu_estimate(kernels, chip, 1, 0.0, arrays)
     unestimated = [k.name for k in kernels if k.cycles >= steptime.UNESTIMATED_CYCLES]
+    assert timed.seconds is not None
     return {"estimated_seconds": timed.seconds, "kernel_runs": timed.kernels, "unestimated": unestimated,
-            "efficiency": steptime.TPU_EFFICIENCY, "overhead_seconds": timed.overhead_seconds}
+            "efficiency": steptime.TPU_EFFICIENCY, "overhead_seconds": timed.overhead_seconds,
+            "work_seconds": timed.seconds - timed.overhead_seconds, "arrays": arrays,
+            "dispatch_seconds": timed.dispatch_seconds}
 
 
 def timed_on_chip(target: str, policy: str, defines: dict[str, Any], name_lines: bool = False) -> dict[str, Any]:
@@ -163,53 +172,125 @@ def chain_row(n: int, shape: tuple[int, int]) -> dict[str, Any]:
     return row
 
 
-def overhead_fit(rows: list[dict[str, Any]]) -> tuple[float, float, int]:
-    """What the chip runs beyond the kernels' estimate, as a cost per step plus one per kernel run:
-    the least-squares fit of measured less estimated seconds (the estimate before any such cost) on
-    the models' steps under 3 ms with no kernel libtpu could not estimate (the `chain` cases left
-    out: nothing but barriers). Returns (seconds per step, seconds per kernel run, rows fitted)."""
-    fitted = [r for r in rows if r.get("verdict") == "ran" and not r.get("unestimated")
-              and r["seconds_per_step"] < 3e-3 and not r["case"].startswith("chain")]
-    xs = [float(r["kernel_runs"]) for r in fitted]
-    ys = [r["seconds_per_step"] - (r["estimated_seconds"] - r.get("overhead_seconds", 0.0)) for r in fitted]
-    n, mx, my = len(xs), statistics.fmean(xs), statistics.fmean(ys)
-    per_kernel = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
-    return my - per_kernel * mx, per_kernel, n
+def dispatch_slope(rows: list[dict[str, Any]]) -> float:
+    """The host's seconds per array passed: the least-squares slope of bench/tpu_host.py's `dispatch`
+    rows of 4 arrays or more (a jitted x + 1 over each of N donated arrays, the AOT call)."""
+    found = [(float(r["arrays"]), r["aot_seconds_per_step"]) for r in rows if r["study"] == "dispatch"
+             and r["arrays"] >= 4]
+    mx, my = statistics.fmean(x for x, _ in found), statistics.fmean(y for _, y in found)
+    return sum((x - mx) * (y - my) for x, y in found) / sum((x - mx) ** 2 for x, _ in found)
 
 
-def fit_rows(path: Path) -> None:
-    """Each row's error, and the per-step and per-kernel costs fitted on them (`overhead_fit`)."""
-    rows = [r for r in map(json.loads, path.read_text().splitlines()) if r.get("verdict") == "ran"]
-    step, kernel, n = overhead_fit(rows)
+def fitted_rows(small: Path, host: Path) -> list[dict[str, Any]]:
+    """The model steps the step's own costs are fitted on: every row of `small` (bench/tpu_small.py's,
+    refreshed) and every `step` row of `host` (bench/tpu_host.py's, its AOT call: the same steps on
+    another day's machine) that ran, whose kernels libtpu all estimated, under 3 ms."""
+    rows = [r for r in map(json.loads, small.read_text().splitlines())
+            if r.get("verdict") == "ran" and not r["case"].startswith("chain")]
+    rows += [{**r, "seconds_per_step": r["aot_seconds_per_step"]}
+             for r in map(json.loads, host.read_text().splitlines()) if r["study"] == "step"]
+    return [r for r in rows if not r.get("unestimated") and r["seconds_per_step"] < 3e-3]
+
+
+def predicted(r: dict[str, Any], step: float, kernel: float, host_step: float, host_array: float) -> float:
+    """A row's seconds under these costs: the kernels' work and the device's own cost, at least the
+    host's launch (as `_steptime.tpu_estimate` takes them)."""
+    return max(r["work_seconds"] + step + kernel * r["kernel_runs"], host_step + host_array * r["arrays"])
+
+
+def overhead_fit(rows: list[dict[str, Any]], host_array: float) -> tuple[float, float, float]:
+    """The device's cost per step and per kernel run and the host's per step (its per array given):
+    the least squared relative error over `rows`, on a grid of 5 us, 0.02 us and 5 us."""
+    import numpy as np
+
+    work = np.array([r["work_seconds"] for r in rows])[:, None, None]
+    runs = np.array([r["kernel_runs"] for r in rows], float)[:, None, None]
+    measured = np.array([r["seconds_per_step"] for r in rows])[:, None, None]
+    steps, kernels = np.arange(0, 81) * 5e-6, np.arange(0, 61) * 0.02e-6
+    best: tuple[float, float, float, float] | None = None
+    for host_step in np.arange(10, 81) * 5e-6:
+        host = (host_step + host_array * np.array([r["arrays"] for r in rows], float))[:, None, None]
+        error = ((np.maximum(work + steps[None, :, None] + kernels[None, None, :] * runs, host) / measured - 1) ** 2
+                 ).mean(axis=0)
+        i, j = np.unravel_index(int(np.argmin(error)), error.shape)
+        if best is None or error[i, j] < best[0]:
+            best = (float(error[i, j]), float(steps[i]), float(kernels[j]), float(host_step))
+    assert best is not None
+    return best[1], best[2], best[3]
+
+
+def fit_rows(small: Path, host: Path) -> None:
+    """The costs fitted on the rows (`overhead_fit`), each row's error under them, and each model's
+    rows under the costs fitted on the other models' (leave one model out)."""
+    host_rows = [json.loads(line) for line in host.read_text().splitlines()]
+    slope = dispatch_slope(host_rows)
+    rows = fitted_rows(small, host)
+    costs = (*overhead_fit(rows, slope), slope)
+    print(f"fitted on {len(rows)} rows: device {costs[0] * 1e3:.3f} ms per step, {costs[1] * 1e6:.2f} us per kernel "
+          f"run; host {costs[2] * 1e3:.3f} ms per step, {costs[3] * 1e6:.2f} us per array")
     for r in rows:
-        measured, estimated = r["seconds_per_step"], r["estimated_seconds"] - r.get("overhead_seconds", 0.0)
-        with_cost = estimated + step + kernel * r["kernel_runs"]
-        flagged = "  UNESTIMATED " + ",".join(r["unestimated"]) if r.get("unestimated") else ""
-        print(f"{r['case']:40s} measured {measured * 1e3:9.3f} ms  kernels' estimate {estimated * 1e3:9.3f} ms "
-              f"({100 * (estimated / measured - 1):+6.1f}%)  with the step's cost {with_cost * 1e3:9.3f} ms "
-              f"({100 * (with_cost / measured - 1):+6.1f}%)  {r['kernel_runs']:6d} kernels{flagged}")
-    print(f"fitted on {n} rows: {step * 1e3:.3f} ms per step, {kernel * 1e6:.3f} us per kernel run")
+        now = predicted(r, *costs)
+        print(f"{r['case']:40s} measured {r['seconds_per_step'] * 1e3:8.3f} ms  estimated {now * 1e3:8.3f} ms "
+              f"({100 * (now / r['seconds_per_step'] - 1):+6.1f}%)")
+    held = []
+    for model in sorted({r["case"].split()[0] for r in rows}):
+        others = overhead_fit([r for r in rows if r["case"].split()[0] != model], slope)
+        held += [abs(predicted(r, *others, slope) / r["seconds_per_step"] - 1) for r in rows
+                 if r["case"].split()[0] == model and r["seconds_per_step"] >= 0.3e-3]
+    print(f"each model held out: median {100 * statistics.median(held):.1f}%, worst {100 * max(held):.1f}%, "
+          f"{sum(e < 0.10 for e in held)} of {len(held)} within 10%")
+
+
+def refresh(path: Path) -> None:
+    """Each model step's estimate again, from the same program compiled here for a v5e (deviceless:
+    libtpu compiles the chip's program, byte for byte its plan), in place: the rows keep what the chip
+    measured and take the estimate te-ckpt-audit makes now."""
+    import jax
+    from jax.experimental import topologies
+    from tpu_truth import _placed, step_of
+
+    topo = topologies.get_topology_desc(platform="tpu", topology_name="v5e:1x1", chip_config_name="default",
+                                        chips_per_host_bounds=(1, 1, 1), num_slices=1)
+    cases = {c[0]: c for c in CASES}
+    out = []
+    for r in map(json.loads, path.read_text().splitlines()):
+        if r.get("case") in cases and (r.get("verdict") == "ran" or r.get("study") == "step"):
+            _, target, policy, defines = cases[r["case"]]
+            fn, args, donate = step_of(target, policy, defines)
+            text = jax.jit(fn, donate_argnums=donate).lower(*_placed(args, topo.devices[0])).compile().as_text()
+            r = {**r, **_estimate(text or "")}
+            print(r["case"], f"{r['estimated_seconds'] * 1e3:.3f} ms", flush=True)
+        out.append(r)
+    path.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in out))
 
 
 def table(path: Path) -> None:
-    """The Markdown table of the chip's model steps against the estimate with the step's own cost
-    (the constants of `_steptime`), with the median and worst error of the steps of 0.3 ms to 1 s."""
-    from te_ckpt_audit.targets._steptime import TPU_EFFICIENCY, TPU_KERNEL_S, TPU_STEP_S
+    """The Markdown table of the chip's model steps against the estimate (the constants of
+    `_steptime`), with the median and worst error of the steps of 0.3 ms to 1 s."""
+    from te_ckpt_audit.targets._steptime import (
+        TPU_EFFICIENCY,
+        TPU_HOST_ARRAY_S,
+        TPU_HOST_STEP_S,
+        TPU_KERNEL_S,
+        TPU_STEP_S,
+    )
 
     rows = [r for r in map(json.loads, path.read_text().splitlines())
             if r.get("verdict") == "ran" and not r["case"].startswith("chain")]
-    print("| step | kernel runs | chip, ms | estimate, ms | error | estimate before, ms |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print("| step | kernel runs | arrays | chip, ms | estimate, ms | error | device, ms | host, ms |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     errors = []
     for r in rows:
-        before = r["estimated_seconds"] - r.get("overhead_seconds", 0.0)  # at the row's own constant
-        now = before / r["efficiency"] * TPU_EFFICIENCY + TPU_STEP_S + TPU_KERNEL_S * r["kernel_runs"]
+        row = {**r, "work_seconds": r["work_seconds"] / r["efficiency"] * TPU_EFFICIENCY}
+        now = predicted(row, TPU_STEP_S, TPU_KERNEL_S, TPU_HOST_STEP_S, TPU_HOST_ARRAY_S)
         error = now / r["seconds_per_step"] - 1
         flag = " (a kernel libtpu gave no estimate)" if r.get("unestimated") else ""
         if not r.get("unestimated") and 0.3e-3 <= r["seconds_per_step"] <= 1.0:
             errors.append(abs(error))
-        print(f"| {r['case']}{flag} | {r['kernel_runs']:,} | {r['seconds_per_step'] * 1e3:.3f} | {now * 1e3:.3f} | "
-              f"{100 * error:+.1f}% | {before * 1e3:.3f} |")
+        device = row["work_seconds"] + TPU_STEP_S + TPU_KERNEL_S * r["kernel_runs"]
+        print(f"| {r['case']}{flag} | {r['kernel_runs']:,} | {r['arrays']} | {r['seconds_per_step'] * 1e3:.3f} | "
+              f"{now * 1e3:.3f} | {100 * error:+.1f}% | {device * 1e3:.3f} | "
+              f"{(TPU_HOST_STEP_S + TPU_HOST_ARRAY_S * r['arrays']) * 1e3:.3f} |")
     errors.sort()
     print(f"\nSteps of 0.3 ms to 1 s, every kernel estimated ({len(errors)}): median "
           f"{100 * statistics.median(errors):.1f}%, worst {100 * errors[-1]:.1f}%, "
@@ -220,13 +301,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--on-chip", action="store_true", help="compile and run every case on this machine's TPU")
-    where.add_argument("--fit", type=Path, metavar="ROWS", help="the per-kernel cost from the chip's rows")
+    where.add_argument("--fit", nargs=2, type=Path, metavar=("SMALL", "HOST"),
+                       help="the step's own costs fitted on the chip's rows (this script's and bench/tpu_host.py's)")
+    where.add_argument("--refresh", type=Path, metavar="ROWS", help="each row's estimate again, compiled here")
     where.add_argument("--table", type=Path, metavar="ROWS", help="the Markdown table of the chip's rows")
     parser.add_argument("--only", default="", help="run only the cases whose name contains this")
     parser.add_argument("--out", type=Path, help="JSON lines, appended")
     args = parser.parse_args()
     if args.fit:
-        fit_rows(args.fit)
+        fit_rows(*args.fit)
+        return
+    sys.path.insert(0, str(ROOT / "bench"))
+    if args.refresh:
+        refresh(args.refresh)
         return
     if args.table:
         table(args.table)

@@ -589,7 +589,7 @@ def test_user_writes_to_fd_1_go_to_stderr(folder: Path) -> None:
         capture_output=True, text=True, env=env, timeout=120, check=False,
     )
     assert run.returncode == 0, run.stderr
-    assert json.loads(run.stdout)["schema"] == "te-ckpt-audit/14"
+    assert json.loads(run.stdout)["schema"] == "te-ckpt-audit/15"
     for noise in ("noise-os-write", "noise-subprocess", "noise-dunder-stdout", "noise-inputs"):
         assert noise in run.stderr and noise not in run.stdout
 

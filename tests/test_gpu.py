@@ -286,7 +286,7 @@ def test_reruns_are_byte_identical_and_gates_read_the_peak(tmp_path: Path) -> No
 
     assert without_seconds(cold.stdout) == without_seconds(first.stdout)  # XLA's plan does not vary
     doc = json.loads(first.stdout)
-    assert doc["schema"] == "te-ckpt-audit/14" and doc["step"]["optimizer"] == "adamw"
+    assert doc["schema"] == "te-ckpt-audit/15" and doc["step"]["optimizer"] == "adamw"
     peaks = [r["peak"]["bytes_per_device"] for r in doc["results"]]
     limit = min(peaks) + (max(peaks) - min(peaks)) // 2 if max(peaks) > min(peaks) else min(peaks) - 1
     gated = _cli(*args, "--peak-budget", str(limit), env=cache)

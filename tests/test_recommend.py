@@ -175,7 +175,7 @@ def test_json_shape_strict_and_deterministic() -> None:
     text = render_recommend_json(rec)
     assert text == render_recommend_json(recommend(Session(four()), 3328))
     doc = json.loads(text, parse_constant=lambda c: pytest.fail(f"non-strict JSON constant {c}"))
-    assert doc["schema"] == "te-ckpt-audit-recommend/15"
+    assert doc["schema"] == "te-ckpt-audit-recommend/16"
     assert doc["fits"] is True and doc["closest"] is None
     win = doc["recommended"]
     assert (win["policy"], win["activation_bytes"], win["recompute_flops"]) == (

@@ -128,7 +128,7 @@ def test_both_shows_each_implementation_side_by_side() -> None:
 
     doc = json.loads(render_json(report))
     jsonschema.validate(doc, JSON_SCHEMA)
-    assert doc["schema"] == "te-ckpt-audit/14" and doc["remat"] == "remat" and len(doc["remat3"]) == 4
+    assert doc["schema"] == "te-ckpt-audit/15" and doc["remat"] == "remat" and len(doc["remat3"]) == 4
 
 
 def test_a_budgeted_policy_that_remat3_changes_fails_the_gate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -20,7 +20,7 @@ ARGS = (jax.ShapeDtypeStruct((4, 8), jnp.float32), jax.ShapeDtypeStruct((8, 8), 
 def test_to_dict_is_versioned_and_deterministic() -> None:
     a = audit(_fn, *ARGS, policies=["nothing_saveable", "checkpoint_dots"]).to_dict()
     b = audit(_fn, *ARGS, policies=["nothing_saveable", "checkpoint_dots"]).to_dict()
-    assert a["schema"] == SCHEMA == "te-ckpt-audit/14"
+    assert a["schema"] == SCHEMA == "te-ckpt-audit/15"
     assert json.dumps(a) == json.dumps(b)
     assert [r["policy"] for r in a["results"]] == ["nothing_saveable", "checkpoint_dots"]
     dots = a["results"][1]

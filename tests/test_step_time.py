@@ -530,7 +530,7 @@ def test_recommend_times_what_it_compiles(tmp_path: Any) -> None:
     run = cli("recommend", "sample_models/mlp.py:loss", "--gpu", "h100", "--time", "--format", "json", "-o", str(out))
     assert run.returncode == 0, run.stderr
     doc = json.loads(out.read_text())
-    assert doc["schema"] == "te-ckpt-audit-recommend/15"
+    assert doc["schema"] == "te-ckpt-audit-recommend/16"
     chosen = doc["recommended"]
     assert chosen["peak"] is not None and chosen["time"]["seconds"] > 0 and chosen["time"]["error"] is None
     assert chosen["time"]["model_flops"] == 3 * chosen["forward_flops"]

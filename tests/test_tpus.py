@@ -171,6 +171,28 @@ def test_a_v5e_times_offloaded_residuals_over_its_host_link_as_the_chip_ran_them
     assert v6e.host_link == 0 and "the v6e's host link was not measured" in _host_link(v6e)
 
 
+def test_a_small_step_runs_at_the_hosts_pace_and_vmem_copies_take_their_bytes() -> None:
+    """Issue 56, item 2: a step whose chip work is less than the host's launch of it (a time per step
+    and per array passed) takes the launch's time, and the report says a larger batch costs nothing
+    until the chip's work exceeds it; libtpu's copies into VMEM (no cycles) take their HBM side at
+    the bandwidth the chip attains."""
+    from te_ckpt_audit.targets import _steptime as steptime
+    from te_ckpt_audit.targets._kernels import Kernel, KernelKind
+
+    chip = tpu_model("v5e")
+    work = Kernel("fusion", KernelKind.MEMORY, 0, 0, cycles=int(20e-6 * chip.clock_hz))  # 20 us by libtpu
+    small = steptime.tpu_estimate([work], chip, 1, 0.0, arrays=40)
+    launch = steptime.TPU_HOST_STEP_S + 40 * steptime.TPU_HOST_ARRAY_S
+    assert small.dispatch_seconds == pytest.approx(launch) and small.seconds == pytest.approx(launch)
+    assert small.host_bound and small.overhead_seconds == pytest.approx(launch - small.compute_seconds)
+    big = steptime.tpu_estimate([dataclasses.replace(work, runs=1000)], chip, 1, 0.0, arrays=40)
+    assert not big.host_bound and big.seconds == pytest.approx(
+        big.compute_seconds + steptime.TPU_STEP_S + steptime.TPU_KERNEL_S * 1000)
+    copy = Kernel("copy-start", KernelKind.MEMORY, 0, 648_000_000, vmem_copy=True)  # 1 ms at 648 GB/s
+    alone = steptime.tpu_estimate([copy], chip, 1, 0.0)
+    assert alone.compute_seconds == pytest.approx(1e-3 * steptime.TPU_EFFICIENCY)
+
+
 def test_a_kernel_libtpu_cannot_estimate_is_named_and_not_timed_at_int64_max() -> None:
     """Issue 56, item 2: libtpu gave a reduction over a 4 GiB score tensor INT64_MAX cycles; the
     estimate timed it at its bandwidth floor without a word and its upper bound read 3.7e10 s. Now
@@ -408,28 +430,41 @@ def test_the_one_constant_is_the_fit_on_half_the_chips_rows_and_the_rest_are_hel
 
 
 def test_the_steps_own_cost_is_the_fit_on_the_chips_small_steps() -> None:
-    """Issue 56, item 2: steps under 1 ms ran 0.15-0.4 ms above the kernels' estimate on the chip,
-    many-kernel ones ~0.5 us more per kernel (bench/data/tpu-v5e-small.jsonl). The estimate's
-    per-step and per-kernel costs are the least-squares fit on those rows, and with them every
-    model step there from 0.3 ms to 1 s whose kernels libtpu all estimated is within 21% (it was
-    up to 92% fast; the issue's 10% is not met by two constants: 16 of the 23 are within 10%)."""
+    """Issue 56, item 2: steps under 1 ms ran up to 2x the kernels' estimate on the chip. What they
+    pay beyond it, measured on the lent v5e (bench/tpu_host.py): the host's launch of each step (a
+    time per step and per array passed: a jitted function of 256 donated arrays takes 1.13 ms), which
+    a step whose device work is less runs at (a scanned Llama at batch 2: 0.077 ms on the device, 16
+    steps in one program; 0.38 ms as a loop runs it); and on the device, libtpu's copies into VMEM
+    (no cycles in its estimate) and a cost per step and per kernel run. The constants are the fit on
+    the chip's rows; with them every model step there from 0.3 ms to 1 s whose kernels libtpu all
+    estimated is within 13% (it was up to 2x fast, then within 21% with one cost per step and per
+    kernel run), and held out model by model, within 16%."""
+    import statistics
     import sys
 
-    from te_ckpt_audit.targets._steptime import TPU_KERNEL_S, TPU_STEP_S
+    from te_ckpt_audit.targets._steptime import TPU_HOST_ARRAY_S, TPU_HOST_STEP_S, TPU_KERNEL_S, TPU_STEP_S
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-    from tpu_small import overhead_fit
+    from tpu_small import dispatch_slope, fitted_rows, overhead_fit, predicted
 
-    rows = [json.loads(line) for line in (DATA / "tpu-v5e-small.jsonl").read_text().splitlines()]
-    step, kernel, n = overhead_fit(rows)
-    assert (round(step, 5), round(kernel, 8), n) == (TPU_STEP_S, TPU_KERNEL_S, 16)
-    models = [r for r in rows if r["verdict"] == "ran" and not r["case"].startswith("chain")
-              and not r["unestimated"] and 0.3e-3 <= r["seconds_per_step"] <= 1.0]
-    before = [r["estimated_seconds"] / r["seconds_per_step"] - 1 for r in models]
-    after = [(r["estimated_seconds"] + TPU_STEP_S + TPU_KERNEL_S * r["kernel_runs"]) / r["seconds_per_step"] - 1
-             for r in models]
-    assert len(models) == 23 and min(before) < -0.9
-    assert max(abs(e) for e in after) < 0.21 and sum(abs(e) < 0.10 for e in after) == 16
+    host = [json.loads(line) for line in (DATA / "tpu-v5e-host.jsonl").read_text().splitlines()]
+    slope = dispatch_slope(host)
+    assert round(slope, 8) == TPU_HOST_ARRAY_S
+    rows = fitted_rows(DATA / "tpu-v5e-small.jsonl", DATA / "tpu-v5e-host.jsonl")
+    costs = overhead_fit(rows, slope)
+    assert [round(c, 8) for c in costs] == [TPU_STEP_S, TPU_KERNEL_S, TPU_HOST_STEP_S] and len(rows) == 24
+    models = [r for r in rows if 0.3e-3 <= r["seconds_per_step"] <= 1.0]
+    errors = [abs(predicted(r, *costs, slope) / r["seconds_per_step"] - 1) for r in models]
+    assert len(models) == 24 and max(errors) < 0.13 and statistics.median(errors) < 0.05
+    held = []
+    for model in {r["case"].split()[0] for r in rows}:
+        others = overhead_fit([r for r in rows if r["case"].split()[0] != model], slope)
+        held += [abs(predicted(r, *others, slope) / r["seconds_per_step"] - 1) for r in models
+                 if r["case"].split()[0] == model]
+    assert max(held) < 0.16
+    bound = [r for r in rows if r["case"].startswith("llama-tiny full b2")]  # at the host's pace
+    assert bound and all(TPU_HOST_STEP_S + TPU_HOST_ARRAY_S * r["arrays"] > r["work_seconds"] + TPU_STEP_S
+                         + TPU_KERNEL_S * r["kernel_runs"] for r in bound)
 
 
 @pytest.mark.parametrize(("text", "chips", "message", "hint"), [

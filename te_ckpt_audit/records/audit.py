@@ -360,6 +360,14 @@ class StepTime:
     # bytes per second each direction those copies were timed at (the GPU's PCIe, a v5e's link as
     # measured on the chip); 0: at the compiler's own estimate (a TPU whose link was not measured)
     host_link: float = 0.0
+    # a TPU's: what the host takes to launch one step (a cost per step and per array passed, measured
+    # on a v5e); a step whose device time is less runs at this pace (`seconds` is at least it)
+    dispatch_seconds: float = 0.0
+
+    @property
+    def host_bound(self) -> bool:
+        """Whether the step runs at the host's pace: its launch takes longer than its device time."""
+        return bool(self.dispatch_seconds) and self.seconds is not None and self.seconds <= self.dispatch_seconds
 
     @property
     def mfu(self) -> float | None:

@@ -197,7 +197,7 @@ JSON_SCHEMA: dict[str, Any] = {
                             device={"enum": ["GPU", "chip"]}, hardware=_STR, estimator=_STR,
                             floor_seconds=_SECONDS, floor_kernels=_INT, unestimated=_array(_STR),
                             overhead_seconds=_SECONDS, host_seconds=_SECONDS, exposed_host_seconds=_SECONDS,
-                            host_link={"type": "number", "minimum": 0},
+                            host_link={"type": "number", "minimum": 0}, dispatch_seconds=_SECONDS,
                             calibration={"oneOf": [{"type": "null"}, _object(
                                 profile=_STR, instructions=_INT, measured=_INT, missing=_INT,
                                 ratios=_array({"type": "array", "prefixItems": [_enum(KernelKind),

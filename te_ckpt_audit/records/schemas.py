@@ -3,7 +3,7 @@ its id."""
 
 from __future__ import annotations
 
-AUDIT = "te-ckpt-audit/14"  # AuditReport.to_dict(), the audit's JSON; /3: gpu, step, results[].peak;
+AUDIT = "te-ckpt-audit/15"  # AuditReport.to_dict(), the audit's JSON; /3: gpu, step, results[].peak;
 # /4: trained, results[].audited, peak.least_fraction and backends, gpu's environment, step.own;
 # mark values are identifiers (outcome saved/offloaded/recomputed/not_needed, verdict none for "-");
 # /5: gpu.mesh and gpu.mesh_source, results[].requantized_equations; /6: results[].time (--time);
@@ -15,8 +15,9 @@ AUDIT = "te-ckpt-audit/14"  # AuditReport.to_dict(), the audit's JSON; /3: gpu, 
 # remat3[].changed, time.unestimated (kernels libtpu gave no estimate); /12: time.overhead_seconds (what a
 # step pays beyond its kernels' work: on a TPU, a cost per step and per kernel run); /13: time.host_seconds
 # and time.exposed_host_seconds (offloaded residuals' copies over the host link, and what is unhidden);
-# /14: time.host_link (the bytes per second those copies were timed at; 0: the compiler's estimate)
-RECOMMEND = "te-ckpt-audit-recommend/15"  # Recommendation.to_dict(); /2: gpu, compiles, maximized, peaks;
+# /14: time.host_link (the bytes per second those copies were timed at; 0: the compiler's estimate);
+# /15: time.dispatch_seconds (a TPU's: what the host takes to launch one step; the step takes at least it)
+RECOMMEND = "te-ckpt-audit-recommend/16"  # Recommendation.to_dict(); /2: gpu, compiles, maximized, peaks;
 # /3: peaks and gpu as te-ckpt-audit/4 has them; /4: as te-ckpt-audit/5 has them; /5: to_name;
 # /6: candidates' time (--time), as te-ckpt-audit/6 has it; /7: throughput (--maximize throughput), and
 # time as te-ckpt-audit/7 has it; /8: time as te-ckpt-audit/8 has it;
@@ -25,13 +26,15 @@ RECOMMEND = "te-ckpt-audit-recommend/15"  # Recommendation.to_dict(); /2: gpu, c
 # /13: time as te-ckpt-audit/12 has it, throughput.synthesis.names[].line (a name the tool gave a matmul
 # line, --name-lines) and throughput.pick.add (the checkpoint_name calls that give the model the pick's
 # names of the tool's own), findings (what the audit says of the trace: inputs-replicated), compiles
-# counts a throughput search's points; /14: time as te-ckpt-audit/13 has it; /15: as te-ckpt-audit/14 has it
+# counts a throughput search's points; /14: time as te-ckpt-audit/13 has it; /15: as te-ckpt-audit/14 has it;
+# /16: as te-ckpt-audit/15 has it
 MAXTEXT_RECOMMEND = "te-ckpt-audit-maxtext-recommend/4"  # MaxTextRecommendation.to_dict(); /2: throughput;
 # /3: tpu (--tpu: the slice searched, libtpu's verdict), throughput per chip; /4: tried[].custom and
 # chosen.custom (remat_policy custom's tensor keys, --synthesize), throughput.synthesis
-CHECK = "te-ckpt-audit-check/14"  # check results; /2: unbounded growth explicit, never a non-finite number;
+CHECK = "te-ckpt-audit-check/15"  # check results; /2: unbounded growth explicit, never a non-finite number;
 # /3: each target's report is te-ckpt-audit/3, and peak figures (--gpu) may be violated; /4: reports are /4;
 # /5: reports are /5; /6: reports are /6; /7: reports are /7; /8: reports are /8;
-# /9: reports are /9; /10: reports are /10; /11: reports are /11; /12: reports are /12; /13: are /13; /14: are /14
+# /9: reports are /9; /10: reports are /10; /11: reports are /11; /12: reports are /12; /13: are /13; /14: are /14;
+# /15: are /15
 BASELINE = "te-ckpt-audit-baseline/2"  # baseline files: one entry per audit key
 BASELINE_1 = "te-ckpt-audit-baseline/1"  # {target: {policy: bytes}}: still read, never written

@@ -735,7 +735,11 @@ def time_notes(report: AuditReport) -> list[str]:
                             f"kernels{_host_link(r.time)})" if r.time.host_seconds or r.totals.host_bytes else "")
                          + (f", {format_seconds(r.time.overhead_seconds)} the step's own cost beyond its kernels' work "
                             f"(per step and per kernel run, {r.time.kernels:,} runs)"
-                            if r.time.overhead_seconds else ""))
+                            if r.time.overhead_seconds and not r.time.host_bound else "")
+                         + (f"; the host takes {format_seconds(r.time.dispatch_seconds)} to launch each step (per "
+                            "step and per array passed), more than the chip's work: the step runs at the host's pace, "
+                            "and a larger batch costs no time until the chip's work exceeds it"
+                            if r.time.host_bound else ""))
             if r.time.unestimated:
                 shown = ", ".join(r.time.unestimated[:5]) + (", ..." if len(r.time.unestimated) > 5 else "")
                 compiler = "libtpu" if r.time.device == "chip" else "XLA"

@@ -275,6 +275,7 @@ class Kernel:
     waits_for: str = ""  # not a kernel: where the schedule waits for the asynchronous collective named
     loop: tuple[str, ...] = ()  # the while loops around it, outermost first (the schedule's order is theirs)
     cycles: int = 0  # libtpu's estimate of one run, in the chip's cycles (`estimated_cycles`; 0 elsewhere)
+    vmem_copy: bool = False  # a TPU's copy between HBM and VMEM (libtpu gives it no cycles): `bytes` its HBM side
 
 
 class _Reader:
@@ -511,8 +512,8 @@ class _Reader:
                 moved = 2 * type_bytes(operand)
             if host:  # to or from host memory: on the copy engine, beside the kernels until its copy-done
                 self.host_copies.add(inst.name)
-            yield Kernel(inst.name, HOST if host else MEMORY, 0, moved,
-                         xla_us=costs, runs=runs, source=source, asynchronous=host)
+            yield Kernel(inst.name, HOST if host else MEMORY, 0, moved, xla_us=costs, runs=runs, source=source,
+                         asynchronous=host, vmem_copy=bool(self.on_chip) and not host)
             return
         if code in _NO_KERNEL or code.endswith("-done"):
             return
@@ -750,6 +751,20 @@ def _trip_count(inst: Inst) -> int:
     if isinstance(known, dict) and str(known.get("n", "")).isdigit():
         return int(known["n"])
     return 1
+
+
+def entry_arrays(hlo_text: str) -> int:
+    """The arrays one call of the program passes: its entry computation's parameters (a jitted
+    step's flattened arguments: parameters, optimizer state, batch), each one buffer the host hands
+    the device per step.
+
+    >>> entry_arrays("HloModule m\\n\\nENTRY %main (a: f32[2], b: f32[2]) -> f32[2] {\\n"
+    ...              "  %a = f32[2]{0} parameter(0)\\n  %b = f32[2]{0} parameter(1)\\n"
+    ...              "  ROOT %c = f32[2]{0} add(f32[2]{0} %a, f32[2]{0} %b)\\n}\\n")
+    2
+    """
+    comps, entry = parse_module(hlo_text)
+    return sum(i.opcode == "parameter" for i in comps.get(entry, []))
 
 
 def step_kernels(hlo_text: str, devices: int = 1, gpus_per_host: int = 8, on_chip: str = "") -> tuple[Kernel, ...]:

@@ -144,14 +144,23 @@ def timed(kernel: Kernel, gpu: GpuModel) -> Timed:
 # time, its roofline below: no kernel of the profile beat its FLOPs at the peak) at the geometric
 # mean of the two. One constant on top (`TPU_EFFICIENCY`), fitted on the v5e's 1st, 3rd, ... rows of
 # bench/data/tpu-v5e-time.jsonl (the others are held out: docs/guide/tpu.md).
-TPU_EFFICIENCY = 0.999
+TPU_EFFICIENCY = 0.968
 # What a step pays on the chip beyond its kernels' work, run as a training loop runs it (steps
-# dispatched back to back): a cost per step and one per kernel run, the least-squares fit of measured
-# less estimated seconds on the 16 models' steps under 3 ms of bench/data/tpu-v5e-small.jsonl (no
-# kernel without libtpu's estimate; `bench/tpu_small.py --fit`). A 0.1 s step of 2,000 kernels pays
-# about 1.3 ms of it; a 0.4 ms step of 300 kernels about 0.35 ms (the estimate read it 2x fast).
-TPU_STEP_S = 0.19e-3
-TPU_KERNEL_S = 0.54e-6
+# dispatched back to back), measured on the lent v5e (bench/tpu_host.py, bench/data/tpu-v5e-host.jsonl):
+# - the device: libtpu's copies between HBM and VMEM (parameters and optimizer state brought in
+#   before a kernel reads them; libtpu gives them no cycles) at the HBM bandwidth the chip attains,
+#   and a cost per step and per kernel run;
+# - the host: launching a step costs the host a time per step and per array it passes (a jitted
+#   function of N donated arrays: 0.10 ms for 1 array, 1.13 ms for 256); a step whose device time
+#   is less runs at the host's pace (a 4-layer scanned Llama at batch 2: 0.077 ms on the device, 16
+#   steps in one program; 0.38 ms as a loop runs it).
+# The step takes the greater. TPU_HOST_ARRAY_S is the dispatch rows' slope; the other three the
+# least-squares fit on the 24 model steps under 3 ms of bench/data/tpu-v5e-small.jsonl and
+# -host.jsonl whose kernels libtpu all estimated (`bench/tpu_small.py --fit`).
+TPU_STEP_S = 0.06e-3
+TPU_KERNEL_S = 0.44e-6
+TPU_HOST_STEP_S = 0.255e-3
+TPU_HOST_ARRAY_S = 3.75e-6
 UNESTIMATED_CYCLES = 2**62  # libtpu writes INT64_MAX (9.2e18 cycles) for a kernel it cannot estimate
 NO_ESTIMATE = "no estimate"  # such a kernel's basis: its roofline, which the chip may run far above
 LIBTPU = "libtpu"
@@ -159,8 +168,10 @@ TPU_ESTIMATOR = "libtpu's cycle estimates and the roofline"
 TPU_METHOD = ("libtpu's estimated cycles per kernel at the chip's clock, memory-bound kernels at most their bytes at "
               "the HBM bandwidth the chip attains, GEMMs at the geometric mean of libtpu's estimate and their "
               f"roofline; x {TPU_EFFICIENCY} (fitted on a v5e); loops x trip count; collectives over ICI in the "
-              f"scheduled order; plus {TPU_STEP_S * 1e3:.2f} ms per step and {TPU_KERNEL_S * 1e6:.2f} us per "
-              "kernel run (measured on a v5e)")
+              "scheduled order; copies between HBM and VMEM at that bandwidth; plus "
+              f"{TPU_STEP_S * 1e3:.2f} ms per step and {TPU_KERNEL_S * 1e6:.2f} us per kernel run; at least the "
+              f"host's {TPU_HOST_STEP_S * 1e3:.2f} ms per step and {TPU_HOST_ARRAY_S * 1e6:.2f} us per array passed "
+              "(each measured on a v5e)")
 
 
 def ici_seconds(kernel: Kernel, chip: TpuModel) -> float:
@@ -194,6 +205,9 @@ def tpu_timed(kernel: Kernel, chip: TpuModel) -> Timed:
     if kernel.kind is KernelKind.HOST and chip.host_link:  # to or from host memory: over the host link
         seconds = kernel.bytes / chip.host_link
         return Timed(kernel, seconds, seconds, seconds, ROOFLINE)
+    if kernel.vmem_copy:  # between HBM and VMEM: libtpu gives it no cycles; its HBM side at the bandwidth
+        seconds = tpu_roofline(kernel, chip) * TPU_EFFICIENCY
+        return Timed(kernel, seconds, seconds, seconds, ROOFLINE)
     if kernel.cycles >= UNESTIMATED_CYCLES:  # libtpu's INT64_MAX: no estimate at all, not a slow kernel
         floor = tpu_roofline(kernel, chip) * TPU_EFFICIENCY
         return Timed(kernel, floor, floor, floor, NO_ESTIMATE)
@@ -206,13 +220,19 @@ def tpu_timed(kernel: Kernel, chip: TpuModel) -> Timed:
     return Timed(kernel, seconds * TPU_EFFICIENCY, low * TPU_EFFICIENCY, high * TPU_EFFICIENCY, LIBTPU)
 
 
-def tpu_estimate(kernels: Iterable[Kernel], chip: TpuModel, devices: int, compile_seconds: float) -> StepTime:
-    """A TPU step's time from the kernels libtpu compiled (`tpu_timed`), in its scheduled order."""
+def tpu_estimate(kernels: Iterable[Kernel], chip: TpuModel, devices: int, compile_seconds: float,
+                 arrays: int = 0) -> StepTime:
+    """A TPU step's time from the kernels libtpu compiled (`tpu_timed`), in its scheduled order, plus
+    the step's own cost on the chip; at least what the host takes to launch it with `arrays` arrays
+    (`entry_arrays`; 0: not counted)."""
     found = _step([tpu_timed(k, chip) for k in kernels], chip.bf16_flops, devices, compile_seconds, TPU_METHOD)
     if found.seconds is not None and found.seconds_low is not None and found.seconds_high is not None:
         extra = TPU_STEP_S + TPU_KERNEL_S * found.kernels
-        found = dataclasses.replace(found, seconds=found.seconds + extra, seconds_low=found.seconds_low + extra,
-                                    seconds_high=found.seconds_high + extra, overhead_seconds=extra)
+        host = TPU_HOST_STEP_S + TPU_HOST_ARRAY_S * arrays if arrays else 0.0
+        seconds = max(found.seconds + extra, host)
+        found = dataclasses.replace(found, seconds=seconds, seconds_low=max(found.seconds_low + extra, host),
+                                    seconds_high=max(found.seconds_high + extra, host),
+                                    overhead_seconds=seconds - found.seconds, dispatch_seconds=host)
     return dataclasses.replace(found, device="chip", hardware=chip.name, estimator=TPU_ESTIMATOR,
                                host_link=chip.host_link)
 
@@ -479,6 +499,7 @@ def from_plain(raw: Mapping[str, object]) -> StepTime | None:
             host_seconds=number("host_seconds"),
             exposed_host_seconds=number("exposed_host_seconds"),
             host_link=number("host_link"),
+            dispatch_seconds=number("dispatch_seconds"),
         )
     except _Invalid:
         return None

@@ -29,7 +29,7 @@ from ..tpus import TpuRequest, TpuTarget
 from ..trace._devices import mesh_context
 from ..trace._trace import Traced
 from . import _steptime as steptime
-from ._kernels import VMEM, step_kernels
+from ._kernels import VMEM, entry_arrays, step_kernels
 from ._placement import gpu_mesh, on, rehomed, replicated
 from ._step import own_step, state_on, training_step
 
@@ -156,7 +156,7 @@ class TpuCompiler:
                    else plan.error or "libtpu gave no program")
             return plan, steptime.tpu_failed(why, model, chips)
         kernels = step_kernels(text, chips, model.chips_per_host, VMEM)
-        return plan, steptime.tpu_estimate(kernels, model, chips, plan.compile_seconds)
+        return plan, steptime.tpu_estimate(kernels, model, chips, plan.compile_seconds, entry_arrays(text))
 
     def _compiled(self, spec: PolicySpec, scope: Scope) -> tuple[TpuPlan, str | None]:
         start = time.perf_counter()
