@@ -8,6 +8,8 @@ item 2): what each kernel pays whatever its work, and the kernels libtpu cannot 
     JAX_PLATFORMS=cpu PYTHONPATH=. python bench/tpu_small.py --refresh bench/data/tpu-v5e-small.jsonl
     JAX_PLATFORMS=cpu PYTHONPATH=. python bench/tpu_small.py --refresh bench/data/tpu-v5e-host.jsonl
     python bench/tpu_small.py --fit bench/data/tpu-v5e-small.jsonl bench/data/tpu-v5e-host.jsonl
+    # on the chip: the steps never fitted on
+    PYTHONPATH=. python bench/tpu_small.py --on-chip --held-out --out $OUT/tpu-v5e-small-held.jsonl
     python bench/tpu_small.py --table bench/data/tpu-v5e-small.jsonl   # docs/guide/tpu.md's table
 
 Each case is one training step as te-ckpt-audit builds it (`_step.training_step`, AdamW, the
@@ -60,6 +62,23 @@ CASES: list[tuple[str, str, str, dict[str, Any]]] = [
       for b in (1, 2, 3)),
 ]
 CHAINS = [(n, shape) for shape in ((8, 128), (512, 1024)) for n in (64, 256)]
+# steps the step's own costs were never fitted on (`--held-out`): other sizes of the same models,
+# measured after the fit (bench/data/tpu-v5e-small-held.jsonl)
+HELD_OUT: list[tuple[str, str, str, dict[str, Any]]] = [
+    ("mlp-1024 nothing_saveable b512", "sample_models/mlp.py:loss", "nothing_saveable",
+     {"d_in": 1024, "d_hidden": 1024, "d_out": 1024, "batch": 512}),
+    ("mlp-small checkpoint_dots b4096", "sample_models/mlp.py:loss", "checkpoint_dots", {**MLP_SMALL, "batch": 4096}),
+    ("mlp-small everything_saveable b256", "sample_models/mlp.py:loss", "everything_saveable",
+     {**MLP_SMALL, "batch": 256}),
+    ("gpt-small nothing_saveable b4", "sample_models/gpt.py:loss", "nothing_saveable", {**GPT_SMALL, "batch": 4}),
+    ("gpt-unrolled nothing_saveable b1", "sample_models/gpt.py:loss", "nothing_saveable",
+     {**GPT_SMALL, "layers": 8, "scan": False, "batch": 1}),
+    ("gpt-unrolled4 checkpoint_dots b8", "sample_models/gpt.py:loss", "checkpoint_dots",
+     {**GPT_SMALL, "layers": 4, "scan": False, "batch": 8}),
+    ("llama-tiny full b16", "sample_models/llama.py:loss", "as-is",
+     {**LLAMA_SMALL, "remat": "full", "per_device_batch": 16}),
+    ("convnet checkpoint_dots b64", "bench/models/convnet.py:loss", "checkpoint_dots", {"batch": 64}),
+]
 
 
 def _libtpu() -> str | None:
@@ -306,6 +325,7 @@ def main() -> None:
     where.add_argument("--refresh", type=Path, metavar="ROWS", help="each row's estimate again, compiled here")
     where.add_argument("--table", type=Path, metavar="ROWS", help="the Markdown table of the chip's rows")
     parser.add_argument("--only", default="", help="run only the cases whose name contains this")
+    parser.add_argument("--held-out", action="store_true", help="with --on-chip: the steps never fitted on")
     parser.add_argument("--out", type=Path, help="JSON lines, appended")
     args = parser.parse_args()
     if args.fit:
@@ -319,8 +339,8 @@ def main() -> None:
         table(args.table)
         return
     sys.path.insert(0, str(ROOT / "bench"))
-    todo: list[Any] = [("step", c) for c in CASES if args.only in c[0]]
-    todo += [("chain", c) for c in CHAINS if args.only in "chain"]
+    todo: list[Any] = [("step", c) for c in (HELD_OUT if args.held_out else CASES) if args.only in c[0]]
+    todo += [("chain", c) for c in CHAINS if args.only in "chain" and not args.held_out]
     for kind, case in todo:
         begin = time.perf_counter()
         try:

@@ -171,6 +171,34 @@ def test_a_v5e_times_offloaded_residuals_over_its_host_link_as_the_chip_ran_them
     assert v6e.host_link == 0 and "the v6e's host link was not measured" in _host_link(v6e)
 
 
+def test_small_steps_the_fit_never_saw_are_within_a_quarter() -> None:
+    """Issue 56, item 2, held out: eight steps of other sizes of the same models, run on the chip
+    after the costs were fitted (bench/data/tpu-v5e-small-held.jsonl). Under the estimate of the
+    chip's own program: median 10.3%, worst 24.8% over the seven of 0.3 ms to 1 s (the model before,
+    one cost per step and per kernel run: median 19.9%, worst 37.3%). The goal, 10% on every one, is
+    not met: an unrolled 4-layer GPT reads 25% slow."""
+    import statistics
+    import sys
+
+    from te_ckpt_audit.targets._steptime import (
+        TPU_EFFICIENCY,
+        TPU_HOST_ARRAY_S,
+        TPU_HOST_STEP_S,
+        TPU_KERNEL_S,
+        TPU_STEP_S,
+    )
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+    from tpu_small import predicted
+
+    rows = [json.loads(line) for line in (DATA / "tpu-v5e-small-held.jsonl").read_text().splitlines()]
+    assert len(rows) == 8 and all(r["verdict"] == "ran" and not r["unestimated"] for r in rows)
+    costs = (TPU_STEP_S, TPU_KERNEL_S, TPU_HOST_STEP_S, TPU_HOST_ARRAY_S)
+    errors = [abs(predicted({**r, "work_seconds": r["work_seconds"] / r["efficiency"] * TPU_EFFICIENCY}, *costs)
+                  / r["seconds_per_step"] - 1) for r in rows if 0.3e-3 <= r["seconds_per_step"] <= 1.0]
+    assert len(errors) == 7 and statistics.median(errors) < 0.11 and max(errors) < 0.25
+
+
 def test_a_small_step_runs_at_the_hosts_pace_and_vmem_copies_take_their_bytes() -> None:
     """Issue 56, item 2: a step whose chip work is less than the host's launch of it (a time per step
     and per array passed) takes the launch's time, and the report says a larger batch costs nothing
