@@ -113,6 +113,30 @@ def test_host_column_only_where_something_is_offloaded() -> None:
     assert " host " in render_table(offloads, TableView(width=80)).split("Kept for the backward pass")[1]
 
 
+def test_the_longest_te_policy_name_stays_on_its_line_at_80_columns() -> None:
+    """Issue 56, item 5: `dots_and_te_gemms_with_no_batch_dims` (36 characters) still folded at 80
+    columns. Where every policy keeps the same argument bytes (the inputs the backward pass reads),
+    the terminal says it once under the first table instead of a column of one figure; where they
+    differ, the column stays; the Markdown, HTML and JSON keep it always."""
+    w = jax.ShapeDtypeStruct((8, 8), jnp.float32)
+    x = jax.ShapeDtypeStruct((4, 8), jnp.float32)
+    both = audit(tiny, w, x, policies=["checkpoint_dots", "dots_and_te_gemms_with_no_batch_dims"])
+    assert len({r.totals.argument_bytes for r in both.results}) == 1
+    first = render_table(both, TableView(width=80)).split("Kept for the backward pass")[1].split("\n\n")[0]
+    assert any(line.split()[1:2] == ["dots_and_te_gemms_with_no_batch_dims"] for line in first.splitlines())
+    assert " arguments " not in first.splitlines()[2]  # the header row
+    kept = format_bytes(both.results[0].totals.argument_bytes)
+    assert f"arguments: {kept} kept by every policy" in first and "| arguments |" in render_markdown(both)
+
+    def sine_first(w: jax.Array, x: jax.Array) -> jax.Array:  # saving sin(x) leaves x unread by the backward
+        return jnp.sum(jnp.sin(x) @ w)
+
+    differ = audit(sine_first, w, x, policies=["nothing_saveable", "everything_saveable"])
+    assert len({r.totals.argument_bytes for r in differ.results}) == 2
+    first = render_table(differ, TableView(width=80)).split("Kept for the backward pass")[1].split("\n\n")[0]
+    assert " arguments " in first and "kept by every policy" not in first
+
+
 # --- the schema ---------------------------------------------------------------------------------
 
 

@@ -214,6 +214,16 @@ def offloaded(report: AuditReport) -> bool:
     return any(r.totals.host_bytes for r in report.results)
 
 
+def shared_arguments(report: AuditReport) -> int | None:
+    """The argument bytes every policy keeps, where two or more policies were audited and all keep
+    the same (the usual case: the inputs the backward pass reads do not depend on the policy): the
+    terminal then says it once under the first table instead of a column of one figure (at 80
+    columns the longest policy names need the room); the Markdown, HTML and JSON keep the column."""
+    kept = {r.totals.argument_bytes for r in report.results if r.error is None}
+    ok = [r for r in report.results if r.error is None]
+    return kept.pop() if len(ok) > 1 and len(kept) == 1 else None
+
+
 def policy_errors(report: AuditReport) -> list[tuple[str, str]]:
     """(policy, why) for each policy JAX could not differentiate the function under."""
     return [(r.policy, r.error) for r in report.results if r.error is not None]

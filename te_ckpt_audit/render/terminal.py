@@ -45,6 +45,7 @@ from ._common import (
     offloaded,
     policy_errors,
     producer_headers,
+    shared_arguments,
     shown_columns,
     standin_note,
     target_sections,
@@ -254,16 +255,20 @@ def render_check_table(runs: Sequence[Run], width: int | None = None) -> str:
 def _sections(report: AuditReport, view: TableView) -> list[list[RenderableType]]:
     """The report's parts, in order: each a list of renderables printed one below the other."""
     width = NATURAL if view.width is None else view.width
+    arguments = shared_arguments(report)
     sections: list[list[RenderableType]] = [
         [_header(report)],
         [
             _comparison(
                 report,
                 "Kept for the backward pass, and recomputed",
-                shown_columns(report, ("activation", "arguments", *(("host",) if offloaded(report) else ()),
+                shown_columns(report, ("activation", *(("arguments",) if arguments is None else ()),
+                                       *(("host",) if offloaded(report) else ()),
                                        "residuals", "recompute", "% of forward")),
                 width,
-            )
+            ),
+            *((Text(f"arguments: {format_bytes(arguments)} kept by every policy (inputs the backward pass "
+                    "reads)", style="dim"),) if arguments is not None else ()),
         ],
         [
             _comparison(
