@@ -548,10 +548,10 @@ def recommend_target(
     (a TpuRequest) instead of `gpu`, the same on a TPU slice: libtpu's verdict is the fit, its
     cycle estimates the time. With `synthesize` (and `maximize="throughput"`), the policy is made,
     not chosen among presets: which checkpoint names to save, with the batch (`_synthesis`), the
-    presets compiled beside the pick; `max_compiles` 20 by default. `name_lines`: each matmul line
-    of the user's code gets the tool's checkpoint name (`gpt_45`), so that the search can decide on
-    it; None: where `synthesize` finds a model that names nothing. Bad arguments fail before the
-    target's code runs."""
+    byte frontier's name sets and the presets compiled beside the pick; `max_compiles` 20 by
+    default. `name_lines`: each matmul line of the user's code gets the tool's checkpoint name
+    (`gpt_45`), so that the search can decide on it; None: where `synthesize` finds a model that
+    names nothing. Bad arguments fail before the target's code runs."""
     check_target_arg(target)
     placement: MeshSpec | None = mesh_arg(mesh)
     gpu_arg(gpu)
@@ -593,8 +593,6 @@ def recommend_target(
             name_lines=naming, progress=progress,
         )
 
-    if synthesize:  # the presets analysed (the pick is compiled against them), not the byte-budget search
-        max_evals = min(max_evals, len(registry.presets()) + 1)
     session = session_with({})
     if synthesize and name_lines is None and not session.checkpoint_names:  # nothing named: the tool names lines
         progress("the model names no tensors: naming each matmul line (--name-lines)")
@@ -634,7 +632,8 @@ def _synthesized(rec: Recommendation, session: Session, build: Callable[[int], S
                  executor: concurrent.futures.Executor | None, capture: LogCapture | None,
                  limit: int, allow_offload: bool = False) -> Recommendation:
     """`--synthesize`: the names' costs from the audit, the solver's picks compiled on the target,
-    the presets beside the pick; the winner's candidate (at the start value) for the code to paste.
+    the byte frontier's name sets (as the search without it compiles them) and the presets beside
+    the pick; the winner's candidate (at the start value) for the code to paste.
     With `allow_offload` on a GPU or a v5e, a name may be offloaded too (over its host link); where
     the target's host link was not measured (other TPUs), the solver says it did not offload."""
     if not rec.names:
@@ -649,9 +648,11 @@ def _synthesized(rec: Recommendation, session: Session, build: Callable[[int], S
     nothing = session.result(resolve_policy(registry.NOTHING_SAVEABLE), progress)
     flops = 3 * nothing.forward_flops + nothing.recompute_flops  # the step's, saving nothing, at the start value
     link, why = host_link_of(on, allow_offload)
+    seeds = [p for p in spread([c.policy for c in rec.frontier if c.error is None], max(2, max_compiles // 4))
+             if p not in rec.presets]  # the byte frontier's name sets, as the search without --synthesize has them
     found = per_device_of(synthesize_policy(evaluate, costs, start, keyword, usable, step_flops=flops,
                                             max_compiles=max_compiles, presets=rec.presets, host_link=link,
-                                            not_offloaded=why), on)
+                                            not_offloaded=why, seeds=seeds), on)
     evaluated = rec.evaluated
     if found.best is not None and all(c.policy != found.best.policy for c in evaluated):
         names, _, base = found.best.policy.partition("+")  # the synthesis spells save_only_these_names:...[+PRESET]

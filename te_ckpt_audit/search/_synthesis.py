@@ -132,20 +132,23 @@ def synthesize(
     evaluate: Evaluate, costs: Sequence[SynthesisName], start: int, keyword: str, usable: int, *,
     step_flops: int = 0, max_compiles: int = DEFAULT_MAX_COMPILES, presets: Sequence[str] = (),
     device: str = "GPU", estimator: str = "XLA's cost models", unit: str | None = None, on_presets: bool = True,
-    host_link: float = 0.0, not_offloaded: str | None = None,
+    host_link: float = 0.0, not_offloaded: str | None = None, seeds: Sequence[str] = (),
 ) -> Throughput:
     """The fastest (subset of names, value) whose step the target takes, by the solver above; then,
     while compiles are left, the `presets` at the pick's value, marked beside it. `unit`: what the
     throughput counts (the keyword's own by default); `on_presets=False`: no names on top of a
     preset (MaxText's custom policy cannot add names to one of its presets); `host_link` (bytes/s
     each direction, a GPU's PCIe): each name may be offloaded to host memory too (`--allow-offload`);
-    `not_offloaded`: why it was asked for and not given (`host_link_of`), said in the solver's line."""
+    `not_offloaded`: why it was asked for and not given (`host_link_of`), said in the solver's line;
+    `seeds`: other policies compiled at the pick's value before the presets (the byte frontier's
+    name sets that the search without --synthesize compiles), so that the answer is never below theirs
+    where the additive model misjudges a set."""
     names = sorted((c for c in costs if c.name), key=lambda c: c.name)
     if not names:
         raise UsageError("--synthesize chooses among the model's checkpoint names, and it has none",
                          "give tensors names with jax.ad_checkpoint.checkpoint_name (recommend lists where)")
     every = names_spec(tuple(c.name for c in names)).text  # the names sorted: best_subset spells alike
-    reserve = min(len(presets), max_compiles // 3)  # the presets beside the pick: kept for the end
+    reserve = min(len(seeds) + len(presets), max_compiles // 3)  # the seeds and presets beside the pick
     points: dict[tuple[str, int], Point] = {}
     proposals: list[Proposal] = []
 
@@ -209,7 +212,7 @@ def synthesize(
         value *= ladder_step(gain)
     made = _fastest(points.values())
     if made is not None:
-        for preset in presets:  # the presets at the pick's value: what the synthesis is measured against
+        for preset in (*seeds, *presets):  # at the pick's value: what the synthesis is measured against
             if compiled([(preset, made.value)], max_compiles) is None:
                 bounded = True
                 break
