@@ -219,9 +219,8 @@ def shared_arguments(report: AuditReport) -> int | None:
     the same (the usual case: the inputs the backward pass reads do not depend on the policy): the
     terminal then says it once under the first table instead of a column of one figure (at 80
     columns the longest policy names need the room); the Markdown, HTML and JSON keep the column."""
-    kept = {r.totals.argument_bytes for r in report.results if r.error is None}
-    ok = [r for r in report.results if r.error is None]
-    return kept.pop() if len(ok) > 1 and len(kept) == 1 else None
+    kept = [r.totals.argument_bytes for r in report.results if r.error is None]
+    return kept[0] if len(kept) > 1 and len(set(kept)) == 1 else None
 
 
 def policy_errors(report: AuditReport) -> list[tuple[str, str]]:

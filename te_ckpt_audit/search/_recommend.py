@@ -613,7 +613,7 @@ def recommend_target(
                             max_compiles, progress, executor, capture, limit, allow_offload)
     if keyword is not None:  # one question, one search: no memory pick compiled beside it, one compile limit
         on = dataclasses.replace(on, time=True)  # throughput is the step's estimated time
-        policies = spread([c.policy for c in rec.frontier if c.error is None], max(2, max_compiles // 4))
+        policies = _frontier_policies(rec, max_compiles)
         fastest = target_search(lambda v: session_with({keyword: str(v)}), session, policies, keyword, start, on,
                                 max_compiles=max_compiles, progress=progress, executor=executor, jobs=jobs,
                                 capture=capture)
@@ -625,6 +625,12 @@ def recommend_target(
     found = largest_fitting(lambda v: session_with({maximize: str(v)}), maximize, start, rec.recommended.policy, on,
                              max_compiles, progress, capture)
     return dataclasses.replace(rec, maximized=found)
+
+
+def _frontier_policies(rec: Recommendation, max_compiles: int) -> list[str]:
+    """The byte frontier's policies a throughput search compiles: a quarter of its compiles' worth,
+    evenly spread (the search without --synthesize, and --synthesize beside its pick)."""
+    return spread([c.policy for c in rec.frontier if c.error is None], max(2, max_compiles // 4))
 
 
 def _synthesized(rec: Recommendation, session: Session, build: Callable[[int], Session], keyword: str, start: int,
@@ -648,8 +654,7 @@ def _synthesized(rec: Recommendation, session: Session, build: Callable[[int], S
     nothing = session.result(resolve_policy(registry.NOTHING_SAVEABLE), progress)
     flops = 3 * nothing.forward_flops + nothing.recompute_flops  # the step's, saving nothing, at the start value
     link, why = host_link_of(on, allow_offload)
-    seeds = [p for p in spread([c.policy for c in rec.frontier if c.error is None], max(2, max_compiles // 4))
-             if p not in rec.presets]  # the byte frontier's name sets, as the search without --synthesize has them
+    seeds = [p for p in _frontier_policies(rec, max_compiles) if p not in rec.presets]  # its name sets
     found = per_device_of(synthesize_policy(evaluate, costs, start, keyword, usable, step_flops=flops,
                                             max_compiles=max_compiles, presets=rec.presets, host_link=link,
                                             not_offloaded=why, seeds=seeds), on)
