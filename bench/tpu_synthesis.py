@@ -57,8 +57,31 @@ CASES: list[tuple[str, str, dict[str, Any], str]] = [
 ]
 
 
-def plan(out: Path, max_compiles: int, only: str = "") -> None:
-    """Both searches of every case, deviceless: the two picks and what the estimate says of them."""
+def best_preset(target: str, defines: dict[str, Any], keyword: str, request: Any, max_compiles: int) -> dict[str, Any]:
+    """Issue 58's baseline: the presets `recommend` knows (no name set of the byte frontier), searched
+    with the batch as `--maximize throughput` searches, at most `max_compiles` points."""
+    from te_ckpt_audit import recommend_target
+    from te_ckpt_audit._session import Session
+    from te_ckpt_audit.search._throughput import target_search
+
+    begin = time.perf_counter()
+    given = {k: str(v) for k, v in defines.items()}
+    presets = recommend_target(target, defines=given, tpu=request).presets
+
+    def build(value: int) -> Session:
+        return Session.of_target(target, defines={**given, keyword: str(value)})
+
+    found = target_search(build, build(int(defines[keyword])), presets, keyword, int(defines[keyword]), request,
+                          max_compiles=max_compiles)
+    best = found.best
+    return {"policy": None if best is None else best.policy, "value": None if best is None else best.value,
+            "estimated_seconds": None if best is None else best.seconds, "compiles": len(found.points),
+            "presets": list(presets), "wall_seconds": round(time.perf_counter() - begin, 1)}
+
+
+def plan(out: Path, max_compiles: int, only: str = "", presets_only: bool = False) -> None:
+    """Both searches of every case, deviceless: the two picks and what the estimate says of them;
+    and the best preset's pick (`best_preset`). `presets_only`: that pick alone, added to a plan."""
     from te_ckpt_audit import recommend_target
     from te_ckpt_audit.optimizers import Optimizer
     from te_ckpt_audit.tpus import TpuRequest, parse_tpu
@@ -66,8 +89,14 @@ def plan(out: Path, max_compiles: int, only: str = "") -> None:
     request = TpuRequest(parse_tpu("v5e"), Optimizer.ADAMW)
     rows = json.loads(out.read_text()) if out.exists() else []  # a plan of other models kept: --only adds one
     for name, target, defines, keyword in (c for c in CASES if only in c[0]):
+        if presets_only:
+            row = next(r for r in rows if r["case"] == name)
+            row["best_preset"] = best_preset(target, defines, keyword, request, max_compiles)
+            print(name, "best preset", row["best_preset"], flush=True)
+            out.write_text(json.dumps(rows, indent=2, sort_keys=True) + "\n")  # each model's kept as it ends
+            continue
         rows = [r for r in rows if r["case"] != name]
-        picks: dict[str, Any] = {}
+        picks: dict[str, Any] = {"best_preset": best_preset(target, defines, keyword, request, max_compiles)}
         for synthesize in (True, False):
             begin = time.perf_counter()
             rec = recommend_target(target, defines={k: str(v) for k, v in defines.items()}, tpu=request,
@@ -86,13 +115,13 @@ def plan(out: Path, max_compiles: int, only: str = "") -> None:
     out.write_text(json.dumps(rows, indent=2, sort_keys=True) + "\n")
 
 
-def on_chip(plan_path: Path, out: Path, only: str = "") -> None:
+def on_chip(plan_path: Path, out: Path, only: str = "", which_only: str = "") -> None:
     import jax
     from tpu_small import timed_on_chip
 
     for case in (c for c in json.loads(plan_path.read_text()) if only in c["case"]):
-        for which in ("synthesized", "preset"):
-            pick = case.get(which)
+        for which in ("synthesized", "preset", "best_preset"):
+            pick = case.get(which) if which_only in ("", which) else None
             if pick is None:  # a plan of one pick (the other already measured)
                 continue
             row: dict[str, Any] = {"case": case["case"], "which": which, **pick, "device": jax.devices()[0].device_kind,
@@ -102,7 +131,7 @@ def on_chip(plan_path: Path, out: Path, only: str = "") -> None:
             else:
                 row.update(timed_on_chip(case["target"], pick["policy"],
                                          {**case["defines"], case["keyword"]: pick["value"]},
-                                         case.get("name_lines", False)))
+                                         which != "best_preset" and case.get("name_lines", False)))
                 if row["verdict"] == "ran":
                     row["throughput"] = pick["value"] / row["seconds_per_step"]
             print(json.dumps({k: v for k, v in row.items() if k != "plan"}), flush=True)
@@ -111,19 +140,33 @@ def on_chip(plan_path: Path, out: Path, only: str = "") -> None:
 
 
 def table(rows_path: Path) -> None:
+    """The Markdown table: each model's synthesized pick against the best preset's (issue 58's
+    goal) and against the search without --synthesize, each as the chip ran it; the order as
+    predicted is the estimate's order of the synthesized pick and the best preset."""
     rows = [json.loads(line) for line in rows_path.read_text().splitlines()]
-    print("| model | --synthesize's pick (policy, batch) | chip | without --synthesize | chip | gain "
-          "| order as predicted |")
-    print("|---|---|---:|---|---:|---:|---|")
+
+    def pick(case: str, which: str) -> dict[str, Any] | None:
+        return next((r for r in rows if r["case"] == case and r["which"] == which), None)
+
+    def rate(r: dict[str, Any] | None) -> float:
+        return (r or {}).get("throughput") or 0.0
+
+    print("| model | --synthesize's pick (policy, batch) | chip | best preset (policy, batch) | chip | gain "
+          "| without --synthesize | chip | gain | order as predicted |")
+    print("|---|---|---:|---|---:|---:|---|---:|---:|---|")
     for case in dict.fromkeys(r["case"] for r in rows):
-        made = next(r for r in rows if r["case"] == case and r["which"] == "synthesized")
-        preset = next(r for r in rows if r["case"] == case and r["which"] == "preset")
-        gain = (made.get("throughput") or 0) / (preset.get("throughput") or float("inf")) - 1
-        predicted = (made["value"] / made["predicted_seconds"]) >= (preset["value"] / preset["predicted_seconds"])
-        measured = (made.get("throughput") or 0) >= (preset.get("throughput") or 0)
-        print(f"| {case} | {made['policy']}, {made['value']} | {made.get('throughput', 0):,.4g}/s | "
-              f"{preset['policy']}, {preset['value']} | {preset.get('throughput', 0):,.4g}/s | {100 * gain:+.1f}% | "
-              f"{'yes' if predicted == measured else 'no'} |")
+        made, preset, plain = pick(case, "synthesized"), pick(case, "best_preset"), pick(case, "preset")
+        assert made is not None
+        cells = [case, f"{made['policy']}, {made['value']}", f"{rate(made):,.4g}/s"]
+        for other in (preset, plain):
+            cells += (["(not run)", "", ""] if other is None else
+                      [f"{other['policy']}, {other['value']}", f"{rate(other):,.4g}/s",
+                       f"{100 * (rate(made) / (rate(other) or float('inf')) - 1):+.1f}%"])
+        base = preset or plain
+        assert base is not None
+        predicted = made["value"] / made["predicted_seconds"] >= base["value"] / base["predicted_seconds"]
+        cells.append("yes" if predicted == (rate(made) >= rate(base)) else "no")
+        print("| " + " | ".join(cells) + " |")
 
 
 def main() -> None:
@@ -135,13 +178,17 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="with --on-chip: JSON lines, appended")
     parser.add_argument("--max-compiles", type=int, default=16)
     parser.add_argument("--only", default="", help="only the models whose name contains this")
+    parser.add_argument("--presets-only", action="store_true",
+                        help="with --plan: add the best preset's pick to a plan's models, nothing else")
+    parser.add_argument("--which", default="", choices=["", "synthesized", "preset", "best_preset"],
+                        help="with --on-chip: only that pick of each model")
     args = parser.parse_args()
     if args.plan:
-        plan(args.plan, args.max_compiles, args.only)
+        plan(args.plan, args.max_compiles, args.only, args.presets_only)
     elif args.on_chip:
         if args.out is None:
             parser.error("--on-chip needs --out")
-        on_chip(args.on_chip, args.out, args.only)
+        on_chip(args.on_chip, args.out, args.only, args.which)
     else:
         table(args.table)
 
