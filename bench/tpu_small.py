@@ -8,8 +8,11 @@ item 2): what each kernel pays whatever its work, and the kernels libtpu cannot 
     JAX_PLATFORMS=cpu PYTHONPATH=. python bench/tpu_small.py --refresh bench/data/tpu-v5e-small.jsonl
     JAX_PLATFORMS=cpu PYTHONPATH=. python bench/tpu_small.py --refresh bench/data/tpu-v5e-host.jsonl
     python bench/tpu_small.py --fit bench/data/tpu-v5e-small.jsonl bench/data/tpu-v5e-host.jsonl
-    # on the chip: the steps never fitted on
+    # on the chip: the steps never fitted on (round 1; round 2: --held-out 2)
     PYTHONPATH=. python bench/tpu_small.py --on-chip --held-out --out $OUT/tpu-v5e-small-held.jsonl
+    # on the chip: every step traced by the profiler, each kernel's own time (bench/tpu_truth.py's
+    # trace), summarized as bench/data/tpu-v5e-small-profile.jsonl
+    PYTHONPATH=. python bench/tpu_small.py --profile $OUT/prof
     python bench/tpu_small.py --table bench/data/tpu-v5e-small.jsonl   # docs/guide/tpu.md's table
 
 Each case is one training step as te-ckpt-audit builds it (`_step.training_step`, AdamW, the
@@ -79,6 +82,26 @@ HELD_OUT: list[tuple[str, str, str, dict[str, Any]]] = [
      {**LLAMA_SMALL, "remat": "full", "per_device_batch": 16}),
     ("convnet checkpoint_dots b64", "bench/models/convnet.py:loss", "checkpoint_dots", {"batch": 64}),
 ]
+# a second round, chosen before the chip ran them (2026-12-07; `--held-out 2`): more sizes of the
+# same models, nothing fitted on them (bench/data/tpu-v5e-small-held.jsonl, `"round": 2`)
+HELD_OUT_2: list[tuple[str, str, str, dict[str, Any]]] = [
+    ("mlp-small nothing_saveable b2048", "sample_models/mlp.py:loss", "nothing_saveable", {**MLP_SMALL, "batch": 2048}),
+    ("mlp-1024 checkpoint_dots b2048", "sample_models/mlp.py:loss", "checkpoint_dots",
+     {"d_in": 1024, "d_hidden": 1024, "d_out": 1024, "batch": 2048}),
+    ("gpt-small everything_saveable b4", "sample_models/gpt.py:loss", "everything_saveable", {**GPT_SMALL, "batch": 4}),
+    ("gpt-small checkpoint_dots b16", "sample_models/gpt.py:loss", "checkpoint_dots", {**GPT_SMALL, "batch": 16}),
+    ("gpt-unrolled4 nothing_saveable b4", "sample_models/gpt.py:loss", "nothing_saveable",
+     {**GPT_SMALL, "layers": 4, "scan": False, "batch": 4}),
+    ("gpt-unrolled2 checkpoint_dots b16", "sample_models/gpt.py:loss", "checkpoint_dots",
+     {**GPT_SMALL, "layers": 2, "scan": False, "batch": 16}),
+    ("llama-tiny minimal b4", "sample_models/llama.py:loss", "as-is",
+     {**LLAMA_SMALL, "remat": "minimal", "per_device_batch": 4}),
+    ("llama-tiny full b32", "sample_models/llama.py:loss", "as-is",
+     {**LLAMA_SMALL, "remat": "full", "per_device_batch": 32}),
+    ("convnet nothing_saveable b64", "bench/models/convnet.py:loss", "nothing_saveable", {"batch": 64}),
+    ("convnet checkpoint_dots b16", "bench/models/convnet.py:loss", "checkpoint_dots", {"batch": 16}),
+]
+ROUNDS = {1: HELD_OUT, 2: HELD_OUT_2}
 
 
 def _libtpu() -> str | None:
@@ -207,7 +230,8 @@ def fitted_rows(small: Path, host: Path) -> list[dict[str, Any]]:
     rows = [r for r in map(json.loads, small.read_text().splitlines())
             if r.get("verdict") == "ran" and not r["case"].startswith("chain")]
     rows += [{**r, "seconds_per_step": r["aot_seconds_per_step"]}
-             for r in map(json.loads, host.read_text().splitlines()) if r["study"] == "step"]
+             for r in map(json.loads, host.read_text().splitlines())
+             if r["study"] == "step" and r["case"] in {c[0] for c in CASES}]  # held-out steps' rows stay out
     return [r for r in rows if not r.get("unestimated") and r["seconds_per_step"] < 3e-3]
 
 
@@ -324,8 +348,11 @@ def main() -> None:
                        help="the step's own costs fitted on the chip's rows (this script's and bench/tpu_host.py's)")
     where.add_argument("--refresh", type=Path, metavar="ROWS", help="each row's estimate again, compiled here")
     where.add_argument("--table", type=Path, metavar="ROWS", help="the Markdown table of the chip's rows")
+    where.add_argument("--profile", type=Path, metavar="DIR",
+                       help="on the chip: every step (fitted and held out) traced, each kernel's time and the HLO")
     parser.add_argument("--only", default="", help="run only the cases whose name contains this")
-    parser.add_argument("--held-out", action="store_true", help="with --on-chip: the steps never fitted on")
+    parser.add_argument("--held-out", type=int, nargs="?", const=1, choices=sorted(ROUNDS),
+                        help="with --on-chip: the steps never fitted on (round 1, or 2)")
     parser.add_argument("--out", type=Path, help="JSON lines, appended")
     args = parser.parse_args()
     if args.fit:
@@ -335,11 +362,21 @@ def main() -> None:
     if args.refresh:
         refresh(args.refresh)
         return
+    if args.profile:  # bench/tpu_truth.py's trace: the device's own time per kernel, beside the module
+        from tpu_truth import profile_row
+
+        args.profile.mkdir(parents=True, exist_ok=True)
+        for case in (c for c in CASES + HELD_OUT + HELD_OUT_2 if args.only in c[0]):
+            row = profile_row(*case, out=args.profile)
+            with (args.profile / "profile.jsonl").open("a") as f:
+                f.write(json.dumps(row, sort_keys=True) + "\n")
+            print(case[0], row["lines"].get("XLA Modules"), flush=True)
+        return
     if args.table:
         table(args.table)
         return
     sys.path.insert(0, str(ROOT / "bench"))
-    todo: list[Any] = [("step", c) for c in (HELD_OUT if args.held_out else CASES) if args.only in c[0]]
+    todo: list[Any] = [("step", c) for c in (ROUNDS[args.held_out] if args.held_out else CASES) if args.only in c[0]]
     todo += [("chain", c) for c in CHAINS if args.only in "chain" and not args.held_out]
     for kind, case in todo:
         begin = time.perf_counter()
@@ -349,6 +386,8 @@ def main() -> None:
             row = {"case": case[0] if kind == "step" else f"chain {case}", "verdict": "error",
                    "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
         row["wall_seconds"] = round(time.perf_counter() - begin, 1)
+        if args.held_out:
+            row["round"] = args.held_out
         print(json.dumps({k: v for k, v in row.items() if k not in ("plan", "defines")}), flush=True)
         if args.out:
             with args.out.open("a") as f:

@@ -145,11 +145,14 @@ def table(rows_path: Path) -> None:
     predicted is the estimate's order of the synthesized pick and the best preset."""
     rows = [json.loads(line) for line in rows_path.read_text().splitlines()]
 
-    def pick(case: str, which: str) -> dict[str, Any] | None:
-        return next((r for r in rows if r["case"] == case and r["which"] == which), None)
+    def pick(case: str, which: str) -> dict[str, Any] | None:  # the newest row of that pick
+        return next((r for r in reversed(rows) if r["case"] == case and r["which"] == which), None)
 
     def rate(r: dict[str, Any] | None) -> float:
         return (r or {}).get("throughput") or 0.0
+
+    def per_second(x: float) -> str:
+        return f"{x:,.0f}/s" if x >= 1000 else f"{x:.2f}/s"
 
     print("| model | --synthesize's pick (policy, batch) | chip | best preset (policy, batch) | chip | gain "
           "| without --synthesize | chip | gain | order as predicted |")
@@ -157,10 +160,10 @@ def table(rows_path: Path) -> None:
     for case in dict.fromkeys(r["case"] for r in rows):
         made, preset, plain = pick(case, "synthesized"), pick(case, "best_preset"), pick(case, "preset")
         assert made is not None
-        cells = [case, f"{made['policy']}, {made['value']}", f"{rate(made):,.4g}/s"]
+        cells = [case, f"{made['policy']}, {made['value']}", per_second(rate(made))]
         for other in (preset, plain):
             cells += (["(not run)", "", ""] if other is None else
-                      [f"{other['policy']}, {other['value']}", f"{rate(other):,.4g}/s",
+                      [f"{other['policy']}, {other['value']}", per_second(rate(other)),
                        f"{100 * (rate(made) / (rate(other) or float('inf')) - 1):+.1f}%"])
         base = preset or plain
         assert base is not None

@@ -171,12 +171,13 @@ def test_a_v5e_times_offloaded_residuals_over_its_host_link_as_the_chip_ran_them
     assert v6e.host_link == 0 and "the v6e's host link was not measured" in _host_link(v6e)
 
 
-def test_small_steps_the_fit_never_saw_are_within_a_quarter() -> None:
-    """Issue 56, item 2, held out: eight steps of other sizes of the same models, run on the chip
-    after the costs were fitted (bench/data/tpu-v5e-small-held.jsonl). Under the estimate of the
-    chip's own program: median 10.3%, worst 24.8% over the seven of 0.3 ms to 1 s (the model before,
-    one cost per step and per kernel run: median 19.9%, worst 37.3%). The goal, 10% on every one, is
-    not met: an unrolled 4-layer GPT reads 25% slow."""
+def test_small_steps_the_fit_never_saw() -> None:
+    """Issue 56, item 2, held out: steps of other sizes of the same models, run on the chip after
+    the costs were fitted (bench/data/tpu-v5e-small-held.jsonl). Under the estimate of the chip's
+    own program, round 1 (eight steps): median 10.3%, worst 24.8% over the seven of 0.3 ms to 1 s
+    (the model before, one cost per step and per kernel run: median 19.9%, worst 37.3%); round 2
+    (ten steps chosen before the chip ran them): median 7.3%, worst 28.5% over nine. The goal, 10%
+    on every one, is not met: a 2-layer GPT saving everything at batch 4 reads 28% slow."""
     import statistics
     import sys
 
@@ -189,14 +190,39 @@ def test_small_steps_the_fit_never_saw_are_within_a_quarter() -> None:
     )
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-    from tpu_small import predicted
+    from tpu_small import HELD_OUT, HELD_OUT_2, predicted
 
     rows = [json.loads(line) for line in (DATA / "tpu-v5e-small-held.jsonl").read_text().splitlines()]
-    assert len(rows) == 8 and all(r["verdict"] == "ran" and not r["unestimated"] for r in rows)
+    assert all(r["verdict"] == "ran" and not r["unestimated"] for r in rows)
     costs = (TPU_STEP_S, TPU_KERNEL_S, TPU_HOST_STEP_S, TPU_HOST_ARRAY_S)
-    errors = [abs(predicted({**r, "work_seconds": r["work_seconds"] / r["efficiency"] * TPU_EFFICIENCY}, *costs)
-                  / r["seconds_per_step"] - 1) for r in rows if 0.3e-3 <= r["seconds_per_step"] <= 1.0]
-    assert len(errors) == 7 and statistics.median(errors) < 0.11 and max(errors) < 0.25
+    for cases, size, median, worst in ((HELD_OUT, 7, 0.11, 0.25), (HELD_OUT_2, 9, 0.08, 0.29)):
+        names = {c[0] for c in cases}
+        ran = [r for r in rows if r["case"] in names]
+        assert len(ran) == len(cases)
+        errors = [abs(predicted({**r, "work_seconds": r["work_seconds"] / r["efficiency"] * TPU_EFFICIENCY}, *costs)
+                      / r["seconds_per_step"] - 1) for r in ran if 0.3e-3 <= r["seconds_per_step"] <= 1.0]
+        assert len(errors) == size and statistics.median(errors) < median and max(errors) < worst
+
+
+def test_small_steps_profiled_are_their_device_time_or_the_hosts() -> None:
+    """Issue 56, item 2, where the time goes (bench/data/tpu-v5e-small-profile.jsonl: every small step
+    traced by the chip's profiler): a step the device bounds runs, as a loop runs it, at its program's
+    device time plus at most 25 us (0.5% of a long step), and that time is its kernels' own (the ops
+    the trace names) plus at most 35 us; every other step runs slower than that (the host's pace)."""
+    profiles = {r["case"]: r for r in map(json.loads, (DATA / "tpu-v5e-small-profile.jsonl").read_text().splitlines())}
+    steps = {r["case"]: r["seconds_per_step"] for name in ("tpu-v5e-small.jsonl", "tpu-v5e-small-held.jsonl")
+             for r in map(json.loads, (DATA / name).read_text().splitlines()) if r.get("verdict") == "ran"}
+    assert len(profiles) == 36 and set(profiles) <= set(steps)
+    device_bound = 0
+    for case, r in profiles.items():
+        module = r["module_ns"] * 1e-9
+        ops = (sum(ns for name, (_, ns) in r["ops"].items() if not name.startswith("while")) + r["small_ops_ns"]) * 1e-9
+        assert 0 <= module - ops <= 35e-6, case
+        if steps[case] - module <= max(25e-6, 0.005 * steps[case]):
+            device_bound += 1
+        else:
+            assert steps[case] > module, case
+    assert device_bound == 21
 
 
 def test_a_small_step_runs_at_the_hosts_pace_and_vmem_copies_take_their_bytes() -> None:
