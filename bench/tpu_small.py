@@ -13,6 +13,9 @@ item 2): what each kernel pays whatever its work, and the kernels libtpu cannot 
     # on the chip: every step traced by the profiler, each kernel's own time (bench/tpu_truth.py's
     # trace), summarized as bench/data/tpu-v5e-small-profile.jsonl
     PYTHONPATH=. python bench/tpu_small.py --profile $OUT/prof
+    # here: each profiled kernel as te-ckpt-audit reads it, with the chip's time; the miss by kind
+    python bench/tpu_small.py --kernel-rows PROF_DIR bench/data/tpu-v5e-small-kernels.jsonl.gz
+    python bench/tpu_small.py --kinds bench/data/tpu-v5e-small-kernels.jsonl.gz
     python bench/tpu_small.py --table bench/data/tpu-v5e-small.jsonl   # docs/guide/tpu.md's table
 
 Each case is one training step as te-ckpt-audit builds it (`_step.training_step`, AdamW, the
@@ -307,6 +310,62 @@ def refresh(path: Path) -> None:
     path.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in out))
 
 
+def kernel_rows(profiled: Path, out: Path) -> None:
+    """Each profiled step's kernels as te-ckpt-audit reads them from the chip's own program (the HLO
+    `--profile` kept beside its rows), each with the chip's measured time: JSON lines, gzipped, one
+    step a line: `kernels` as [name, kind, runs, libtpu's cycles (-1: none), HBM bytes, FLOPs, a
+    VMEM copy (0/1), measured ns per run (null: no event of that name)]."""
+    import gzip
+
+    from te_ckpt_audit.targets import _steptime as steptime
+    from te_ckpt_audit.targets._kernels import VMEM, step_kernels
+    from te_ckpt_audit.tpus import tpu_model
+
+    chip = tpu_model("v5e")
+    lines = []
+    for r in map(json.loads, (profiled / "profile.jsonl").read_text().splitlines()):
+        text = gzip.decompress((profiled / r["hlo"]).read_bytes()).decode()
+        ops = r["lines"]["XLA Ops"]
+        kernels = [[k.name, k.kind.name.lower(), k.runs, k.cycles if k.cycles < steptime.UNESTIMATED_CYCLES else -1,
+                    k.bytes, k.flops, int(k.vmem_copy),
+                    round(ops[k.name][1] / ops[k.name][0]) if k.name in ops else None]
+                   for k in step_kernels(text, 1, chip.chips_per_host, VMEM) if not k.waits_for]
+        lines.append(json.dumps({"case": r["case"], "kernels": kernels}, separators=(",", ":")) + "\n")
+    out.write_bytes(gzip.compress("".join(lines).encode(), mtime=0))
+
+
+def kinds(path: Path) -> None:
+    """Where the estimate misses, by kernel kind: each kind's estimated and measured time summed over
+    the profiled steps (`kernel_rows`), by the size of the estimate; and the kernels estimated at
+    nothing (libtpu's lesser of cycles and a roofline of no HBM bytes) that the chip spent time on."""
+    import gzip
+
+    from te_ckpt_audit.targets import _steptime as steptime
+    from te_ckpt_audit.targets._kernels import Kernel, KernelKind
+    from te_ckpt_audit.tpus import tpu_model
+
+    chip = tpu_model("v5e")
+    sums: dict[tuple[str, str], list[float]] = {}
+    for step in map(json.loads, gzip.decompress(path.read_bytes()).decode().splitlines()):
+        for name, kind, runs, cycles, hbm, flops, vmem, measured in step["kernels"]:
+            if measured is None or vmem:
+                continue
+            kernel = Kernel(name, KernelKind[kind.upper()], flops, hbm, runs=runs,
+                            cycles=steptime.UNESTIMATED_CYCLES if cycles < 0 else cycles)
+            seconds = steptime.tpu_timed(kernel, chip).seconds
+            size = ("libtpu gave no estimate" if cycles < 0 else "estimated nothing" if seconds < 5e-8 else
+                    "under 1 us" if seconds < 1e-6 else "1-10 us" if seconds < 1e-5 else "10 us or more")
+            pair = sums.setdefault((kind, size), [0.0, 0.0, 0.0])
+            pair[0] += seconds * runs
+            pair[1] += measured * 1e-9 * runs
+            pair[2] += runs
+    print("| kind | estimate per run | runs | estimated, ms | measured, ms | measured / estimated |")
+    print("|---|---|---:|---:|---:|---:|")
+    for (kind, size), (estimated, measured, runs) in sorted(sums.items()):
+        ratio = f"{measured / estimated:.2f}" if estimated else "-"
+        print(f"| {kind} | {size} | {runs:,.0f} | {estimated * 1e3:.3f} | {measured * 1e3:.3f} | {ratio} |")
+
+
 def table(path: Path) -> None:
     """The Markdown table of the chip's model steps against the estimate (the constants of
     `_steptime`), with the median and worst error of the steps of 0.3 ms to 1 s."""
@@ -348,6 +407,9 @@ def main() -> None:
                        help="the step's own costs fitted on the chip's rows (this script's and bench/tpu_host.py's)")
     where.add_argument("--refresh", type=Path, metavar="ROWS", help="each row's estimate again, compiled here")
     where.add_argument("--table", type=Path, metavar="ROWS", help="the Markdown table of the chip's rows")
+    where.add_argument("--kernel-rows", nargs=2, type=Path, metavar=("DIR", "OUT"),
+                       help="the profiled steps' kernels (--profile's DIR) with their measured times, gzipped")
+    where.add_argument("--kinds", type=Path, metavar="ROWS", help="--kernel-rows' file: the estimate's miss by kind")
     where.add_argument("--profile", type=Path, metavar="DIR",
                        help="on the chip: every step (fitted and held out) traced, each kernel's time and the HLO")
     parser.add_argument("--only", default="", help="run only the cases whose name contains this")
@@ -357,6 +419,12 @@ def main() -> None:
     args = parser.parse_args()
     if args.fit:
         fit_rows(*args.fit)
+        return
+    if args.kinds:
+        kinds(args.kinds)
+        return
+    if args.kernel_rows:
+        kernel_rows(*args.kernel_rows)
         return
     sys.path.insert(0, str(ROOT / "bench"))
     if args.refresh:
