@@ -60,13 +60,13 @@ CASES: list[tuple[str, str, dict[str, Any], str]] = [
 def best_preset(target: str, defines: dict[str, Any], keyword: str, request: Any, max_compiles: int) -> dict[str, Any]:
     """Issue 58's baseline: the presets `recommend` knows (no name set of the byte frontier), searched
     with the batch as `--maximize throughput` searches, at most `max_compiles` points."""
-    from te_ckpt_audit import recommend_target
+    from te_ckpt_audit import registry
     from te_ckpt_audit._session import Session
     from te_ckpt_audit.search._throughput import target_search
 
     begin = time.perf_counter()
     given = {k: str(v) for k, v in defines.items()}
-    presets = recommend_target(target, defines=given, tpu=request).presets
+    presets = registry.presets()  # what recommend searches on its own (offloading aside): its `presets`
 
     def build(value: int) -> Session:
         return Session.of_target(target, defines={**given, keyword: str(value)})
