@@ -595,7 +595,7 @@ def test_the_synthesized_pick_beats_the_best_preset_on_the_chip() -> None:
     best preset's pick (the presets recommend knows, searched with the batch), 5% faster on two (the
     seq-2048 GPT with and without names: +7.4%, +6.4%), and the estimate orders the two as the chip
     does. The runner-up presets measured on that GPT: the synthesized picks +5.7% and +4.8% above the
-    fastest of them."""
+    fastest of them; on the Llama (+1.4%) the estimate's second preset ran slower than its first."""
     rows = [json.loads(line) for line in (DATA / "tpu-v5e-synthesis-chip.jsonl").read_text().splitlines()]
     newest = {(r["case"], r["which"]): r for r in rows}
     cases = sorted({case for case, _ in newest})
@@ -609,10 +609,12 @@ def test_the_synthesized_pick_beats_the_best_preset_on_the_chip() -> None:
         assert predicted == (gains[case] > 0)
     assert min(gains.values()) > 0 and sum(g >= 0.05 for g in gains.values()) == 2
     runners = [r for r in rows if r["which"] == "runner_up"]
-    fastest = max(r["throughput"] for r in runners)
     seq2048 = [c for c in cases if "seq 2048" in c]
-    assert len(runners) == 3 and sorted(round(newest[(c, "synthesized")]["throughput"] / fastest - 1, 3)
+    fastest = max(r["throughput"] for r in runners if r["case"] in seq2048)
+    assert len(runners) == 4 and sorted(round(newest[(c, "synthesized")]["throughput"] / fastest - 1, 3)
                                         for c in seq2048) == [0.048, 0.057]
+    llama = [r for r in runners if r["case"].startswith("llama")]  # the smallest gain: the next preset is slower
+    assert len(llama) == 1 and llama[0]["throughput"] < newest[(llama[0]["case"], "best_preset")]["throughput"]
 
 
 def test_small_steps_kernels_the_estimate_misses_by_kind() -> None:
