@@ -334,10 +334,10 @@ def kernel_rows(profiled: Path, out: Path) -> None:
     out.write_bytes(gzip.compress("".join(lines).encode(), mtime=0))
 
 
-def kinds(path: Path) -> None:
-    """Where the estimate misses, by kernel kind: each kind's estimated and measured time summed over
-    the profiled steps (`kernel_rows`), by the size of the estimate; and the kernels estimated at
-    nothing (libtpu's lesser of cycles and a roofline of no HBM bytes) that the chip spent time on."""
+def kind_sums(path: Path) -> dict[tuple[str, str], tuple[float, float, int]]:
+    """Where the estimate misses, by kernel kind: over the profiled steps (`kernel_rows`), each
+    (kind, size of the estimate per run): the estimated and measured seconds and the runs, VMEM
+    copies apart. "estimated nothing": libtpu's lesser of its cycles and a roofline of no HBM bytes."""
     import gzip
 
     from te_ckpt_audit.targets import _steptime as steptime
@@ -345,7 +345,7 @@ def kinds(path: Path) -> None:
     from te_ckpt_audit.tpus import tpu_model
 
     chip = tpu_model("v5e")
-    sums: dict[tuple[str, str], list[float]] = {}
+    sums: dict[tuple[str, str], tuple[float, float, int]] = {}
     for step in map(json.loads, gzip.decompress(path.read_bytes()).decode().splitlines()):
         for name, kind, runs, cycles, hbm, flops, vmem, measured in step["kernels"]:
             if measured is None or vmem:
@@ -355,13 +355,16 @@ def kinds(path: Path) -> None:
             seconds = steptime.tpu_timed(kernel, chip).seconds
             size = ("libtpu gave no estimate" if cycles < 0 else "estimated nothing" if seconds < 5e-8 else
                     "under 1 us" if seconds < 1e-6 else "1-10 us" if seconds < 1e-5 else "10 us or more")
-            pair = sums.setdefault((kind, size), [0.0, 0.0, 0.0])
-            pair[0] += seconds * runs
-            pair[1] += measured * 1e-9 * runs
-            pair[2] += runs
+            estimated, took, counted = sums.get((kind, size), (0.0, 0.0, 0))
+            sums[(kind, size)] = (estimated + seconds * runs, took + measured * 1e-9 * runs, counted + runs)
+    return sums
+
+
+def kinds(path: Path) -> None:
+    """`kind_sums` as the Markdown table of docs/guide/tpu.md."""
     print("| kind | estimate per run | runs | estimated, ms | measured, ms | measured / estimated |")
     print("|---|---|---:|---:|---:|---:|")
-    for (kind, size), (estimated, measured, runs) in sorted(sums.items()):
+    for (kind, size), (estimated, measured, runs) in sorted(kind_sums(path).items()):
         ratio = f"{measured / estimated:.2f}" if estimated else "-"
         print(f"| {kind} | {size} | {runs:,.0f} | {estimated * 1e3:.3f} | {measured * 1e3:.3f} | {ratio} |")
 

@@ -624,26 +624,16 @@ def test_small_steps_kernels_the_estimate_misses_by_kind() -> None:
     keeps in VMEM (no HBM bytes: estimated at nothing) took 4.5 ms over the 36 steps: what the
     per-kernel-run cost stands for, and what a model per kind has to price."""
     import gzip
+    import sys
 
-    from te_ckpt_audit.targets import _steptime as steptime
-    from te_ckpt_audit.targets._kernels import Kernel, KernelKind
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+    from tpu_small import kind_sums
 
-    chip = tpu_model("v5e")
-    steps = [json.loads(line) for line in gzip.decompress((DATA / "tpu-v5e-small-kernels.jsonl.gz").read_bytes())
-             .decode().splitlines()]
-    assert len(steps) == 36
-    gemm, nothing = [0.0, 0.0], [0, 0.0]
-    for step in steps:
-        for name, kind, runs, cycles, hbm, flops, vmem, measured in step["kernels"]:
-            if measured is None or vmem or cycles < 0:
-                continue
-            kernel = Kernel(name, KernelKind[kind.upper()], flops, hbm, runs=runs, cycles=cycles)
-            seconds = steptime.tpu_timed(kernel, chip).seconds
-            if kind == "gemm":
-                gemm[0] += seconds * runs
-                gemm[1] += measured * 1e-9 * runs
-            elif seconds < 5e-8:
-                nothing[0] += runs
-                nothing[1] += measured * 1e-9 * runs
+    rows = DATA / "tpu-v5e-small-kernels.jsonl.gz"
+    assert len(gzip.decompress(rows.read_bytes()).decode().splitlines()) == 36
+    sums = kind_sums(rows)
+    gemm = [sum(v[i] for (kind, size), v in sums.items() if kind == "gemm" and size != "libtpu gave no estimate")
+            for i in (0, 1)]
+    nothing = [sums[("memory", "estimated nothing")][i] for i in (2, 1)]
     assert 1.1 < gemm[1] / gemm[0] < 1.35
     assert nothing[0] == 7546 and 4.4e-3 < nothing[1] < 4.6e-3
