@@ -3,20 +3,22 @@ item 2): what each kernel pays whatever its work, and the kernels libtpu cannot 
 
     # on the lent TPU v5e (the device tool), every case in one process:
     PYTHONPATH=. python bench/tpu_small.py --on-chip --out $OUT/tpu-v5e-small.jsonl
-    # here: each row's estimate again (the same program compiled for a v5e, deviceless), then the
-    # step's own costs fitted on these rows and bench/tpu_host.py's (each model held out in turn)
+    # here: each row's estimate again (the same program compiled for a v5e, deviceless)
     JAX_PLATFORMS=cpu PYTHONPATH=. python bench/tpu_small.py --refresh bench/data/tpu-v5e-small.jsonl
-    JAX_PLATFORMS=cpu PYTHONPATH=. python bench/tpu_small.py --refresh bench/data/tpu-v5e-host.jsonl
-    python bench/tpu_small.py --fit bench/data/tpu-v5e-small.jsonl bench/data/tpu-v5e-host.jsonl
-    # on the chip: the steps never fitted on (round 1; round 2: --held-out 2)
+    # on the chip: the steps never fitted on (round 1; round 2: --held-out 2; round 3: --held-out 3)
     PYTHONPATH=. python bench/tpu_small.py --on-chip --held-out --out $OUT/tpu-v5e-small-held.jsonl
     # on the chip: every step traced by the profiler, each kernel's own time (bench/tpu_truth.py's
     # trace), summarized as bench/data/tpu-v5e-small-profile.jsonl
     PYTHONPATH=. python bench/tpu_small.py --profile $OUT/prof
-    # here: each profiled kernel as te-ckpt-audit reads it, with the chip's time; the miss by kind
+    # here: each profiled kernel with the chip's time (by name: -small-kernels.jsonl.gz), then every
+    # profiled step as the estimate reads it (compiled here, deviceless: the chip's program)
     python bench/tpu_small.py --kernel-rows PROF_DIR bench/data/tpu-v5e-small-kernels.jsonl.gz
-    python bench/tpu_small.py --kinds bench/data/tpu-v5e-small-kernels.jsonl.gz
-    python bench/tpu_small.py --table bench/data/tpu-v5e-small.jsonl   # docs/guide/tpu.md's table
+    JAX_PLATFORMS=cpu PYTHONPATH=. python bench/tpu_small.py --steps bench/data/tpu-v5e-small-steps.jsonl.gz
+    # the per-kernel costs of `_steptime` fitted on the fitted steps, every step's error; the miss by
+    # kind; docs/guide/tpu.md's table
+    python bench/tpu_small.py --fit-kernels bench/data/tpu-v5e-small-steps.jsonl.gz
+    python bench/tpu_small.py --kinds bench/data/tpu-v5e-small-steps.jsonl.gz
+    python bench/tpu_small.py --table bench/data/tpu-v5e-small-steps.jsonl.gz
 
 Each case is one training step as te-ckpt-audit builds it (`_step.training_step`, AdamW, the
 state and trained arguments donated), compiled by the chip's libtpu. On the chip: the plan, and
@@ -30,6 +32,8 @@ kernel runs per step; `chain` cases are N small dependent kernels, nothing else.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import itertools
 import json
 import statistics
 import sys
@@ -104,7 +108,39 @@ HELD_OUT_2: list[tuple[str, str, str, dict[str, Any]]] = [
     ("convnet nothing_saveable b64", "bench/models/convnet.py:loss", "nothing_saveable", {"batch": 64}),
     ("convnet checkpoint_dots b16", "bench/models/convnet.py:loss", "checkpoint_dots", {"batch": 16}),
 ]
-ROUNDS = {1: HELD_OUT, 2: HELD_OUT_2}
+# a third round, chosen before the chip ran them and after the per-kernel costs were fitted
+# (2026-12-07; `--held-out 3`): more sizes, and what no fitted step had: a bf16 MLP and GPT, wider
+# and longer sequences
+HELD_OUT_3: list[tuple[str, str, str, dict[str, Any]]] = [
+    ("mlp-small checkpoint_dots b512", "sample_models/mlp.py:loss", "checkpoint_dots", {**MLP_SMALL, "batch": 512}),
+    ("mlp-1024 everything_saveable b4096", "sample_models/mlp.py:loss", "everything_saveable",
+     {"d_in": 1024, "d_hidden": 1024, "d_out": 1024, "batch": 4096}),
+    ("mlp-3072 nothing_saveable b1024", "sample_models/mlp.py:loss", "nothing_saveable",
+     {"d_in": 3072, "d_hidden": 3072, "d_out": 3072, "batch": 1024}),
+    ("mlp-bf16 checkpoint_dots b2048", "sample_models/mlp.py:loss", "checkpoint_dots",
+     {**MLP_SMALL, "dtype": "bfloat16", "batch": 2048}),
+    ("gpt-small nothing_saveable b12", "sample_models/gpt.py:loss", "nothing_saveable", {**GPT_SMALL, "batch": 12}),
+    ("gpt-small checkpoint_dots b6", "sample_models/gpt.py:loss", "checkpoint_dots", {**GPT_SMALL, "batch": 6}),
+    ("gpt-seq512 nothing_saveable b4", "sample_models/gpt.py:loss", "nothing_saveable",
+     {**GPT_SMALL, "seq": 512, "batch": 4}),
+    ("gpt-bf16 checkpoint_dots b8", "sample_models/gpt.py:loss", "checkpoint_dots",
+     {**GPT_SMALL, "dtype": "bfloat16", "batch": 8}),
+    ("gpt-unrolled6 checkpoint_dots b2", "sample_models/gpt.py:loss", "checkpoint_dots",
+     {**GPT_SMALL, "layers": 6, "scan": False, "batch": 2}),
+    ("gpt-unrolled4 everything_saveable b8", "sample_models/gpt.py:loss", "everything_saveable",
+     {**GPT_SMALL, "layers": 4, "scan": False, "batch": 8}),
+    ("llama-tiny full b12", "sample_models/llama.py:loss", "as-is",
+     {**LLAMA_SMALL, "remat": "full", "per_device_batch": 12}),
+    ("llama-tiny minimal b24", "sample_models/llama.py:loss", "as-is",
+     {**LLAMA_SMALL, "remat": "minimal", "per_device_batch": 24}),
+    ("llama-tiny seq1024 full b8", "sample_models/llama.py:loss", "as-is",
+     {**LLAMA_SMALL, "seq": 1024, "remat": "full", "per_device_batch": 8}),
+    ("convnet nothing_saveable b16", "bench/models/convnet.py:loss", "nothing_saveable", {"batch": 16}),
+    ("convnet checkpoint_dots b48", "bench/models/convnet.py:loss", "checkpoint_dots", {"batch": 48}),
+    ("gpt-long2k nothing_saveable b1", "sample_models/gpt.py:loss", "nothing_saveable",
+     {**GPT_LONG, "seq": 2048, "batch": 1}),
+]
+ROUNDS = {1: HELD_OUT, 2: HELD_OUT_2, 3: HELD_OUT_3}
 
 
 def _libtpu() -> str | None:
@@ -217,76 +253,6 @@ def chain_row(n: int, shape: tuple[int, int]) -> dict[str, Any]:
     return row
 
 
-def dispatch_slope(rows: list[dict[str, Any]]) -> float:
-    """The host's seconds per array passed: the least-squares slope of bench/tpu_host.py's `dispatch`
-    rows of 4 arrays or more (a jitted x + 1 over each of N donated arrays, the AOT call)."""
-    found = [(float(r["arrays"]), r["aot_seconds_per_step"]) for r in rows if r["study"] == "dispatch"
-             and r["arrays"] >= 4]
-    mx, my = statistics.fmean(x for x, _ in found), statistics.fmean(y for _, y in found)
-    return sum((x - mx) * (y - my) for x, y in found) / sum((x - mx) ** 2 for x, _ in found)
-
-
-def fitted_rows(small: Path, host: Path) -> list[dict[str, Any]]:
-    """The model steps the step's own costs are fitted on: every row of `small` (bench/tpu_small.py's,
-    refreshed) and every `step` row of `host` (bench/tpu_host.py's, its AOT call: the same steps on
-    another day's machine) that ran, whose kernels libtpu all estimated, under 3 ms."""
-    rows = [r for r in map(json.loads, small.read_text().splitlines())
-            if r.get("verdict") == "ran" and not r["case"].startswith("chain")]
-    rows += [{**r, "seconds_per_step": r["aot_seconds_per_step"]}
-             for r in map(json.loads, host.read_text().splitlines())
-             if r["study"] == "step" and r["case"] in {c[0] for c in CASES}]  # held-out steps' rows stay out
-    return [r for r in rows if not r.get("unestimated") and r["seconds_per_step"] < 3e-3]
-
-
-def predicted(r: dict[str, Any], step: float, kernel: float, host_step: float, host_array: float) -> float:
-    """A row's seconds under these costs: the kernels' work and the device's own cost, at least the
-    host's launch (as `_steptime.tpu_estimate` takes them)."""
-    return max(r["work_seconds"] + step + kernel * r["kernel_runs"], host_step + host_array * r["arrays"])
-
-
-def overhead_fit(rows: list[dict[str, Any]], host_array: float) -> tuple[float, float, float]:
-    """The device's cost per step and per kernel run and the host's per step (its per array given):
-    the least squared relative error over `rows`, on a grid of 5 us, 0.02 us and 5 us."""
-    import numpy as np
-
-    work = np.array([r["work_seconds"] for r in rows])[:, None, None]
-    runs = np.array([r["kernel_runs"] for r in rows], float)[:, None, None]
-    measured = np.array([r["seconds_per_step"] for r in rows])[:, None, None]
-    steps, kernels = np.arange(0, 81) * 5e-6, np.arange(0, 61) * 0.02e-6
-    best: tuple[float, float, float, float] | None = None
-    for host_step in np.arange(10, 81) * 5e-6:
-        host = (host_step + host_array * np.array([r["arrays"] for r in rows], float))[:, None, None]
-        error = ((np.maximum(work + steps[None, :, None] + kernels[None, None, :] * runs, host) / measured - 1) ** 2
-                 ).mean(axis=0)
-        i, j = np.unravel_index(int(np.argmin(error)), error.shape)
-        if best is None or error[i, j] < best[0]:
-            best = (float(error[i, j]), float(steps[i]), float(kernels[j]), float(host_step))
-    assert best is not None
-    return best[1], best[2], best[3]
-
-
-def fit_rows(small: Path, host: Path) -> None:
-    """The costs fitted on the rows (`overhead_fit`), each row's error under them, and each model's
-    rows under the costs fitted on the other models' (leave one model out)."""
-    host_rows = [json.loads(line) for line in host.read_text().splitlines()]
-    slope = dispatch_slope(host_rows)
-    rows = fitted_rows(small, host)
-    costs = (*overhead_fit(rows, slope), slope)
-    print(f"fitted on {len(rows)} rows: device {costs[0] * 1e3:.3f} ms per step, {costs[1] * 1e6:.2f} us per kernel "
-          f"run; host {costs[2] * 1e3:.3f} ms per step, {costs[3] * 1e6:.2f} us per array")
-    for r in rows:
-        now = predicted(r, *costs)
-        print(f"{r['case']:40s} measured {r['seconds_per_step'] * 1e3:8.3f} ms  estimated {now * 1e3:8.3f} ms "
-              f"({100 * (now / r['seconds_per_step'] - 1):+6.1f}%)")
-    held = []
-    for model in sorted({r["case"].split()[0] for r in rows}):
-        others = overhead_fit([r for r in rows if r["case"].split()[0] != model], slope)
-        held += [abs(predicted(r, *others, slope) / r["seconds_per_step"] - 1) for r in rows
-                 if r["case"].split()[0] == model and r["seconds_per_step"] >= 0.3e-3]
-    print(f"each model held out: median {100 * statistics.median(held):.1f}%, worst {100 * max(held):.1f}%, "
-          f"{sum(e < 0.10 for e in held)} of {len(held)} within 10%")
-
-
 def refresh(path: Path) -> None:
     """Each model step's estimate again, from the same program compiled here for a v5e (deviceless:
     libtpu compiles the chip's program, byte for byte its plan), in place: the rows keep what the chip
@@ -297,7 +263,7 @@ def refresh(path: Path) -> None:
 
     topo = topologies.get_topology_desc(platform="tpu", topology_name="v5e:1x1", chip_config_name="default",
                                         chips_per_host_bounds=(1, 1, 1), num_slices=1)
-    cases = {c[0]: c for c in CASES}
+    cases = {c[0]: c for c in CASES + HELD_OUT + HELD_OUT_2 + HELD_OUT_3}
     out = []
     for r in map(json.loads, path.read_text().splitlines()):
         if r.get("case") in cases and (r.get("verdict") == "ran" or r.get("study") == "step"):
@@ -308,6 +274,17 @@ def refresh(path: Path) -> None:
             print(r["case"], f"{r['estimated_seconds'] * 1e3:.3f} ms", flush=True)
         out.append(r)
     path.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in out))
+
+
+def summarized(raw: dict[str, Any]) -> dict[str, Any]:
+    """A `--profile` row as bench/data/tpu-v5e-small-profile.jsonl keeps it: the module's time per
+    step, each op of 1 us or more per step (runs, ns), the others counted and summed."""
+    ops = raw["lines"]["XLA Ops"]
+    small = {name: v for name, v in ops.items() if v[1] < 1000}
+    return {**{k: v for k, v in raw.items() if k not in ("hlo", "lines", "traced_wall_seconds_per_step")},
+            "module_ns": round(sum(ns for _, ns in raw["lines"]["XLA Modules"].values())),
+            "ops": {name: [c, round(ns)] for name, (c, ns) in sorted(ops.items()) if name not in small},
+            "small_ops": len(small), "small_ops_ns": round(sum(ns for _, ns in small.values()))}
 
 
 def kernel_rows(profiled: Path, out: Path) -> None:
@@ -334,29 +311,214 @@ def kernel_rows(profiled: Path, out: Path) -> None:
     out.write_bytes(gzip.compress("".join(lines).encode(), mtime=0))
 
 
-def kind_sums(path: Path) -> dict[tuple[str, str], tuple[float, float, int]]:
-    """Where the estimate misses, by kernel kind: over the profiled steps (`kernel_rows`), each
-    (kind, size of the estimate per run): the estimated and measured seconds and the runs, VMEM
-    copies apart. "estimated nothing": libtpu's lesser of its cycles and a roofline of no HBM bytes."""
+def _plain(kernel: Any) -> dict[str, Any]:
+    """A kernel as JSON: its fields that differ from their defaults."""
+    import dataclasses
+
+    out = {}
+    for f in dataclasses.fields(kernel):
+        value = getattr(kernel, f.name)
+        if f.default is dataclasses.MISSING or value != f.default:
+            out[f.name] = value.name if f.name == "kind" else value
+    return out
+
+
+def _kernel(raw: dict[str, Any]) -> Any:
+    from te_ckpt_audit.targets._kernels import Kernel, KernelKind
+
+    return Kernel(**{**raw, "kind": KernelKind[raw["kind"]], "loop": tuple(raw.get("loop", ())),
+                     "xla_us": tuple(tuple(x) for x in raw.get("xla_us", ()))})
+
+
+def steps_file(out: Path, hlo: Path | None) -> None:
+    """Each profiled step's program compiled here for a v5e (deviceless: libtpu compiles the chip's
+    program) and read as te-ckpt-audit reads it, in its scheduled order, each kernel with the chip's
+    measured ns per run (the profile's, by name: bench/data/tpu-v5e-small-kernels.jsonl.gz), beside
+    the step's device time (the profile's module) and its seconds per step as a loop ran it: what
+    `--fit-kernels` fits the per-kernel costs on. Gzipped JSON lines; `hlo`: a folder of the
+    programs' text (read where there, written where not)."""
     import gzip
 
+    import jax
+    from jax.experimental import topologies
+    from tpu_truth import _placed, step_of
+
+    from te_ckpt_audit.targets._kernels import VMEM, entry_arrays, step_kernels
+
+    data = ROOT / "bench" / "data"
+    measured = {r["case"]: {k[0]: k[7] for k in r["kernels"]} for r in map(json.loads, gzip.decompress(
+        (data / "tpu-v5e-small-kernels.jsonl.gz").read_bytes()).decode().splitlines())}
+    modules = {r["case"]: r["module_ns"] for r in map(json.loads, (data / "tpu-v5e-small-profile.jsonl")
+                                                       .read_text().splitlines())}
+    steps = {r["case"]: r["seconds_per_step"] for name in ("tpu-v5e-small.jsonl", "tpu-v5e-small-held.jsonl")
+             for r in map(json.loads, (data / name).read_text().splitlines()) if r.get("verdict") == "ran"}
+    topo = topologies.get_topology_desc(platform="tpu", topology_name="v5e:1x1", chip_config_name="default",
+                                        chips_per_host_bounds=(1, 1, 1), num_slices=1)
+    lines = []
+    for name, target, policy, defines in CASES + HELD_OUT + HELD_OUT_2 + HELD_OUT_3:
+        if name not in modules:
+            continue
+        kept = hlo / (name.replace(" ", "_") + ".txt.gz") if hlo else None
+        if kept and kept.exists():
+            text = gzip.decompress(kept.read_bytes()).decode()
+        else:
+            fn, args, donate = step_of(target, policy, defines)
+            text = jax.jit(fn, donate_argnums=donate).lower(*_placed(args, topo.devices[0])).compile().as_text() or ""
+            if kept:
+                kept.parent.mkdir(parents=True, exist_ok=True)
+                kept.write_bytes(gzip.compress(text.encode(), mtime=0))
+        kernels = [{**_plain(k), "measured_ns": measured[name].get(k.name)}
+                   for k in step_kernels(text, 1, 1, VMEM)]
+        held = next((n for n, cases in ROUNDS.items() if name in {c[0] for c in cases}), 0)
+        lines.append(json.dumps({"case": name, "held_out": held, "module_ns": modules[name],
+                                 "seconds_per_step": steps[name], "arrays": entry_arrays(text), "kernels": kernels},
+                                separators=(",", ":")) + "\n")
+        print(name, len(kernels), flush=True)
+    out.write_bytes(gzip.compress("".join(lines).encode(), mtime=0))
+
+
+def read_steps(path: Path) -> list[dict[str, Any]]:
+    """`steps_file`'s rows, each step's kernels as te-ckpt-audit's `Kernel`s (`kernels`) and their
+    measured seconds per run (`measured`, by name; None: no event of that name)."""
+    import gzip
+
+    rows = []
+    for r in map(json.loads, gzip.decompress(path.read_bytes()).decode().splitlines()):
+        raw = r.pop("kernels")
+        r["measured"] = {k["name"]: k["measured_ns"] * 1e-9 if k["measured_ns"] is not None else None for k in raw}
+        r["kernels"] = [_kernel({f: v for f, v in k.items() if f != "measured_ns"}) for k in raw]
+        rows.append(r)
+    return rows
+
+
+def _classes(step: dict[str, Any], costs: Any) -> tuple[float, float, float, float, list[float]]:
+    """A step's kernels that ran (measured), by class: the GEMMs' estimated and measured seconds,
+    the others' (libtpu's or the roofline's part only) and measured, and the others' VMEM bytes,
+    index vectors and runs."""
     from te_ckpt_audit.targets import _steptime as steptime
-    from te_ckpt_audit.targets._kernels import Kernel, KernelKind
+    from te_ckpt_audit.targets._kernels import KernelKind
+    from te_ckpt_audit.tpus import tpu_model
+
+    chip = tpu_model("v5e")
+    gemm = gemm_took = other = other_took = 0.0
+    counts = [0.0, 0.0, 0.0]
+    for k in step["kernels"]:
+        took = step["measured"].get(k.name)
+        if k.waits_for or k.vmem_copy or took is None or k.kind is KernelKind.COLLECTIVE:
+            continue
+        if k.kind in (KernelKind.GEMM, KernelKind.ATTENTION):
+            gemm += steptime.tpu_timed(k, chip, costs).seconds * k.runs
+            gemm_took += took * k.runs
+        else:
+            bare = dataclasses.replace(k, vmem_bytes=0, indices=0)
+            other += steptime.tpu_timed(bare, chip, dataclasses.replace(costs, kernel_s=0.0)).seconds * k.runs
+            other_took += took * k.runs
+            counts[0] += k.vmem_bytes * k.runs
+            counts[1] += k.indices * k.runs
+            counts[2] += k.runs
+    return gemm, gemm_took, other, other_took, counts
+
+
+def device_seconds(step: dict[str, Any], costs: Any) -> float:
+    """A step's device time under `costs`: its kernels in their scheduled order, no cost per step
+    (`_steptime.tpu_estimate` without the host)."""
+    from te_ckpt_audit.targets import _steptime as steptime
+    from te_ckpt_audit.tpus import tpu_model
+
+    found = steptime.tpu_estimate(step["kernels"], tpu_model("v5e"), 1, 0.0, 0, dataclasses.replace(costs, step_s=0.0))
+    assert found.seconds is not None
+    return found.seconds
+
+
+def fit_kernels(path: Path, quiet: bool = False, rounds: tuple[int, ...] = (0,)) -> Any:
+    """The per-kernel costs fitted on the fitted steps of `steps_file`'s rows (round 0; both held-out
+    rounds stay out), each on what it prices: a GEMM's fill (a share of its estimate, at most a
+    time) on the GEMMs' measured time; the other kernels' VMEM bandwidth, time per index vector and
+    cost per run on theirs (least squares, each step's error relative to its device
+    time); the DMAs' pace and the step's own cost on the steps' device time (the profile's
+    module); the host's line on the steps the host bounds. Returns the `TpuCosts`. `rounds`: the
+    rounds fitted on (0: the fitted steps; 1-3 the held-out rounds, to try what they would change)."""
+    import numpy as np
+
+    from te_ckpt_audit.targets import _steptime as steptime
+
+    steps = [s for s in read_steps(path) if not any(k.cycles >= steptime.UNESTIMATED_CYCLES for k in s["kernels"])]
+    fitted = [s for s in steps if s["held_out"] in rounds]
+    base = steptime.TpuCosts(efficiency=steptime.TPU_EFFICIENCY)
+    module = np.array([s["module_ns"] * 1e-9 for s in fitted])
+    parts = [_classes(s, base) for s in fitted]
+    x = np.array([p[4] for p in parts]) / module[:, None]
+    y = np.array([p[3] - p[2] for p in parts]) / module
+    per_byte, per_index, per_run = np.linalg.lstsq(x, y, rcond=None)[0]
+    costs = dataclasses.replace(base, vmem_bandwidth=float(f"{1 / per_byte:.3g}"), index_s=round(float(per_index), 11),
+                                kernel_s=round(float(per_run), 9))
+    best: tuple[float, float, float] | None = None
+    for fill, cap in itertools.product(np.arange(0, 21) * 0.05, np.arange(0, 21) * 1e-6):
+        trial = dataclasses.replace(costs, gemm_fill=round(float(fill), 2), gemm_fill_s=round(float(cap), 7))
+        miss = float(np.mean((np.array([c[0] - c[1] for c in (_classes(s, trial) for s in fitted)]) / module) ** 2))
+        if best is None or miss < best[0]:
+            best = (miss, trial.gemm_fill, trial.gemm_fill_s)
+    assert best is not None
+    costs = dataclasses.replace(costs, gemm_fill=best[1], gemm_fill_s=best[2])
+    found: tuple[float, float, float] | None = None
+    for slowdown in np.arange(10, 41) * 0.05:
+        trial = dataclasses.replace(costs, dma_slowdown=round(float(slowdown), 2))
+        device = np.array([device_seconds(s, trial) for s in fitted])
+        constant = max(0.0, float(np.sum((module - device) / module ** 2) / np.sum(1 / module ** 2)))
+        error = float(np.mean(((device + constant) / module - 1) ** 2))
+        if found is None or error < found[0]:
+            found = (error, trial.dma_slowdown, constant)
+    assert found is not None
+    costs = dataclasses.replace(costs, dma_slowdown=found[1])
+    measured = np.array([s["seconds_per_step"] for s in fitted])
+    bound = module < 0.8 * measured  # the host's pace: the step well above its device time
+    lag = float(np.median((measured - module)[~bound]))  # a step the device bounds: its module, and this
+    a = np.array([[1.0, s["arrays"]] for s, b in zip(fitted, bound, strict=True) if b]) / measured[bound][:, None]
+    host_step, host_array = np.linalg.lstsq(a, np.ones(int(bound.sum())), rcond=None)[0]
+    costs = dataclasses.replace(costs, step_s=round(found[2] + lag, 7),
+                                host_step_s=round(float(host_step), 7), host_array_s=round(float(host_array), 8))
+    if not quiet:
+        print(f"fitted on {len(fitted)} steps: {costs}")
+    return costs
+
+
+def kernel_errors(path: Path, costs: Any) -> list[tuple[str, int, float, float]]:
+    """Each step of `steps_file`'s rows whose kernels libtpu all estimated: (case, held-out round,
+    measured and estimated seconds per step under `costs`)."""
+    from te_ckpt_audit.targets import _steptime as steptime
+    from te_ckpt_audit.tpus import tpu_model
+
+    out = []
+    for s in read_steps(path):
+        if any(k.cycles >= steptime.UNESTIMATED_CYCLES for k in s["kernels"]):
+            continue
+        found = steptime.tpu_estimate(s["kernels"], tpu_model("v5e"), 1, 0.0, s["arrays"], costs)
+        assert found.seconds is not None
+        out.append((s["case"], s["held_out"], s["seconds_per_step"], found.seconds))
+    return out
+
+
+def kind_sums(path: Path, costs: Any = None) -> dict[tuple[str, str], tuple[float, float, int]]:
+    """Where the estimate misses, by kernel kind: over the profiled steps (`steps_file`), each
+    (kind, size of the estimate per run): the estimated and measured seconds and the runs, DMAs and
+    kernels libtpu gave no estimate apart; `costs` the estimate's (`_steptime.TPU_COSTS`) unless given."""
+    from te_ckpt_audit.targets import _steptime as steptime
+    from te_ckpt_audit.targets._kernels import KernelKind
     from te_ckpt_audit.tpus import tpu_model
 
     chip = tpu_model("v5e")
     sums: dict[tuple[str, str], tuple[float, float, int]] = {}
-    for step in map(json.loads, gzip.decompress(path.read_bytes()).decode().splitlines()):
-        for name, kind, runs, cycles, hbm, flops, vmem, measured in step["kernels"]:
-            if measured is None or vmem:
+    for step in read_steps(path):
+        for k in step["kernels"]:
+            measured = step["measured"].get(k.name)
+            if measured is None or k.vmem_copy or k.waits_for or k.kind is KernelKind.COLLECTIVE:
                 continue
-            kernel = Kernel(name, KernelKind[kind.upper()], flops, hbm, runs=runs,
-                            cycles=steptime.UNESTIMATED_CYCLES if cycles < 0 else cycles)
-            seconds = steptime.tpu_timed(kernel, chip).seconds
-            size = ("libtpu gave no estimate" if cycles < 0 else "estimated nothing" if seconds < 5e-8 else
-                    "under 1 us" if seconds < 1e-6 else "1-10 us" if seconds < 1e-5 else "10 us or more")
+            seconds = steptime.tpu_timed(k, chip, costs or steptime.TPU_COSTS).seconds
+            size = ("libtpu gave no estimate" if k.cycles >= steptime.UNESTIMATED_CYCLES else "under 1 us"
+                    if seconds < 1e-6 else "1-10 us" if seconds < 1e-5 else "10 us or more")
+            kind = k.kind.name.lower() + (" (gather, scatter)" if k.indices else " (in VMEM)" if not k.bytes else "")
             estimated, took, counted = sums.get((kind, size), (0.0, 0.0, 0))
-            sums[(kind, size)] = (estimated + seconds * runs, took + measured * 1e-9 * runs, counted + runs)
+            sums[(kind, size)] = (estimated + seconds * k.runs, took + measured * k.runs, counted + k.runs)
     return sums
 
 
@@ -370,58 +532,65 @@ def kinds(path: Path) -> None:
 
 
 def table(path: Path) -> None:
-    """The Markdown table of the chip's model steps against the estimate (the constants of
-    `_steptime`), with the median and worst error of the steps of 0.3 ms to 1 s."""
-    from te_ckpt_audit.targets._steptime import (
-        TPU_EFFICIENCY,
-        TPU_HOST_ARRAY_S,
-        TPU_HOST_STEP_S,
-        TPU_KERNEL_S,
-        TPU_STEP_S,
-    )
+    """The Markdown table of docs/guide/tpu.md: each profiled step (`steps_file`) as the chip ran it
+    against the estimate of the same program under today's costs, and the median and worst error of
+    the steps of 0.3 ms to 1 s, fitted and each held-out round."""
+    from te_ckpt_audit.targets import _steptime as steptime
+    from te_ckpt_audit.tpus import tpu_model
 
-    rows = [r for r in map(json.loads, path.read_text().splitlines())
-            if r.get("verdict") == "ran" and not r["case"].startswith("chain")]
-    print("| step | kernel runs | arrays | chip, ms | estimate, ms | error | device, ms | host, ms |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
-    errors = []
-    for r in rows:
-        row = {**r, "work_seconds": r["work_seconds"] / r["efficiency"] * TPU_EFFICIENCY}
-        now = predicted(row, TPU_STEP_S, TPU_KERNEL_S, TPU_HOST_STEP_S, TPU_HOST_ARRAY_S)
-        error = now / r["seconds_per_step"] - 1
-        flag = " (a kernel libtpu gave no estimate)" if r.get("unestimated") else ""
-        if not r.get("unestimated") and 0.3e-3 <= r["seconds_per_step"] <= 1.0:
-            errors.append(abs(error))
-        device = row["work_seconds"] + TPU_STEP_S + TPU_KERNEL_S * r["kernel_runs"]
-        print(f"| {r['case']}{flag} | {r['kernel_runs']:,} | {r['arrays']} | {r['seconds_per_step'] * 1e3:.3f} | "
-              f"{now * 1e3:.3f} | {100 * error:+.1f}% | {device * 1e3:.3f} | "
-              f"{(TPU_HOST_STEP_S + TPU_HOST_ARRAY_S * r['arrays']) * 1e3:.3f} |")
-    errors.sort()
-    print(f"\nSteps of 0.3 ms to 1 s, every kernel estimated ({len(errors)}): median "
-          f"{100 * statistics.median(errors):.1f}%, worst {100 * errors[-1]:.1f}%, "
-          f"{sum(e < 0.10 for e in errors)} within 10%.")
+    chip = tpu_model("v5e")
+    print("| step | | kernel runs | arrays | chip, ms | device, ms | estimate, ms | error | host, ms |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    errors: dict[int, list[float]] = {}
+    for s in read_steps(path):
+        found = steptime.tpu_estimate(s["kernels"], chip, 1, 0.0, s["arrays"])
+        assert found.seconds is not None
+        error = found.seconds / s["seconds_per_step"] - 1
+        flag = " (a kernel libtpu gave no estimate)" if found.unestimated else ""
+        if not found.unestimated and 0.3e-3 <= s["seconds_per_step"] <= 1.0:
+            errors.setdefault(s["held_out"], []).append(abs(error))
+        print(f"| {s['case']}{flag} | {'held out, round ' + str(s['held_out']) if s['held_out'] else 'fitted'} | "
+              f"{found.kernels:,} | {s['arrays']} | {s['seconds_per_step'] * 1e3:.3f} | {s['module_ns'] / 1e6:.3f} | "
+              f"{found.seconds * 1e3:.3f} | {100 * error:+.1f}% | {found.dispatch_seconds * 1e3:.3f} |")
+    print()
+    for held, e in sorted(errors.items()):
+        e.sort()
+        print(f"{'Fitted' if not held else f'Held out, round {held}'}: {len(e)} steps of 0.3 ms to 1 s, every kernel "
+              f"estimated: median {100 * statistics.median(e):.1f}%, worst {100 * e[-1]:.1f}%, "
+              f"{sum(x < 0.10 for x in e)} within 10%.")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--on-chip", action="store_true", help="compile and run every case on this machine's TPU")
-    where.add_argument("--fit", nargs=2, type=Path, metavar=("SMALL", "HOST"),
-                       help="the step's own costs fitted on the chip's rows (this script's and bench/tpu_host.py's)")
     where.add_argument("--refresh", type=Path, metavar="ROWS", help="each row's estimate again, compiled here")
-    where.add_argument("--table", type=Path, metavar="ROWS", help="the Markdown table of the chip's rows")
+    where.add_argument("--table", type=Path, metavar="STEPS", help="--steps' file: the Markdown table of the steps")
     where.add_argument("--kernel-rows", nargs=2, type=Path, metavar=("DIR", "OUT"),
                        help="the profiled steps' kernels (--profile's DIR) with their measured times, gzipped")
-    where.add_argument("--kinds", type=Path, metavar="ROWS", help="--kernel-rows' file: the estimate's miss by kind")
+    where.add_argument("--kinds", type=Path, metavar="STEPS", help="--steps' file: the estimate's miss by kind")
+    where.add_argument("--steps", type=Path, metavar="OUT",
+                       help="every profiled step read as the estimate reads it, with the chip's times")
+    where.add_argument("--fit-kernels", type=Path, metavar="STEPS",
+                       help="--steps' file: the per-kernel costs fitted on the fitted steps, every step's error")
     where.add_argument("--profile", type=Path, metavar="DIR",
                        help="on the chip: every step (fitted and held out) traced, each kernel's time and the HLO")
     parser.add_argument("--only", default="", help="run only the cases whose name contains this")
     parser.add_argument("--held-out", type=int, nargs="?", const=1, choices=sorted(ROUNDS),
-                        help="with --on-chip: the steps never fitted on (round 1, or 2)")
+                        help="with --on-chip: the steps never fitted on (round 1, 2 or 3)")
     parser.add_argument("--out", type=Path, help="JSON lines, appended")
+    parser.add_argument("--hlo", type=Path, help="with --steps: a folder keeping the compiled programs' text")
     args = parser.parse_args()
-    if args.fit:
-        fit_rows(*args.fit)
+    if args.fit_kernels:
+        costs = fit_kernels(args.fit_kernels)
+        errors = kernel_errors(args.fit_kernels, costs)
+        for case, held, measured, estimated in errors:
+            print(f"{'fitted' if not held else f'round {held}':8s} {case:40s} measured {measured * 1e3:8.3f} ms  "
+                  f"estimated {estimated * 1e3:8.3f} ms ({100 * (estimated / measured - 1):+6.1f}%)")
+        for held in (0, 1, 2):
+            e = sorted(abs(est / m - 1) for _, h, m, est in errors if h == held and 0.3e-3 <= m <= 1.0)
+            print(f"{'fitted' if not held else f'round {held}'}: {len(e)} steps of 0.3 ms to 1 s, median "
+                  f"{100 * statistics.median(e):.1f}%, worst {100 * e[-1]:.1f}%, {sum(x < 0.10 for x in e)} within 10%")
         return
     if args.kinds:
         kinds(args.kinds)
@@ -433,11 +602,15 @@ def main() -> None:
     if args.refresh:
         refresh(args.refresh)
         return
+    if args.steps:
+        steps_file(args.steps, args.hlo)
+        return
     if args.profile:  # bench/tpu_truth.py's trace: the device's own time per kernel, beside the module
         from tpu_truth import profile_row
 
         args.profile.mkdir(parents=True, exist_ok=True)
-        for case in (c for c in CASES + HELD_OUT + HELD_OUT_2 if args.only in c[0]):
+        chosen = ROUNDS[args.held_out] if args.held_out else CASES + HELD_OUT + HELD_OUT_2
+        for case in (c for c in chosen if args.only in c[0]):
             row = profile_row(*case, out=args.profile)
             with (args.profile / "profile.jsonl").open("a") as f:
                 f.write(json.dumps(row, sort_keys=True) + "\n")

@@ -350,8 +350,8 @@ class StepTime:
     # the kernels the compiler gave no estimate at all (libtpu's INT64_MAX cycles), by HLO name: among
     # the floor's, and where the chip may run far slower than the estimate says
     unestimated: tuple[str, ...] = ()
-    # of seconds: what a step pays beyond its kernels' work (a TPU's: a cost per step and one per
-    # kernel run, measured on the chip); 0 where the estimate has none
+    # of seconds: what a step pays beyond its kernels' work (a TPU's: its cost per step, measured on
+    # the chip, or up to the host's launch where that binds); 0 where the estimate has none
     overhead_seconds: float = 0.0
     # copies of offloaded residuals to host memory and back, over the host link (a GPU's PCIe), as if
     # none overlapped; and of it, what XLA's schedule leaves unhidden beside the kernels (in `seconds`)

@@ -742,9 +742,9 @@ def time_notes(report: AuditReport) -> list[str]:
                          + (f", {format_seconds(r.time.host_seconds)} copying offloaded residuals to host memory "
                             f"and back ({format_seconds(r.time.exposed_host_seconds)} of it exposed beside the "
                             f"kernels{_host_link(r.time)})" if r.time.host_seconds or r.totals.host_bytes else "")
-                         + (f", {format_seconds(r.time.overhead_seconds)} the step's own cost beyond its kernels' work "
-                            f"(per step and per kernel run, {r.time.kernels:,} runs)"
-                            if r.time.overhead_seconds and not r.time.host_bound else "")
+                         + (f", {format_seconds(r.time.overhead_seconds)} the step's own cost beyond its "
+                            f"{r.time.kernels:,} kernel runs" if r.time.overhead_seconds and not r.time.host_bound
+                            else "")
                          + (f"; the host takes {format_seconds(r.time.dispatch_seconds)} to launch each step (per "
                             "step and per array passed), more than the chip's work: the step runs at the host's pace, "
                             "and a larger batch costs no time until the chip's work exceeds it"

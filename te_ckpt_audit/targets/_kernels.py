@@ -50,6 +50,7 @@ _ELEMENTWISE = frozenset({
     "and", "or", "xor", "not", "sine", "cosine", "tan", "atan2", "erf", "floor", "ceil", "round-nearest-even",
     "clamp", "remainder", "sign", "is-finite",
 })
+_DMAS = frozenset({"copy-start", "slice-start", "dynamic-slice-start", "dynamic-update-slice-start"})
 _GEMM_TARGETS = ("__cublas$gemm", "__cublas$lt$matmul")
 _VIEWS = ("bitcast", "copy", "transpose", "get-tuple-element")  # what a GEMM's operand is read through
 
@@ -275,13 +276,16 @@ class Kernel:
     waits_for: str = ""  # not a kernel: where the schedule waits for the asynchronous collective named
     loop: tuple[str, ...] = ()  # the while loops around it, outermost first (the schedule's order is theirs)
     cycles: int = 0  # libtpu's estimate of one run, in the chip's cycles (`estimated_cycles`; 0 elsewhere)
-    vmem_copy: bool = False  # a TPU's copy between HBM and VMEM (libtpu gives it no cycles): `bytes` its HBM side
+    vmem_copy: bool = False  # a TPU's DMA between HBM and VMEM (libtpu gives it no cycles): `bytes` what it moves
+    vmem_bytes: int = 0  # on a TPU: what it reads and writes in VMEM (`bytes` is HBM's)
+    indices: int = 0  # a gather's or scatter's index vectors: the rows it reads or writes one by one
 
 
 class _Reader:
     def __init__(self, comps: dict[str, list[Inst]], devices: int, per_host: int, on_chip: str = "") -> None:
         self.comps, self.devices, self.per_host, self.on_chip = comps, devices, per_host, on_chip
         self.host_copies: set[str] = set()  # the copy-starts to or from host memory read so far
+        self.dmas: set[str] = set()  # the copy- and slice-starts between a TPU's HBM and VMEM read so far
         self.types = {name: {i.name: i.type for i in insts} for name, insts in comps.items()}
         self._fused: dict[str, tuple[int, bool, str, int]] = {}
         self._insts: dict[str, dict[str, Inst]] = {}
@@ -343,6 +347,23 @@ class _Reader:
                 flops += math.prod(_first_dims(self.operand_type(name, inst.operands[0])))
         self._fused[name] = (flops, gemm, precision, widening)
         return self._fused[name]
+
+    def indexed(self, name: str, depth: int = 0) -> int:
+        """The index vectors of the gathers and scatters of a fused computation, nested ones included."""
+        total = 0
+        for inst in self.comps.get(name, []):
+            if inst.opcode in ("gather", "scatter"):
+                total += self.index_vectors(name, inst)
+            elif inst.opcode == "fusion" and inst.attr("calls") and depth < 4:
+                total += self.indexed(inst.attr("calls") or "", depth + 1)
+        return total
+
+    def index_vectors(self, comp: str, inst: Inst) -> int:
+        """A gather's or scatter's index vectors: its indices' elements over the index vector's length."""
+        dims = _first_dims(self.operand_type(comp, inst.operands[1])) if len(inst.operands) > 1 else []
+        found = re.search(r"index_vector_dim=(\d+)", inst.attrs)
+        axis = int(found.group(1)) if found else len(dims)
+        return math.prod(dims) // (dims[axis] or 1) if axis < len(dims) else math.prod(dims)
 
     def hbm(self, type_text: str) -> int:
         return type_bytes(type_text, self.on_chip)
@@ -464,6 +485,9 @@ class _Reader:
         if code.endswith("-done") and inst.operands and inst.operands[0] in self.host_copies:
             yield Kernel(inst.name, HOST, 0, 0, runs=runs, waits_for=inst.operands[0])  # where the step waits for it
             return
+        if code.endswith("-done") and inst.operands and inst.operands[0] in self.dmas:
+            yield Kernel(inst.name, MEMORY, 0, 0, runs=runs, waits_for=inst.operands[0], vmem_copy=True)
+            return
         for k in self._kernel(comp, inst, runs):
             yield dataclasses.replace(k, cycles=_cycles(inst)) if k.kind is not COLLECTIVE else k
 
@@ -501,19 +525,22 @@ class _Reader:
                          source=source, collective=_COLLECTIVES[base], asynchronous=code.endswith("-start"),
                          nics=local)
             return
+        if code in _DMAS and self.on_chip and self.on_chip in inst.type and HOST_MEMORY not in inst.type:
+            # between HBM and VMEM (a parameter brought in before a kernel reads it, a slice of one, a
+            # result written back): the chip's DMA engines move what lands in or leaves VMEM, beside
+            # the kernels scheduled until its -done
+            self.dmas.add(inst.name)
+            moved = type_bytes(inst.type) - self.hbm(inst.type)
+            yield Kernel(inst.name, MEMORY, 0, moved, xla_us=costs, runs=runs, source=source, asynchronous=True,
+                         vmem_copy=True)
+            return
         if code == "copy-start":
             operand = self.operand_type(comp, inst.operands[0]) if inst.operands else ""
             host = HOST_MEMORY in inst.type or HOST_MEMORY in operand
-            if host:  # one side is host memory
-                moved = type_bytes(operand)
-            elif self.on_chip:  # to or from VMEM: only the HBM side of (source, destination, context) counts
-                moved = self.hbm(inst.type)
-            else:
-                moved = 2 * type_bytes(operand)
-            if host:  # to or from host memory: on the copy engine, beside the kernels until its copy-done
+            if host:  # one side is host memory: on the copy engine, beside the kernels until its copy-done
                 self.host_copies.add(inst.name)
-            yield Kernel(inst.name, HOST if host else MEMORY, 0, moved, xla_us=costs, runs=runs, source=source,
-                         asynchronous=host, vmem_copy=bool(self.on_chip) and not host)
+            yield Kernel(inst.name, HOST if host else MEMORY, 0, type_bytes(operand) * (1 if host else 2),
+                         xla_us=costs, runs=runs, source=source, asynchronous=host)
             return
         if code in _NO_KERNEL or code.endswith("-done"):
             return
@@ -540,9 +567,11 @@ class _Reader:
                 return
             flops, gemm, precision, widening = self.fused(called)
             yield Kernel(inst.name, GEMM if gemm else MEMORY, flops, self.fusion_bytes(comp, inst), precision,
-                         widening, costs, runs, source=source)
+                         widening, costs, runs, source=source, indices=self.indexed(called))
             return
         if code == "custom-call":
+            if self.on_chip and 'custom_call_target="ConcatBitcast"' in inst.attrs:
+                return  # libtpu's view of slices DMA'd side by side into one buffer: launches nothing
             yield dataclasses.replace(self._custom_call(comp, inst), xla_us=costs, runs=runs, source=source)
             return
         ins = [self.operand_type(comp, o) for o in inst.operands]
@@ -556,7 +585,8 @@ class _Reader:
         elif code in ("dynamic-slice", "slice", "gather"):
             moved = 2 * self.hbm(inst.type)
         flops = math.prod(_first_dims(inst.type)) if code in _ELEMENTWISE else 0
-        yield Kernel(inst.name, MEMORY, flops, moved, xla_us=costs, runs=runs, source=source)
+        yield Kernel(inst.name, MEMORY, flops, moved, xla_us=costs, runs=runs, source=source,
+                     indices=self.index_vectors(comp, inst) if code in ("gather", "scatter") else 0)
 
     def _custom_call(self, comp: str, inst: Inst) -> Kernel:
         found = re.search(r'custom_call_target="([^"]*)"', inst.attrs)
@@ -777,4 +807,10 @@ def step_kernels(hlo_text: str, devices: int = 1, gpus_per_host: int = 8, on_chi
     """The kernels one step runs, from its optimized HLO text (`compiled.as_text()`); `on_chip`:
     the mark of the memory space a kernel reads without HBM (a TPU's VMEM: `VMEM`, below)."""
     comps, entry = parse_module(hlo_text)
-    return tuple(_Reader(comps, devices, gpus_per_host, on_chip).kernels(entry))
+    found = tuple(_Reader(comps, devices, gpus_per_host, on_chip).kernels(entry))
+    if not on_chip:
+        return found
+    # what each kernel moves in every memory space, less its HBM bytes: what it moves in VMEM
+    everywhere = {k.name: k.bytes for k in _Reader(comps, devices, gpus_per_host).kernels(entry)}
+    return tuple(dataclasses.replace(k, vmem_bytes=max(0, everywhere.get(k.name, k.bytes) - k.bytes))
+                 if not (k.vmem_copy or k.waits_for) else k for k in found)

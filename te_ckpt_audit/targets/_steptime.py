@@ -18,8 +18,10 @@ timed below its roofline floor:
   constant, fitted on published runs: see docs/guide/step-time.md).
 
 On a TPU, each kernel is timed by libtpu's own estimate, its `estimated_cycles` at the chip's
-clock, against its roofline (`tpu_timed`), times one constant (`TPU_EFFICIENCY`), and a collective
-by its bytes over ICI.
+clock, against its roofline (`tpu_timed`), times one constant (`TPU_EFFICIENCY`), with what those
+cycles leave out priced on the chip (`TpuCosts`: a GEMM's fill, another kernel's VMEM bytes,
+indexed rows and cost per run); a collective by its bytes over ICI, a DMA between HBM and VMEM by
+its bytes at the HBM bandwidth, each beside the kernels until its wait.
 
 On either, the step's time is its kernels run in the order the latency-hiding scheduler put them
 in (the optimized HLO's order: `elapsed`): compute kernels one after another, each asynchronous collective
@@ -144,34 +146,66 @@ def timed(kernel: Kernel, gpu: GpuModel) -> Timed:
 # time, its roofline below: no kernel of the profile beat its FLOPs at the peak) at the geometric
 # mean of the two. One constant on top (`TPU_EFFICIENCY`), fitted on the v5e's 1st, 3rd, ... rows of
 # bench/data/tpu-v5e-time.jsonl (the others are held out: docs/guide/tpu.md).
-TPU_EFFICIENCY = 0.968
-# What a step pays on the chip beyond its kernels' work, run as a training loop runs it (steps
-# dispatched back to back), measured on the lent v5e (bench/tpu_host.py, bench/data/tpu-v5e-host.jsonl):
-# - the device: libtpu's copies between HBM and VMEM (parameters and optimizer state brought in
-#   before a kernel reads them; libtpu gives them no cycles) at the HBM bandwidth the chip attains,
-#   and a cost per step and per kernel run;
+TPU_EFFICIENCY = 0.985
+# What libtpu's cycles leave out, and what a step pays on the chip beyond its kernels, each priced on
+# the lent v5e's profiles of 16 small steps (bench/data/tpu-v5e-small-steps.jsonl.gz: every kernel
+# with its measured time, each step's device time; `bench/tpu_small.py --fit-kernels`; both held-out
+# rounds never seen by the fit):
+# - a GEMM runs its estimate and the MXUs' fill and drain: a share of a short one, at most a time
+#   (fitted on the GEMMs' measured time);
+# - any other kernel its estimate, what it moves in VMEM at VMEM's bandwidth (libtpu keeps many
+#   wholly there: no HBM bytes, no roofline), the rows a gather or scatter indexes one by one, and a
+#   cost per run (fitted on those kernels' measured time);
+# - a DMA between HBM and VMEM (parameters and optimizer state brought in before a kernel reads
+#   them, a slice of one; libtpu gives them no cycles) its bytes at the HBM bandwidth the chip
+#   attains times a pace, beside the kernels scheduled until its wait; plus a cost per step (both
+#   fitted on the steps' device time, and the step's lag behind it);
 # - the host: launching a step costs the host a time per step and per array it passes (a jitted
 #   function of N donated arrays: 0.10 ms for 1 array, 1.13 ms for 256); a step whose device time
-#   is less runs at the host's pace (a 4-layer scanned Llama at batch 2: 0.077 ms on the device, 16
-#   steps in one program; 0.38 ms as a loop runs it).
-# The step takes the greater. TPU_HOST_ARRAY_S is the dispatch rows' slope; the other three the
-# least-squares fit on the 24 model steps under 3 ms of bench/data/tpu-v5e-small.jsonl and
-# -host.jsonl whose kernels libtpu all estimated (`bench/tpu_small.py --fit`).
-TPU_STEP_S = 0.06e-3
-TPU_KERNEL_S = 0.44e-6
-TPU_HOST_STEP_S = 0.255e-3
-TPU_HOST_ARRAY_S = 3.75e-6
+#   is less runs at the host's pace (bench/tpu_host.py; fitted on the steps the host bounds).
+# The step takes the greater.
+TPU_GEMM_FILL = 0.35
+TPU_GEMM_FILL_S = 5e-6
+TPU_VMEM_BANDWIDTH = 6.33e12
+TPU_INDEX_S = 14.65e-9
+TPU_KERNEL_S = 0.097e-6
+TPU_DMA_SLOWDOWN = 1.0
+TPU_STEP_S = 22.9e-6
+TPU_HOST_STEP_S = 0.2324e-3
+TPU_HOST_ARRAY_S = 4.66e-6
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TpuCosts:
+    """What a TPU step costs beyond libtpu's cycles and the roofline: the constants above (the
+    estimate's), or others where a fit tries them (`bench/tpu_small.py --fit-kernels`)."""
+
+    efficiency: float = TPU_EFFICIENCY
+    gemm_fill: float = TPU_GEMM_FILL
+    gemm_fill_s: float = TPU_GEMM_FILL_S
+    vmem_bandwidth: float = TPU_VMEM_BANDWIDTH
+    index_s: float = TPU_INDEX_S
+    kernel_s: float = TPU_KERNEL_S
+    dma_slowdown: float = TPU_DMA_SLOWDOWN
+    step_s: float = TPU_STEP_S
+    host_step_s: float = TPU_HOST_STEP_S
+    host_array_s: float = TPU_HOST_ARRAY_S
+
+
+TPU_COSTS = TpuCosts()
 UNESTIMATED_CYCLES = 2**62  # libtpu writes INT64_MAX (9.2e18 cycles) for a kernel it cannot estimate
 NO_ESTIMATE = "no estimate"  # such a kernel's basis: its roofline, which the chip may run far above
 LIBTPU = "libtpu"
 TPU_ESTIMATOR = "libtpu's cycle estimates and the roofline"
 TPU_METHOD = ("libtpu's estimated cycles per kernel at the chip's clock, memory-bound kernels at most their bytes at "
               "the HBM bandwidth the chip attains, GEMMs at the geometric mean of libtpu's estimate and their "
-              f"roofline; x {TPU_EFFICIENCY} (fitted on a v5e); loops x trip count; collectives over ICI in the "
-              "scheduled order; copies between HBM and VMEM at that bandwidth; plus "
-              f"{TPU_STEP_S * 1e3:.2f} ms per step and {TPU_KERNEL_S * 1e6:.2f} us per kernel run; at least the "
-              f"host's {TPU_HOST_STEP_S * 1e3:.2f} ms per step and {TPU_HOST_ARRAY_S * 1e6:.2f} us per array passed "
-              "(each measured on a v5e)")
+              f"roofline; x {TPU_EFFICIENCY} (fitted on a v5e); GEMMs plus their MXUs' fill ({TPU_GEMM_FILL:.0%}, at "
+              f"most {TPU_GEMM_FILL_S * 1e6:.0f} us), the others plus their VMEM bytes at "
+              f"{TPU_VMEM_BANDWIDTH / 1e12:.1f} TB/s, {TPU_INDEX_S * 1e9:.1f} ns per row a gather or scatter indexes "
+              f"and {TPU_KERNEL_S * 1e6:.2f} us per run; loops x trip count; collectives over ICI and DMAs between HBM "
+              "and VMEM beside the kernels, in the scheduled order; plus "
+              f"{TPU_STEP_S * 1e6:.0f} us per step; at least the host's {TPU_HOST_STEP_S * 1e3:.2f} ms per step and "
+              f"{TPU_HOST_ARRAY_S * 1e6:.2f} us per array passed (each measured on a v5e)")
 
 
 def ici_seconds(kernel: Kernel, chip: TpuModel) -> float:
@@ -196,39 +230,48 @@ def tpu_roofline(kernel: Kernel, chip: TpuModel) -> float:
     return seconds
 
 
-def tpu_timed(kernel: Kernel, chip: TpuModel) -> Timed:
+def tpu_timed(kernel: Kernel, chip: TpuModel, costs: TpuCosts = TPU_COSTS) -> Timed:
     """One kernel on a TPU chip, from libtpu's estimate (its cycles at the chip's clock) and its
-    roofline: a GEMM at their geometric mean, anything else at the lesser; the range between them."""
+    roofline: a GEMM at their geometric mean and its MXUs' fill, anything else at the lesser and
+    what it moves in VMEM and the rows it indexes; the range between them."""
     if kernel.kind is KernelKind.COLLECTIVE:
         seconds = ici_seconds(kernel, chip)
         return Timed(kernel, seconds, seconds, seconds, ROOFLINE)
     if kernel.kind is KernelKind.HOST and chip.host_link:  # to or from host memory: over the host link
         seconds = kernel.bytes / chip.host_link
         return Timed(kernel, seconds, seconds, seconds, ROOFLINE)
-    if kernel.vmem_copy:  # between HBM and VMEM: libtpu gives it no cycles; its HBM side at the bandwidth
-        seconds = tpu_roofline(kernel, chip) * TPU_EFFICIENCY
+    if kernel.vmem_copy:  # a DMA between HBM and VMEM: libtpu gives it no cycles; its bytes at the DMAs' pace
+        seconds = kernel.bytes / (chip.hbm_attained or chip.hbm_bandwidth) * costs.dma_slowdown
         return Timed(kernel, seconds, seconds, seconds, ROOFLINE)
+    # what libtpu's cycles miss of a kernel other than a GEMM: what it moves in VMEM, the rows it
+    # indexes one by one, and its cost per run
+    beside = kernel.vmem_bytes / costs.vmem_bandwidth + kernel.indices * costs.index_s + costs.kernel_s
+    roofline = tpu_roofline(kernel, chip)
     if kernel.cycles >= UNESTIMATED_CYCLES:  # libtpu's INT64_MAX: no estimate at all, not a slow kernel
-        floor = tpu_roofline(kernel, chip) * TPU_EFFICIENCY
+        floor = roofline * costs.efficiency + beside
         return Timed(kernel, floor, floor, floor, NO_ESTIMATE)
-    libtpu, roofline = kernel.cycles / chip.clock_hz, tpu_roofline(kernel, chip)
+    libtpu = kernel.cycles / chip.clock_hz
     if kernel.kind in (KernelKind.GEMM, KernelKind.ATTENTION):
         seconds = math.sqrt(libtpu * roofline) if libtpu else roofline
-    else:
-        seconds = min(libtpu, roofline)
+        low, high = sorted((libtpu, roofline)) if libtpu else (seconds, seconds)
+        filled = [x * costs.efficiency + min(costs.gemm_fill * x * costs.efficiency, costs.gemm_fill_s)
+                  for x in (seconds, low, high)]
+        return Timed(kernel, filled[0], filled[1], filled[2], LIBTPU)
+    seconds = min(libtpu, roofline)
     low, high = sorted((libtpu, roofline)) if libtpu else (seconds, seconds)
-    return Timed(kernel, seconds * TPU_EFFICIENCY, low * TPU_EFFICIENCY, high * TPU_EFFICIENCY, LIBTPU)
+    return Timed(kernel, seconds * costs.efficiency + beside, low * costs.efficiency + beside,
+                 high * costs.efficiency + beside, LIBTPU)
 
 
 def tpu_estimate(kernels: Iterable[Kernel], chip: TpuModel, devices: int, compile_seconds: float,
-                 arrays: int = 0) -> StepTime:
+                 arrays: int = 0, costs: TpuCosts = TPU_COSTS) -> StepTime:
     """A TPU step's time from the kernels libtpu compiled (`tpu_timed`), in its scheduled order, plus
     the step's own cost on the chip; at least what the host takes to launch it with `arrays` arrays
     (`entry_arrays`; 0: not counted)."""
-    found = _step([tpu_timed(k, chip) for k in kernels], chip.bf16_flops, devices, compile_seconds, TPU_METHOD)
+    found = _step([tpu_timed(k, chip, costs) for k in kernels], chip.bf16_flops, devices, compile_seconds, TPU_METHOD)
     if found.seconds is not None and found.seconds_low is not None and found.seconds_high is not None:
-        extra = TPU_STEP_S + TPU_KERNEL_S * found.kernels
-        host = TPU_HOST_STEP_S + TPU_HOST_ARRAY_S * arrays if arrays else 0.0
+        extra = costs.step_s
+        host = costs.host_step_s + costs.host_array_s * arrays if arrays else 0.0
         seconds = max(found.seconds + extra, host)
         found = dataclasses.replace(found, seconds=seconds, seconds_low=max(found.seconds_low + extra, host),
                                     seconds_high=max(found.seconds_high + extra, host),
@@ -300,7 +343,9 @@ def _step(rows: list[Timed], peak: float, devices: int, compile_seconds: float, 
     """The step of timed kernels: `peak` the utilisations' denominator (one device's dense BF16
     FLOP/s), `method` what timed them."""
     work = [t for t in rows if not t.kernel.waits_for]
-    compute = [t for t in work if t.kernel.kind not in (KernelKind.COLLECTIVE, KernelKind.HOST)]
+    dma = [t for t in work if t.kernel.vmem_copy and t.kernel.asynchronous]  # a TPU's, beside its kernels
+    compute = [t for t in work if t.kernel.kind not in (KernelKind.COLLECTIVE, KernelKind.HOST)
+               and not (t.kernel.vmem_copy and t.kernel.asynchronous)]
     talk = [t for t in work if t.kernel.kind is KernelKind.COLLECTIVE]
     carry = [t for t in work if t.kernel.kind is KernelKind.HOST]  # offloaded residuals to host memory and back
 
@@ -313,23 +358,25 @@ def _step(rows: list[Timed], peak: float, devices: int, compile_seconds: float, 
     computing = total(compute, "seconds")
     communicating = total(talk, "seconds")
     hosting = total(carry, "seconds")
-    beyond = max(0.0, elapsed(rows) - computing)  # what the collectives and host copies add, in XLA's schedule
+    beyond = max(0.0, elapsed(rows) - computing)  # what collectives, host copies and DMAs add, in XLA's schedule
     exposed = min(communicating, beyond)
     exposed_host = min(hosting, beyond - exposed)
+    waited = min(total(dma, "seconds"), beyond - exposed - exposed_host)  # a TPU's waits on its DMAs: compute's
+    computing += waited
     costliest = sorted(work, key=lambda t: -t.seconds * t.kernel.runs)[:COSTLIEST]
     if not all(math.isfinite(x) for x in (computing, communicating, total(compute, "high"))):
         # every input is bounded where it comes in; should a sum still overflow, no figure is shown
         return _failed("the estimate is not finite: a kernel's time overflowed", peak, devices, method)
     return StepTime(
         seconds=computing + exposed + exposed_host,
-        seconds_low=total(compute, "low") + exposed + exposed_host,
-        seconds_high=total(compute, "high") + exposed + exposed_host,
+        seconds_low=total(compute, "low") + waited + exposed + exposed_host,
+        seconds_high=total(compute, "high") + waited + exposed + exposed_host,
         compute_seconds=computing,
         communication_seconds=communicating,
         exposed_communication_seconds=exposed,
         host_seconds=hosting,
         exposed_host_seconds=exposed_host,
-        kernels=sum(t.kernel.runs for t in work),
+        kernels=sum(t.kernel.runs for t in work) - sum(t.kernel.runs for t in dma),
         hlo_flops=sum(t.kernel.flops * t.kernel.runs for t in work),
         model_flops=0,
         recompute_flops=0,
@@ -352,12 +399,13 @@ def elapsed(rows: list[Timed], depth: int = 0, runs: int = 1) -> float:
     kernels one after another on the compute stream; an asynchronous collective starts on the
     collective stream (after the one before it there) and runs beside the kernels scheduled
     between it and its wait; a synchronous one waits for the collective stream and blocks; a copy to
-    or from host memory (an offloaded residual) runs on its own copy stream the same way. A loop's
+    or from host memory (an offloaded residual) runs on its own copy stream the same way, and a
+    TPU's DMAs between HBM and VMEM on theirs. A loop's
     body (its rows, contiguous) takes its own elapsed time once per trip: where a collective it
     starts is waited for in the next trip (XLA's pipelined collectives), it runs beside that trip's
     kernels, so a trip takes its compute and waits, or its collectives' (or host copies') time,
     whichever is longer."""
-    now = stream = copying = busy = carried = 0.0
+    now = stream = copying = busy = carried = dma = moved = 0.0
     ends: dict[str, float] = {}
     i = 0
     while i < len(rows):
@@ -378,6 +426,10 @@ def elapsed(rows: list[Timed], depth: int = 0, runs: int = 1) -> float:
             copying = max(now, copying) + t.seconds
             carried += t.seconds
             ends[k.name] = copying
+        elif k.vmem_copy and k.asynchronous:  # a TPU's DMA between HBM and VMEM, beside the kernels
+            dma = max(now, dma) + t.seconds
+            moved += t.seconds
+            ends[k.name] = dma
         elif k.kind is KernelKind.COLLECTIVE and k.asynchronous:
             stream = max(now, stream) + t.seconds
             busy += t.seconds
@@ -388,7 +440,7 @@ def elapsed(rows: list[Timed], depth: int = 0, runs: int = 1) -> float:
         else:
             now += t.seconds
         i += 1
-    return max(now, busy, carried) if depth else max(now, stream, copying)
+    return max(now, busy, carried, moved) if depth else max(now, stream, copying, dma)
 
 
 def _trips(rows: list[Timed], runs: int) -> int:
