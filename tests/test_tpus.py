@@ -273,7 +273,8 @@ def test_a_tpu_reads_its_dmas_as_dmas_and_a_gathers_rows() -> None:
     assert kernels["gf"].indices == 8 * 256 and kernels["gf"].vmem_bytes == 2 * rows
     chip = tpu_model("v5e")
     time = steptime.tpu_estimate(tuple(kernels.values()), chip, 1, 0.0)
-    assert time.kernels == 2  # the gather and the copy out; the DMAs are not kernel runs
+    assert time.kernels == 2  # the gather and the copy out; the DMAs are not kernel runs, nor costly kernels
+    assert sorted(k.name for k in time.costliest) == ["gf", "out"]
     dmas = sum(k.bytes for k in kernels.values() if k.asynchronous) / chip.hbm_attained * steptime.TPU_DMA_SLOWDOWN
     gather = steptime.tpu_timed(kernels["gf"], chip).seconds
     assert gather == pytest.approx(2048 * steptime.TPU_INDEX_S + 2 * rows / steptime.TPU_VMEM_BANDWIDTH

@@ -363,7 +363,8 @@ def _step(rows: list[Timed], peak: float, devices: int, compile_seconds: float, 
     exposed_host = min(hosting, beyond - exposed)
     waited = min(total(dma, "seconds"), beyond - exposed - exposed_host)  # a TPU's waits on its DMAs: compute's
     computing += waited
-    costliest = sorted(work, key=lambda t: -t.seconds * t.kernel.runs)[:COSTLIEST]
+    costliest = sorted((t for t in work if not (t.kernel.vmem_copy and t.kernel.asynchronous)),
+                       key=lambda t: -t.seconds * t.kernel.runs)[:COSTLIEST]  # a TPU's DMAs: not kernels
     if not all(math.isfinite(x) for x in (computing, communicating, total(compute, "high"))):
         # every input is bounded where it comes in; should a sum still overflow, no figure is shown
         return _failed("the estimate is not finite: a kernel's time overflowed", peak, devices, method)
