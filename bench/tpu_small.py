@@ -431,13 +431,13 @@ def device_seconds(step: dict[str, Any], costs: Any) -> float:
 
 
 def fit_kernels(path: Path, quiet: bool = False, rounds: tuple[int, ...] = (0,)) -> Any:
-    """The per-kernel costs fitted on the fitted steps of `steps_file`'s rows (round 0; both held-out
-    rounds stay out), each on what it prices: a GEMM's fill (a share of its estimate, at most a
-    time) on the GEMMs' measured time; the other kernels' VMEM bandwidth, time per index vector and
-    cost per run on theirs (least squares, each step's error relative to its device
-    time); the DMAs' pace and the step's own cost on the steps' device time (the profile's
-    module); the host's line on the steps the host bounds. Returns the `TpuCosts`. `rounds`: the
-    rounds fitted on (0: the fitted steps; 1-3 the held-out rounds, to try what they would change)."""
+    """The per-kernel costs fitted on the fitted steps of `steps_file`'s rows (round 0; the held-out
+    rounds stay out), each on what it prices: the other kernels' VMEM bandwidth, time per index
+    vector and cost per run on their measured time (least squares, each step's error relative to its
+    device time); a GEMM's fill (a share of its estimate, at most a time) on the GEMMs'; the DMAs'
+    pace and the step's own cost on the steps' device time (the profile's module); the host's line
+    on the steps the host bounds. Returns the `TpuCosts`. `rounds`: the rounds fitted on (0: the
+    fitted steps; 1-3 the held-out rounds, to try what fitting on them would change)."""
     import numpy as np
 
     from te_ckpt_audit.targets import _steptime as steptime
