@@ -25,6 +25,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
 REPEAT = 8
 # (M, K, N): x[M, K] @ w[K, N], an MLP's layer and the small models' projections
@@ -54,7 +55,7 @@ def on_chip(name: str, spec: str, shapes: tuple[tuple[int, ...], ...], dtype: st
 
     import jax
     import jax.numpy as jnp
-    from jax.profiler import ProfileData
+    from tpu_truth import traced
 
     from te_ckpt_audit.targets._kernels import VMEM, KernelKind, step_kernels
 
@@ -69,16 +70,7 @@ def on_chip(name: str, spec: str, shapes: tuple[tuple[int, ...], ...], dtype: st
         with jax.profiler.trace(trace):
             for _ in range(runs):
                 jax.block_until_ready(compiled(x, *ws))
-        data = ProfileData.from_file(str(next(Path(trace).rglob("*.xplane.pb"))))
-    took: dict[str, float] = {}
-    for plane in data.planes:
-        if plane.name != "/device:TPU:0":
-            continue
-        for line in plane.lines:
-            if line.name == "XLA Ops":
-                for event in line.events:
-                    op = event.name.split(" ", 1)[0].lstrip("%")
-                    took[op] = took.get(op, 0.0) + event.duration_ns / runs
+        took = {op: ns / runs for op, (_, ns) in traced(Path(trace)).get("XLA Ops", {}).items()}
     timed = [k for k in gemms if k.name in took]
     if not timed:
         return [{"case": name, "error": "no GEMM kernel in the trace"}]

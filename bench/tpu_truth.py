@@ -486,6 +486,28 @@ PROFILED = ("llama full b4", "llama full b16", "llama minimal b4", "llama minima
             "gpt nothing_saveable b10")
 
 
+def traced(trace: Path) -> dict[str, dict[str, list[float]]]:
+    """A profiler trace's chip plane: per line (its steps, modules and ops), each event's name (an
+    op's: its instruction's) with its count and total ns."""
+    from jax.profiler import ProfileData
+
+    data = ProfileData.from_file(str(next(trace.rglob("*.xplane.pb"))))
+    lines: dict[str, dict[str, list[float]]] = {}
+    for plane in data.planes:
+        if plane.name != "/device:TPU:0":  # the chip's own plane: its steps, module and per-op events
+            continue
+        for line in plane.lines:
+            if line.name not in ("Steps", "XLA Modules", "XLA Ops"):
+                continue
+            found = lines.setdefault(line.name, {})
+            for event in line.events:  # an op's event is named by its instruction's text: its name leads
+                op = event.name.split(" ", 1)[0].lstrip("%") if line.name == "XLA Ops" else event.name[:80]
+                count_ns = found.setdefault(op, [0, 0.0])
+                count_ns[0] += 1
+                count_ns[1] += event.duration_ns
+    return lines
+
+
 def profile_row(name: str, target: str, policy: str, defines: dict[str, Any], out: Path,
                 steps: int = 3) -> dict[str, Any]:
     """On the chip: one point's step traced by the profiler, each kernel's measured time per step
@@ -497,7 +519,6 @@ def profile_row(name: str, target: str, policy: str, defines: dict[str, Any], ou
 
     import jax
     import jax.numpy as jnp
-    from jax.profiler import ProfileData
 
     fn, args, donate = step_of(target, policy, defines)
     device = jax.devices()[0]
@@ -520,20 +541,7 @@ def profile_row(name: str, target: str, policy: str, defines: dict[str, Any], ou
             for _ in range(steps):
                 step()
         wall = (time.perf_counter() - begin) / steps
-        data = ProfileData.from_file(str(next(Path(trace).rglob("*.xplane.pb"))))
-    lines: dict[str, dict[str, list[float]]] = {}
-    for plane in data.planes:
-        if plane.name != "/device:TPU:0":  # the chip's own plane: its steps, module and per-op events
-            continue
-        for line in plane.lines:
-            if line.name not in ("Steps", "XLA Modules", "XLA Ops"):
-                continue
-            found = lines.setdefault(line.name, {})
-            for event in line.events:  # an op's event is named by its instruction's text: its name leads
-                op = event.name.split(" ", 1)[0].lstrip("%") if line.name == "XLA Ops" else event.name[:80]
-                count_ns = found.setdefault(op, [0, 0.0])
-                count_ns[0] += 1
-                count_ns[1] += event.duration_ns
+        lines = traced(Path(trace))
     return {"case": name, "target": target, "policy": policy, "defines": defines, "steps": steps,
             "traced_wall_seconds_per_step": wall, "device": device.device_kind, "libtpu": _libtpu(),
             "hlo": hlo.name, "lines": {k: {n: [c / steps, ns / steps] for n, (c, ns) in v.items()}
