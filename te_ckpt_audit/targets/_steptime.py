@@ -149,7 +149,7 @@ def timed(kernel: Kernel, gpu: GpuModel) -> Timed:
 TPU_EFFICIENCY = 0.985
 # What libtpu's cycles leave out, and what a step pays on the chip beyond its kernels, each priced on
 # the lent v5e's profiles of 16 small steps (bench/data/tpu-v5e-small-steps.jsonl.gz: every kernel
-# with its measured time, each step's device time; `bench/tpu_small.py --fit-kernels`; both held-out
+# with its measured time, each step's device time; `bench/tpu_small.py --fit-kernels`; the held-out
 # rounds never seen by the fit):
 # - a GEMM runs its estimate and the MXUs' fill and drain: a share of a short one, at most a time
 #   (fitted on the GEMMs' measured time);
