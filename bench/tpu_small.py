@@ -8,8 +8,9 @@ item 2): what each kernel pays whatever its work, and the kernels libtpu cannot 
     # on the chip: the steps never fitted on (round 1; round 2: --held-out 2; round 3: --held-out 3)
     PYTHONPATH=. python bench/tpu_small.py --on-chip --held-out --out $OUT/tpu-v5e-small-held.jsonl
     # on the chip: every step traced by the profiler, each kernel's own time (bench/tpu_truth.py's
-    # trace), summarized as bench/data/tpu-v5e-small-profile.jsonl
+    # trace), summarized as bench/data/tpu-v5e-small-profile.jsonl (appended)
     PYTHONPATH=. python bench/tpu_small.py --profile $OUT/prof
+    python bench/tpu_small.py --profile-rows PROF_DIR bench/data/tpu-v5e-small-profile.jsonl
     # here: each profiled kernel with the chip's time (by name: -small-kernels.jsonl.gz), then every
     # profiled step as the estimate reads it (compiled here, deviceless: the chip's program)
     python bench/tpu_small.py --kernel-rows PROF_DIR bench/data/tpu-v5e-small-kernels.jsonl.gz
@@ -568,6 +569,8 @@ def main() -> None:
     where.add_argument("--table", type=Path, metavar="STEPS", help="--steps' file: the Markdown table of the steps")
     where.add_argument("--kernel-rows", nargs=2, type=Path, metavar=("DIR", "OUT"),
                        help="the profiled steps' kernels (--profile's DIR) with their measured times, gzipped")
+    where.add_argument("--profile-rows", nargs=2, type=Path, metavar=("DIR", "OUT"),
+                       help="--profile's DIR summarized as bench/data/tpu-v5e-small-profile.jsonl keeps it, appended")
     where.add_argument("--kinds", type=Path, metavar="STEPS", help="--steps' file: the estimate's miss by kind")
     where.add_argument("--steps", type=Path, metavar="OUT",
                        help="every profiled step read as the estimate reads it, with the chip's times")
@@ -597,6 +600,11 @@ def main() -> None:
         return
     if args.kernel_rows:
         kernel_rows(*args.kernel_rows)
+        return
+    if args.profile_rows:
+        with args.profile_rows[1].open("a") as f:
+            for raw in map(json.loads, (args.profile_rows[0] / "profile.jsonl").read_text().splitlines()):
+                f.write(json.dumps(summarized(raw), sort_keys=True) + "\n")
         return
     sys.path.insert(0, str(ROOT / "bench"))
     if args.refresh:
