@@ -319,7 +319,7 @@ class StepTime:
     below its roofline floor, loops times their trip counts; what `model` names. Per device."""
 
     seconds: float | None  # the estimate; None: the estimate compile failed (error)
-    seconds_low: float | None  # where XLA's models disagree: the range of their sums
+    seconds_low: float | None  # the range: where XLA's models disagree (GPU); the chip ran steps so estimated (TPU)
     seconds_high: float | None
     compute_seconds: float  # every kernel but collectives
     communication_seconds: float  # every collective, as if none overlapped

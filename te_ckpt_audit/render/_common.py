@@ -735,7 +735,9 @@ def time_notes(report: AuditReport) -> list[str]:
         if r.time is not None and r.time.error:
             notes.append(f"{r.policy}: no estimate: {r.time.error}")
         elif r.time is not None and r.time.seconds_low is not None and r.time.seconds_high is not None:
-            notes.append(f"{r.policy}: {_range(r.time)} over {r.time.estimator}; "
+            notes.append(f"{r.policy}: {_range(r.time)} " + (
+                         "where the chip ran steps so estimated" if r.time.device == "chip" else
+                         f"over {r.time.estimator}") + "; "
                          f"{format_seconds(r.time.compute_seconds)} computing, "
                          f"{format_seconds(r.time.communication_seconds)} in collectives, "
                          f"{format_seconds(r.time.exposed_communication_seconds)} of it exposed"

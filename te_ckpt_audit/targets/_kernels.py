@@ -279,6 +279,7 @@ class Kernel:
     vmem_copy: bool = False  # a TPU's DMA between HBM and VMEM (libtpu gives it no cycles): `bytes` what it moves
     vmem_bytes: int = 0  # on a TPU: what it reads and writes in VMEM (`bytes` is HBM's)
     indices: int = 0  # a gather's or scatter's index vectors: the rows it reads or writes one by one
+    window_taps: int = 0  # a reduce-window's (output, window tap) pairs that read its input: its work
 
 
 class _Reader:
@@ -356,6 +357,16 @@ class _Reader:
                 total += self.index_vectors(name, inst)
             elif inst.opcode == "fusion" and inst.attr("calls") and depth < 4:
                 total += self.indexed(inst.attr("calls") or "", depth + 1)
+        return total
+
+    def windowed(self, name: str, depth: int = 0) -> int:
+        """The window taps of the reduce-windows of a fused computation, nested ones included."""
+        total = 0
+        for inst in self.comps.get(name, []):
+            if inst.opcode == "reduce-window":
+                total += window_taps(inst, self.operand_type(name, inst.operands[0]))
+            elif inst.opcode == "fusion" and inst.attr("calls") and depth < 4:
+                total += self.windowed(inst.attr("calls") or "", depth + 1)
         return total
 
     def index_vectors(self, comp: str, inst: Inst) -> int:
@@ -567,7 +578,8 @@ class _Reader:
                 return
             flops, gemm, precision, widening = self.fused(called)
             yield Kernel(inst.name, GEMM if gemm else MEMORY, flops, self.fusion_bytes(comp, inst), precision,
-                         widening, costs, runs, source=source, indices=self.indexed(called))
+                         widening, costs, runs, source=source, indices=self.indexed(called),
+                         window_taps=self.windowed(called))
             return
         if code == "custom-call":
             if self.on_chip and 'custom_call_target="ConcatBitcast"' in inst.attrs:
@@ -586,7 +598,8 @@ class _Reader:
             moved = 2 * self.hbm(inst.type)
         flops = math.prod(_first_dims(inst.type)) if code in _ELEMENTWISE else 0
         yield Kernel(inst.name, MEMORY, flops, moved, xla_us=costs, runs=runs, source=source,
-                     indices=self.index_vectors(comp, inst) if code in ("gather", "scatter") else 0)
+                     indices=self.index_vectors(comp, inst) if code in ("gather", "scatter") else 0,
+                     window_taps=window_taps(inst, ins[0]) if code == "reduce-window" and ins else 0)
 
     def _custom_call(self, comp: str, inst: Inst) -> Kernel:
         found = re.search(r'custom_call_target="([^"]*)"', inst.attrs)
@@ -715,6 +728,23 @@ def _conv_flops(inst: Inst, lhs_type: str = "", rhs_type: str = "") -> int:
                       lhs[lhs_labels.index(label)] if label in lhs_labels else 1)
     return 2 * math.prod(out) // max(1, math.prod(out[i] for i, c in enumerate(out_labels) if c.isdigit())) \
         * features * taps
+
+
+def window_taps(inst: Inst, operand: str) -> int:
+    """A reduce-window's (output element, window tap) pairs that read its operand (padding left
+    out): its work. jax.nn.log_softmax's max over a row, as libtpu may lower it: a window the row's
+    width wide, padded on both sides, at each of the row's elements.
+
+    >>> rw = '%r = f32[4,8192]{1,0} reduce-window(%x, %c), window={size=1x16383 pad=0_0x8191_8191}, to_apply=%m'
+    >>> window_taps(_instruction(rw), "f32[4,8192]") == 4 * 8192 * 8192
+    True
+    """
+    dims, out = _first_dims(operand), _first_dims(inst.type)
+    window = _window(inst.attrs)
+    if len(window) != len(dims) or len(out) != len(dims):
+        return math.prod(out)
+    return math.prod(_taps(o, size, lo, stride, lhs, rhs, n)
+                     for o, n, (size, (lo, _), stride, lhs, rhs) in zip(out, dims, window, strict=True))
 
 
 def _window(attrs: str) -> list[tuple[int, tuple[int, int], int, int, int]]:

@@ -173,6 +173,11 @@ TPU_DMA_SLOWDOWN = 1.0
 TPU_STEP_S = 22.9e-6
 TPU_HOST_STEP_S = 0.2324e-3
 TPU_HOST_ARRAY_S = 4.66e-6
+# A reduce-window libtpu gives no estimate (jax.nn.log_softmax's max over a row of 8192 logits,
+# lowered as a window the row's width wide at each element: n^2 work) runs its window's taps at this
+# rate: fitted on the two profiled steps of the GPT with an 8192-word vocabulary at batch 8 (11.8 ms
+# for 2.7e11 taps); at batch 4 and 16, held out, the chip ran it at 5.8 ms and ~22 ms, as priced.
+TPU_WINDOW_TAPS_PER_S = 2.32e13
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -193,8 +198,18 @@ class TpuCosts:
 
 
 TPU_COSTS = TpuCosts()
+# How far the chip's step strays from the estimate: measured over estimated, the least and the most
+# of every step the lent v5e ran (the small steps' profiles and the big steps' rows of bench/data/;
+# `bench/tpu_small.py --bands`), by what bounds the estimate: the host's launch (the host's pace
+# varies from run to run), the chip's work under `TPU_LARGE_STEP_S` (small GEMMs, whose time libtpu
+# and the roofline both miss by up to 2x), or over it. The estimate's range is this band around it.
+TPU_LARGE_STEP_S = 10e-3
+TPU_HOST_BAND = (0.88, 1.13)
+TPU_SMALL_BAND = (0.81, 1.37)
+TPU_LARGE_BAND = (0.94, 1.12)
 UNESTIMATED_CYCLES = 2**62  # libtpu writes INT64_MAX (9.2e18 cycles) for a kernel it cannot estimate
 NO_ESTIMATE = "no estimate"  # such a kernel's basis: its roofline, which the chip may run far above
+WINDOW = "window taps"  # a reduce-window libtpu gave no estimate: its taps at the rate the chip ran them
 LIBTPU = "libtpu"
 TPU_ESTIMATOR = "libtpu's cycle estimates and the roofline"
 TPU_METHOD = ("libtpu's estimated cycles per kernel at the chip's clock, memory-bound kernels at most their bytes at "
@@ -205,7 +220,12 @@ TPU_METHOD = ("libtpu's estimated cycles per kernel at the chip's clock, memory-
               f"and {TPU_KERNEL_S * 1e6:.2f} us per run; loops x trip count; collectives over ICI and DMAs between HBM "
               "and VMEM beside the kernels, in the scheduled order; plus "
               f"{TPU_STEP_S * 1e6:.0f} us per step; at least the host's {TPU_HOST_STEP_S * 1e3:.2f} ms per step and "
-              f"{TPU_HOST_ARRAY_S * 1e6:.2f} us per array passed (each measured on a v5e)")
+              f"{TPU_HOST_ARRAY_S * 1e6:.2f} us per array passed (each measured on a v5e); a reduce-window libtpu "
+              f"cannot price at {TPU_WINDOW_TAPS_PER_S:.3g} window taps/s (measured); the range: where the "
+              "lent v5e ran steps so estimated (measured over estimated: "
+              f"{TPU_HOST_BAND[0]:.2f}-{TPU_HOST_BAND[1]:.2f} at the host's pace, {TPU_SMALL_BAND[0]:.2f}-"
+              f"{TPU_SMALL_BAND[1]:.2f} under {TPU_LARGE_STEP_S * 1e3:.0f} ms, {TPU_LARGE_BAND[0]:.2f}-"
+              f"{TPU_LARGE_BAND[1]:.2f} above)")
 
 
 def ici_seconds(kernel: Kernel, chip: TpuModel) -> float:
@@ -247,6 +267,9 @@ def tpu_timed(kernel: Kernel, chip: TpuModel, costs: TpuCosts = TPU_COSTS) -> Ti
     # indexes one by one, and its cost per run
     beside = kernel.vmem_bytes / costs.vmem_bandwidth + kernel.indices * costs.index_s + costs.kernel_s
     roofline = tpu_roofline(kernel, chip)
+    if kernel.cycles >= UNESTIMATED_CYCLES and kernel.window_taps:  # a reduce-window: its taps, as the chip ran them
+        seconds = max(roofline, kernel.window_taps / TPU_WINDOW_TAPS_PER_S) * costs.efficiency + beside
+        return Timed(kernel, seconds, seconds, seconds, WINDOW)
     if kernel.cycles >= UNESTIMATED_CYCLES:  # libtpu's INT64_MAX: no estimate at all, not a slow kernel
         floor = roofline * costs.efficiency + beside
         return Timed(kernel, floor, floor, floor, NO_ESTIMATE)
@@ -267,17 +290,31 @@ def tpu_estimate(kernels: Iterable[Kernel], chip: TpuModel, devices: int, compil
                  arrays: int = 0, costs: TpuCosts = TPU_COSTS) -> StepTime:
     """A TPU step's time from the kernels libtpu compiled (`tpu_timed`), in its scheduled order, plus
     the step's own cost on the chip; at least what the host takes to launch it with `arrays` arrays
-    (`entry_arrays`; 0: not counted)."""
+    (`entry_arrays`; 0: not counted). Its range: the band the chip's steps so estimated ran in
+    (`tpu_band`)."""
     found = _step([tpu_timed(k, chip, costs) for k in kernels], chip.bf16_flops, devices, compile_seconds, TPU_METHOD)
-    if found.seconds is not None and found.seconds_low is not None and found.seconds_high is not None:
+    if found.seconds is not None:
         extra = costs.step_s
         host = costs.host_step_s + costs.host_array_s * arrays if arrays else 0.0
         seconds = max(found.seconds + extra, host)
-        found = dataclasses.replace(found, seconds=seconds, seconds_low=max(found.seconds_low + extra, host),
-                                    seconds_high=max(found.seconds_high + extra, host),
+        low, high = tpu_band(seconds, host)
+        found = dataclasses.replace(found, seconds=seconds, seconds_low=seconds * low, seconds_high=seconds * high,
                                     overhead_seconds=seconds - found.seconds, dispatch_seconds=host)
     return dataclasses.replace(found, device="chip", hardware=chip.name, estimator=TPU_ESTIMATOR,
                                host_link=chip.host_link)
+
+
+def tpu_band(seconds: float, host: float = 0.0) -> tuple[float, float]:
+    """Measured over estimated, the least and the most the lent v5e ran a step so estimated at: at
+    the host's pace (`host`: the host's launch, where the estimate is that), under
+    `TPU_LARGE_STEP_S`, or above.
+
+    >>> tpu_band(0.4e-3, 0.4e-3), tpu_band(0.6e-3, 0.4e-3), tpu_band(0.2)
+    ((0.88, 1.13), (0.81, 1.37), (0.94, 1.12))
+    """
+    if host and seconds <= host:
+        return TPU_HOST_BAND
+    return TPU_SMALL_BAND if seconds < TPU_LARGE_STEP_S else TPU_LARGE_BAND
 
 
 def tpu_failed(why: str, chip: TpuModel, devices: int) -> StepTime:
