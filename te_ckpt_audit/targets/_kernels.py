@@ -22,7 +22,7 @@ import dataclasses
 import json
 import math
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -349,24 +349,24 @@ class _Reader:
         self._fused[name] = (flops, gemm, precision, widening)
         return self._fused[name]
 
-    def indexed(self, name: str, depth: int = 0) -> int:
+    def indexed(self, name: str) -> int:
         """The index vectors of the gathers and scatters of a fused computation, nested ones included."""
-        total = 0
-        for inst in self.comps.get(name, []):
-            if inst.opcode in ("gather", "scatter"):
-                total += self.index_vectors(name, inst)
-            elif inst.opcode == "fusion" and inst.attr("calls") and depth < 4:
-                total += self.indexed(inst.attr("calls") or "", depth + 1)
-        return total
+        return self._nested(name, lambda comp, inst: self.index_vectors(comp, inst)
+                            if inst.opcode in ("gather", "scatter") else 0)
 
-    def windowed(self, name: str, depth: int = 0) -> int:
+    def windowed(self, name: str) -> int:
         """The window taps of the reduce-windows of a fused computation, nested ones included."""
+        return self._nested(name, lambda comp, inst: window_taps(inst, self.operand_type(comp, inst.operands[0]))
+                            if inst.opcode == "reduce-window" else 0)
+
+    def _nested(self, name: str, each: Callable[[str, Inst], int], depth: int = 0) -> int:
+        """`each` summed over a fused computation's instructions, the fusions nested in it (4 deep) included."""
         total = 0
         for inst in self.comps.get(name, []):
-            if inst.opcode == "reduce-window":
-                total += window_taps(inst, self.operand_type(name, inst.operands[0]))
-            elif inst.opcode == "fusion" and inst.attr("calls") and depth < 4:
-                total += self.windowed(inst.attr("calls") or "", depth + 1)
+            if inst.opcode == "fusion" and inst.attr("calls") and depth < 4:
+                total += self._nested(inst.attr("calls") or "", each, depth + 1)
+            else:
+                total += each(name, inst)
         return total
 
     def index_vectors(self, comp: str, inst: Inst) -> int:
