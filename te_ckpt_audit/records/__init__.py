@@ -8,6 +8,7 @@ from __future__ import annotations
 from . import schemas
 from .audit import (
     SCHEMA,
+    WINDOW_TAPS,
     AuditReport,
     Calibration,
     Category,
@@ -78,6 +79,7 @@ from .recommendation import (
 __all__ = [
     "JSON_SCHEMA",
     "SCHEMA",
+    "WINDOW_TAPS",
     "AuditKey",
     "AuditReport",
     "AuditWarning",

@@ -280,6 +280,11 @@ class KernelKind(enum.StrEnum):
     HOST = "host"  # a copy between host and device memory
 
 
+# a KernelTime's basis where libtpu gave a reduce-window no estimate and its window taps timed it, at
+# the rate a v5e ran such windows (each output reads its whole window: n^2 work where that is a row)
+WINDOW_TAPS = "window taps"
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class KernelTime:
     """One kernel of the compiled step, as the estimate timed it: per device, per run."""

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from typing import assert_never
 
 from ..records import (
+    WINDOW_TAPS,
     AuditReport,
     AuditWarning,
     Calibration,
@@ -751,6 +752,14 @@ def time_notes(report: AuditReport) -> list[str]:
                             "step and per array passed), more than the chip's work: the step runs at the host's pace, "
                             "and a larger batch costs no time until the chip's work exceeds it"
                             if r.time.host_bound else ""))
+            windows = [k for k in r.time.costliest if k.basis == WINDOW_TAPS]
+            window_seconds = sum(k.total_seconds for k in windows)
+            if windows and r.time.seconds and window_seconds >= 0.1 * r.time.seconds:
+                notes.append(f"{r.policy}: {_share(window_seconds, r.time.seconds)} of the step is "
+                             f"{', '.join(k.name for k in windows)}: a reduction libtpu lowered as a reduce-window "
+                             "whose every output reads its whole window (n^2 work where that is a row: a softmax's "
+                             "max over long rows), which libtpu could not price; it is timed at the window taps "
+                             "per second a v5e ran such kernels")
             if r.time.unestimated:
                 shown = ", ".join(r.time.unestimated[:5]) + (", ..." if len(r.time.unestimated) > 5 else "")
                 compiler = "libtpu" if r.time.device == "chip" else "XLA"

@@ -280,6 +280,7 @@ class Kernel:
     vmem_bytes: int = 0  # on a TPU: what it reads and writes in VMEM (`bytes` is HBM's)
     indices: int = 0  # a gather's or scatter's index vectors: the rows it reads or writes one by one
     window_taps: int = 0  # a reduce-window's (output, window tap) pairs that read its input: its work
+    window_sublane: bool = False  # libtpu runs that window down the tile's sublanes, not along its lanes
 
 
 class _Reader:
@@ -577,9 +578,10 @@ class _Reader:
                                           xla_us=_xla_costs(inner[0]), runs=runs, source=_source(inner[0]) or source)
                 return
             flops, gemm, precision, widening = self.fused(called)
+            taps = self.windowed(called)
             yield Kernel(inst.name, GEMM if gemm else MEMORY, flops, self.fusion_bytes(comp, inst), precision,
                          widening, costs, runs, source=source, indices=self.indexed(called),
-                         window_taps=self.windowed(called))
+                         window_taps=taps, window_sublane=bool(taps) and _sublane(inst))
             return
         if code == "custom-call":
             if self.on_chip and 'custom_call_target="ConcatBitcast"' in inst.attrs:
@@ -599,7 +601,8 @@ class _Reader:
         flops = math.prod(_first_dims(inst.type)) if code in _ELEMENTWISE else 0
         yield Kernel(inst.name, MEMORY, flops, moved, xla_us=costs, runs=runs, source=source,
                      indices=self.index_vectors(comp, inst) if code in ("gather", "scatter") else 0,
-                     window_taps=window_taps(inst, ins[0]) if code == "reduce-window" and ins else 0)
+                     window_taps=window_taps(inst, ins[0]) if code == "reduce-window" and ins else 0,
+                     window_sublane=code == "reduce-window" and _sublane(inst))
 
     def _custom_call(self, comp: str, inst: Inst) -> Kernel:
         found = re.search(r'custom_call_target="([^"]*)"', inst.attrs)
@@ -745,6 +748,19 @@ def window_taps(inst: Inst, operand: str) -> int:
         return math.prod(out)
     return math.prod(_taps(o, size, lo, stride, lhs, rhs, n)
                      for o, n, (size, (lo, _), stride, lhs, rhs) in zip(out, dims, window, strict=True))
+
+
+def _sublane(inst: Inst) -> bool:
+    """Whether libtpu emits a reduce-window kernel down its tile's sublanes (the window along the
+    layout's second-minor dimension: an attention's softmax over keys) rather than along its lanes
+    (the minor one: a log-softmax over a vocabulary): its backend_config names the emitter.
+
+    >>> _sublane(_instruction('%f = f32[8]{0} fusion(%x), kind=kOutput, calls=%c, backend_config='
+    ...                       '{"convolution_algorithm_config":{"emitter":"EmitReduceWindowSublane"}}'))
+    True
+    """
+    config = inst.backend_config().get("convolution_algorithm_config")
+    return isinstance(config, dict) and config.get("emitter") == "EmitReduceWindowSublane"
 
 
 def _window(attrs: str) -> list[tuple[int, tuple[int, int], int, int, int]]:

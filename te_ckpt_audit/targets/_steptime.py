@@ -41,7 +41,7 @@ from pathlib import Path
 
 from .._profile import Profile
 from ..gpus import BF16, F32, F64, FP8, GpuModel
-from ..records import Calibration, KernelKind, KernelTime, StepTime
+from ..records import WINDOW_TAPS, Calibration, KernelKind, KernelTime, StepTime
 from ..tpus import TpuModel
 from . import _kernels
 from ._kernels import Kernel
@@ -178,6 +178,11 @@ TPU_HOST_ARRAY_S = 4.66e-6
 # rate: fitted on the two profiled steps of the GPT with an 8192-word vocabulary at batch 8 (11.8 ms
 # for 2.7e11 taps); at batch 4 and 16, held out, the chip ran it at 5.8 ms and ~22 ms, as priced.
 TPU_WINDOW_TAPS_PER_S = 2.32e13
+# One libtpu emits down the tile's sublanes (an attention's softmax max over 8192 keys, where the
+# step's float32 scores reach 6 GiB) runs 13% slower: measured on the four such steps of the
+# long-sequence round (bench/data/tpu-v5e-small-held.jsonl round 5: 1.32e13 taps, 654-657 ms each;
+# at the lanes' rate the steps read 12% fast).
+TPU_WINDOW_SUBLANE_TAPS_PER_S = 2.01e13
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -206,10 +211,10 @@ TPU_COSTS = TpuCosts()
 TPU_LARGE_STEP_S = 10e-3
 TPU_HOST_BAND = (0.88, 1.13)
 TPU_SMALL_BAND = (0.81, 1.37)
-TPU_LARGE_BAND = (0.94, 1.12)
+TPU_LARGE_BAND = (0.92, 1.12)
 UNESTIMATED_CYCLES = 2**62  # libtpu writes INT64_MAX (9.2e18 cycles) for a kernel it cannot estimate
 NO_ESTIMATE = "no estimate"  # such a kernel's basis: its roofline, which the chip may run far above
-WINDOW = "window taps"  # a reduce-window libtpu gave no estimate: its taps at the rate the chip ran them
+WINDOW = WINDOW_TAPS  # a reduce-window libtpu gave no estimate: its taps at the rate the chip ran them
 LIBTPU = "libtpu"
 TPU_ESTIMATOR = "libtpu's cycle estimates and the roofline"
 TPU_METHOD = ("libtpu's estimated cycles per kernel at the chip's clock, memory-bound kernels at most their bytes at "
@@ -221,7 +226,8 @@ TPU_METHOD = ("libtpu's estimated cycles per kernel at the chip's clock, memory-
               "and VMEM beside the kernels, in the scheduled order; plus "
               f"{TPU_STEP_S * 1e6:.0f} us per step; at least the host's {TPU_HOST_STEP_S * 1e3:.2f} ms per step and "
               f"{TPU_HOST_ARRAY_S * 1e6:.2f} us per array passed (each measured on a v5e); a reduce-window libtpu "
-              f"cannot price at {TPU_WINDOW_TAPS_PER_S:.3g} window taps/s (measured); the range: where the "
+              f"cannot price at {TPU_WINDOW_TAPS_PER_S:.3g} window taps/s along lanes, "
+              f"{TPU_WINDOW_SUBLANE_TAPS_PER_S:.3g} down sublanes (measured); the range: where the "
               "lent v5e ran steps so estimated (measured over estimated: "
               f"{TPU_HOST_BAND[0]:.2f}-{TPU_HOST_BAND[1]:.2f} at the host's pace, {TPU_SMALL_BAND[0]:.2f}-"
               f"{TPU_SMALL_BAND[1]:.2f} under {TPU_LARGE_STEP_S * 1e3:.0f} ms, {TPU_LARGE_BAND[0]:.2f}-"
@@ -268,7 +274,8 @@ def tpu_timed(kernel: Kernel, chip: TpuModel, costs: TpuCosts = TPU_COSTS) -> Ti
     beside = kernel.vmem_bytes / costs.vmem_bandwidth + kernel.indices * costs.index_s + costs.kernel_s
     roofline = tpu_roofline(kernel, chip)
     if kernel.cycles >= UNESTIMATED_CYCLES and kernel.window_taps:  # a reduce-window: its taps, as the chip ran them
-        seconds = max(roofline, kernel.window_taps / TPU_WINDOW_TAPS_PER_S) * costs.efficiency + beside
+        rate = TPU_WINDOW_SUBLANE_TAPS_PER_S if kernel.window_sublane else TPU_WINDOW_TAPS_PER_S
+        seconds = max(roofline, kernel.window_taps / rate) * costs.efficiency + beside
         return Timed(kernel, seconds, seconds, seconds, WINDOW)
     if kernel.cycles >= UNESTIMATED_CYCLES:  # libtpu's INT64_MAX: no estimate at all, not a slow kernel
         floor = roofline * costs.efficiency + beside
@@ -310,7 +317,7 @@ def tpu_band(seconds: float, host: float = 0.0) -> tuple[float, float]:
     `TPU_LARGE_STEP_S`, or above.
 
     >>> tpu_band(0.4e-3, 0.4e-3), tpu_band(0.6e-3, 0.4e-3), tpu_band(0.2)
-    ((0.88, 1.13), (0.81, 1.37), (0.94, 1.12))
+    ((0.88, 1.13), (0.81, 1.37), (0.92, 1.12))
     """
     if host and seconds <= host:
         return TPU_HOST_BAND
