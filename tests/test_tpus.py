@@ -835,6 +835,28 @@ def test_small_steps_kernels_the_estimate_misses_by_kind() -> None:
 
 
 
+def test_what_holds_the_small_steps_from_ten_percent_is_the_gemms() -> None:
+    """Issue 56, item 2's goal (every step of 0.3 ms to 1 s within 10% on the chip) is held on 42 of
+    the 57 held-out steps. With each GEMM at the chip's own measured time the estimate would hold it on
+    52; with that and each DMA sharing HBM with the kernel beside it (a GEMM streaming its weights
+    leaves a DMA little), on 55, every round's worst 10.6% or less. The DMAs' share alone makes it 37:
+    it pays only once the GEMMs are right, so the estimate does not take it yet."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+    from tpu_small import what_if
+
+    found = what_if(DATA / "tpu-v5e-small-steps.jsonl.gz")
+
+    def held(name: str) -> int:
+        return sum(e < 0.10 for n, es in found[name].items() if n for e in es)
+
+    assert sum(len(es) for n, es in found["today"].items() if n) == 57
+    assert (held("today"), held("shared HBM"), held("chip's GEMMs"), held("and shared HBM")) == (42, 37, 52, 55)
+    assert max(max(es) for es in found["and shared HBM"].values()) < 0.112
+    assert max(max(es) for es in found["today"].values()) > 0.26  # the tiny Llama at sequence 1024
+
+
 def test_gemms_alone_on_the_chip_show_where_libtpu_misjudges_them() -> None:
     """Issue 56, item 2: what stands between small steps and 10% is the GEMMs (a model's run 0.7-1.5x
     libtpu's estimate). Alone on the chip, by shape (bench/tpu_gemm.py, bench/data/tpu-v5e-gemms.jsonl:
