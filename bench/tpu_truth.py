@@ -105,7 +105,7 @@ def step_of(target: str, policy: str, defines: dict[str, Any],
     session = Session.of_target(target, defines=defines, name_lines=name_lines)
     spec = resolve_policy(policy)
     traced = session._traced
-    fun = policy_function(traced, spec, session.resolved_scope(spec))
+    fun = policy_function(traced, spec, session.resolved_scope(spec), calls=False)
     step = training_step(traced, fun, list(traced.avals), optax.adamw(1e-4))
     return step.fn, step.args, step.donate
 

@@ -24,7 +24,7 @@ from ._step import training_step
 def compiled_memory(traced: Traced, spec: PolicySpec, scope: Scope) -> CompiledMemory:
     """Compile the training step under `spec` and read `memory_analysis()`; a failure to lower or
     compile (a primitive without a lowering for this backend, say) is reported, not raised."""
-    step = training_step(traced, policy_function(traced, spec, scope), traced.avals)
+    step = training_step(traced, policy_function(traced, spec, scope, calls=False), traced.avals)
     backend = jax.default_backend()
     try:
         stats = jax.jit(step.fn).lower(*step.args).compile().memory_analysis()

@@ -200,7 +200,7 @@ class Compiler:
 
     def step(self, spec: PolicySpec, scope: Scope, memory: int, estimate: bool = False) -> TrainingStep:
         mesh, traced = self._placed(memory, estimate)
-        fun = policy_function(traced, spec, scope)
+        fun = policy_function(traced, spec, scope, calls=False)  # the program as the user's code makes it
         avals = [on(mesh, a) for a in traced.avals]
         if self.request.step:
             return own_step(traced, fun, avals, self.request.donate)

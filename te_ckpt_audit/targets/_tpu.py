@@ -162,7 +162,7 @@ class TpuCompiler:
         start = time.perf_counter()
         if self.request.step and not isinstance(spec, AsIs):
             return TpuPlan(None, None, None, None, None, None, 0.0, OWN_STEP_AS_IS), None
-        fun = policy_function(self.placed, spec, scope)
+        fun = policy_function(self.placed, spec, scope, calls=False)  # the program as the user's code makes it
         avals = [on(self.mesh, a) for a in self.placed.avals]
         optimizer = None if self.request.optimizer is None else optax_update(self.request.optimizer)
         step = (own_step(self.placed, fun, avals, self.request.donate) if self.request.step else
