@@ -214,7 +214,6 @@ TPU_SMALL_BAND = (0.81, 1.37)
 TPU_LARGE_BAND = (0.92, 1.12)
 UNESTIMATED_CYCLES = 2**62  # libtpu writes INT64_MAX (9.2e18 cycles) for a kernel it cannot estimate
 NO_ESTIMATE = "no estimate"  # such a kernel's basis: its roofline, which the chip may run far above
-WINDOW = WINDOW_TAPS  # a reduce-window libtpu gave no estimate: its taps at the rate the chip ran them
 LIBTPU = "libtpu"
 TPU_ESTIMATOR = "libtpu's cycle estimates and the roofline"
 TPU_METHOD = ("libtpu's estimated cycles per kernel at the chip's clock, memory-bound kernels at most their bytes at "
@@ -276,7 +275,7 @@ def tpu_timed(kernel: Kernel, chip: TpuModel, costs: TpuCosts = TPU_COSTS) -> Ti
     if kernel.cycles >= UNESTIMATED_CYCLES and kernel.window_taps:  # a reduce-window: its taps, as the chip ran them
         rate = TPU_WINDOW_SUBLANE_TAPS_PER_S if kernel.window_sublane else TPU_WINDOW_TAPS_PER_S
         seconds = max(roofline, kernel.window_taps / rate) * costs.efficiency + beside
-        return Timed(kernel, seconds, seconds, seconds, WINDOW)
+        return Timed(kernel, seconds, seconds, seconds, WINDOW_TAPS)
     if kernel.cycles >= UNESTIMATED_CYCLES:  # libtpu's INT64_MAX: no estimate at all, not a slow kernel
         floor = roofline * costs.efficiency + beside
         return Timed(kernel, floor, floor, floor, NO_ESTIMATE)
