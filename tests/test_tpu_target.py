@@ -394,6 +394,81 @@ def test_a_model_with_a_checkpoint_per_block_compiles_as_its_own_step_does(tmp_p
         own.argument_size_in_bytes, own.output_size_in_bytes, own.alias_size_in_bytes, own.temp_size_in_bytes)
 
 
+_STACK = """
+import jax
+import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
+
+
+def make_loss(policy):
+    def layer(x, w):
+        h = jax.nn.gelu(checkpoint_name(x @ w["up"], "up"))
+        return x + checkpoint_name(h @ w["down"], "down")
+
+    def loss(params, x):
+        for w in params:
+            x = jax.checkpoint(layer, policy=policy)(x, w)
+        return jnp.mean(jnp.square(x.astype(jnp.float32)))
+
+    return loss
+
+
+loss = make_loss(jax.checkpoint_policies.nothing_saveable)
+
+
+def loss_inputs(layers=2, rows=4096, width=1024):
+    sds, bf16 = jax.ShapeDtypeStruct, jnp.bfloat16
+    return [{"up": sds((width, 4 * width), bf16), "down": sds((4 * width, width), bf16)}
+            for _ in range(layers)], sds((rows, width), bf16)
+"""
+
+
+@needs_libtpu
+def test_a_policy_the_tool_puts_in_compiles_as_the_model_written_with_it(tmp_path: Path) -> None:
+    """What `--tpu` plans for a policy is what the chip would run had the user written that policy
+    in their model: a stack of checkpointed layers (one checkpoint each, written with
+    nothing_saveable), each policy the tool swaps in compiled as `make_loss(policy)` writes it, plans
+    equal byte for byte; and the policies' plans differ (what they save is past the VMEM)."""
+    import optax
+    from jax.experimental import topologies
+    from jax.sharding import SingleDeviceSharding
+
+    (tmp_path / "stack.py").write_text(_STACK)
+    spec = importlib.util.spec_from_file_location("stack", tmp_path / "stack.py")
+    assert spec is not None and spec.loader is not None
+    stack = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(stack)
+    written = {"checkpoint_dots": jax.checkpoint_policies.checkpoint_dots,
+               "nothing_saveable": jax.checkpoint_policies.nothing_saveable}
+    report = audit_target(f"{tmp_path / 'stack.py'}:loss", list(written), tpu=TpuRequest(parse_tpu("v5e"),
+                                                                                          Optimizer.ADAMW))
+    chip = topologies.get_topology_desc(platform="tpu", topology_name="v5e:1x1", chip_config_name="default",
+                                        chips_per_host_bounds=(1, 1, 1), num_slices=1).devices[0]
+    update = optax.adamw(1e-3)
+    temps = []
+    for row, policy in zip(report.results, written.values(), strict=True):
+        loss = stack.make_loss(policy)
+
+        def step(params: Any, x: Any, state: Any, loss: Any = loss) -> Any:
+            value, grads = jax.value_and_grad(loss)(params, x)
+            updates, state = update.update(grads, state, params)
+            return value, optax.apply_updates(params, updates), state
+
+        params, x = stack.loss_inputs()
+        with jax.numpy_dtype_promotion("standard"):  # optax mixes Python scalars with its counts
+            placed = jax.tree.map(
+                lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=SingleDeviceSharding(chip)),
+                (params, x, jax.eval_shape(update.init, params)))
+            own = jax.jit(step, donate_argnums=(0, 2)).lower(*placed).compile().memory_analysis()
+        plan = row.tpu_plan
+        assert plan is not None and plan.fits is True
+        assert (plan.argument_bytes, plan.output_bytes, plan.alias_bytes, plan.temp_bytes) == (
+            own.argument_size_in_bytes, own.output_size_in_bytes, own.alias_size_in_bytes,
+            own.temp_size_in_bytes), row.policy
+        temps.append(plan.temp_bytes)
+    assert temps[0] > temps[1] > 0, temps  # checkpoint_dots saves more: the swap is seen
+
+
 @needs_libtpu
 def test_sgd_compiles_no_state_and_momentum_one_buffer_and_the_report_says_which() -> None:
     """Issue 56, item 1: `sgd` compiled SGD with momentum 0.9, a state the size of the parameters that
