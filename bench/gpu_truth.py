@@ -7,9 +7,11 @@ against measured per policy (issue 26, item 10).
 For each case and policy two fresh processes run:
 - predict: `te-ckpt-audit TARGET --gpu NAME -p POLICY -f json`, NAME the catalog's model of the GPU
   found here, compiled without touching the GPU (JAX on its CPU backend, as the command keeps it);
-- measure: the same session's training step (`te_ckpt_audit.targets._step.training_step`, the program the
-  prediction compiled) jitted on the real GPU with random inputs, run twice; the peak of
-  `jax.devices()[0].memory_stats()["peak_bytes_in_use"]` and the second step's time.
+- measure: the same session's training step (`te_ckpt_audit.targets._step.training_step` of the
+  function as written, the program the prediction compiled) jitted on the real GPU with random
+  inputs, run twice (compiled and warm), then five steps dispatched back to back with one wait, as
+  a training loop runs them; the peak of `jax.devices()[0].memory_stats()["peak_bytes_in_use"]`
+  and the five steps' mean time.
 Each process is fresh, so the device's peak is that step's alone. The measuring process also
 profiles three more steps (JAX's profiler; `get_profiled_instructions_proto`, the PGLE profile) and
 the step time is estimated twice: `--time`, and `--time --calibrate` with that profile. Both run at the same memory
@@ -52,10 +54,11 @@ from te_ckpt_audit.targets._step import training_step
 from te_ckpt_audit.config import parse_defines
 
 target, policy, defines = sys.argv[1], sys.argv[2], sys.argv[3:]
+STEPS = 5
 session = Session.of_target(target, defines=parse_defines(defines))
 spec = resolve_policy(policy)
 traced = session._traced
-fun = policy_function(traced, spec, session.resolved_scope(spec))
+fun = policy_function(traced, spec, session.resolved_scope(spec))  # as written: what --gpu compiles
 step = training_step(traced, fun, traced.avals, optax.adamw(1e-3))
 key = iter(jax.random.split(jax.random.key(0), 100000))
 def real(a):
@@ -68,33 +71,31 @@ def real(a):
 state = jax.tree.map(jnp.zeros_like, state)
 jitted = jax.jit(step.fn, donate_argnums=step.donate)
 params = step.donate[:-1]
-times = []
-for _ in range(2):
-    start = time.perf_counter()
-    with jax.numpy_dtype_promotion("standard"):
-        loss, new, state = jitted(*args, state)
+def run(steps):
+    global state
+    for _ in range(steps):  # dispatched back to back, as a training loop runs them
+        with jax.numpy_dtype_promotion("standard"):
+            loss, new, state = jitted(*args, state)
+        for i, p in zip(params, [new] if len(params) == 1 else new):
+            args[i] = p
     jax.block_until_ready(state)
-    times.append(time.perf_counter() - start)
-    for i, p in zip(params, [new] if len(params) == 1 else new):
-        args[i] = p
+run(2)  # compiled, and warm
 stats = jax.devices()[0].memory_stats() or {}
+start = time.perf_counter()
+run(STEPS)
+step_s = (time.perf_counter() - start) / STEPS
 profile = os.environ.get("TRUTH_PROFILE")
 if profile:  # three more steps under JAX's profiler: the PGLE profile --calibrate takes
     from jax.experimental.profiler import get_profiled_instructions_proto
     traces = tempfile.mkdtemp()
     jax.profiler.start_trace(traces)
-    for _ in range(3):
-        with jax.numpy_dtype_promotion("standard"):
-            loss, new, state = jitted(*args, state)
-        jax.block_until_ready(state)
-        for i, p in zip(params, [new] if len(params) == 1 else new):
-            args[i] = p
+    run(3)
     jax.profiler.stop_trace()
     run = sorted(glob.glob(os.path.join(traces, "plugins", "profile", "*")))[-1]
     with open(profile, "wb") as f:
         f.write(get_profiled_instructions_proto(run))
 print(json.dumps({"peak": stats.get("peak_bytes_in_use"), "limit": stats.get("bytes_limit"),
-                  "step_s": times[-1], "device": jax.devices()[0].device_kind}))
+                  "step_s": step_s, "device": jax.devices()[0].device_kind}))
 """
 
 

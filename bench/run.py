@@ -256,7 +256,7 @@ def _linearize_policy(traced: Any, policy: str) -> None:
     from te_ckpt_audit.specs import resolve_policy
 
     spec = resolve_policy(policy)
-    fun = policy_function(traced, spec, resolve_scope(traced, spec, Scope.AUTO))
+    fun = policy_function(traced, spec, resolve_scope(traced, spec, Scope.AUTO), calls=True)
     jax.make_jaxpr(lambda *xs: linearize_for_vjp(fun, xs)[0])(*traced.avals)
 
 

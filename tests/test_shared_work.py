@@ -62,9 +62,10 @@ def test_repeated_layers_become_calls_of_one_jit(policy: str) -> None:
 def test_a_compiled_step_is_the_function_as_written_without_the_shared_calls(policy: str) -> None:
     """Issue 56, item 2: the calls that share work change the program XLA compiles (a ResNet with a
     checkpoint per block planned 516,096 B fewer temporaries on a v5e than the user's own step), so a
-    compile target takes the function as written (`calls=False`): no layer becomes a jit call, the
-    checkpoints stay where the model put them, the work around them is not cut into calls."""
-    from te_ckpt_audit.analysis._apply import policy_function
+    compile target takes the function as written (`calls=False`, `policy_function`'s default; the
+    analysis asks for the calls): no layer becomes a jit call, the checkpoints stay where the model
+    put them, the work around them is not cut into calls."""
+    from te_ckpt_audit.analysis._apply import policy_function, policy_jaxpr
     from te_ckpt_audit.records import Scope
 
     def bodies(jaxpr: Any) -> set[int]:  # every jit body called anywhere: the model's own
@@ -85,8 +86,10 @@ def test_a_compiled_step_is_the_function_as_written_without_the_shared_calls(pol
     shared = swap_policies(traced.jaxpr.jaxpr, _policy(policy), traced.segments)
     assert not {id(e.params["jaxpr"]) for e in _jits(shared)} <= bodies(traced.jaxpr.jaxpr)  # the analysis's
 
-    spec = resolve_policy(policy)
-    fun = policy_function(traced, spec, Scope.INNER, calls=False)
+    spec = resolve_policy(policy)  # by default, policy_function is the function as written: what any compile takes
+    assert {id(e.params["jaxpr"]) for e in _jits(policy_jaxpr(traced, spec, Scope.INNER).jaxpr)} <= bodies(
+        traced.jaxpr.jaxpr)
+    fun = policy_function(traced, spec, Scope.INNER)
     args = [jnp.ones(a.shape, a.dtype) for a in traced.avals]
     ran, own = jax.jit(fun)(*args), jc.jaxpr_as_fun(traced.jaxpr)(*args)
     assert [float(x) for x in jax.tree.leaves(ran)] == pytest.approx([float(x) for x in jax.tree.leaves(own)])

@@ -64,7 +64,7 @@ def analyse_policy(traced: Traced, spec: PolicySpec, scope: Scope = Scope.AUTO, 
     (with `remat3`, by default as the trace found JAX's flag, under JAX's new remat)."""
     remat3 = traced.remat3 if remat3 is None else remat3
     scope = resolve_scope(traced, spec, scope)
-    fun = policy_function(traced, spec, scope, remat3)
+    fun = policy_function(traced, spec, scope, remat3, calls=True)
     captured: dict[str, jc.Jaxpr] = {}
 
     trained = traced.trained.inputs if traced.trained.arguments is not None else None

@@ -64,14 +64,15 @@ def row_verdict(row: Row, spec: PolicySpec, scope: Scope) -> Verdict:
 
 
 def policy_function(traced: Traced, spec: PolicySpec, scope: Scope, remat3: bool | None = None,
-                    calls: bool = True) -> jc.ArrayFn:
+                    calls: bool = False) -> jc.ArrayFn:
     """The traced function with `spec` applied at the resolved `scope`, as a function of the flat
     array inputs; with `remat3` (by default: as the trace found JAX's flag), its checkpoints made
-    as JAX's new remat makes them. `calls`: with the jit calls that let JAX linearize a repeated
-    checkpoint, and what lies between checkpoints, once for every policy (`swap_policies`): the
-    same residuals, sooner. A compile target takes the function as written (False): the calls
-    change the program XLA compiles (a ResNet-34 with a checkpoint per block, as-is at batch 128:
-    516,096 B fewer temporaries on a v5e than the user's own step)."""
+    as JAX's new remat makes them. By default the function as written: what a compile target and a
+    measurement compile. `calls` (the analysis's): with the jit calls that let JAX linearize a
+    repeated checkpoint, and what lies between checkpoints, once for every policy
+    (`swap_policies`): the same residuals, sooner, but another program for XLA (a ResNet-34 with a
+    checkpoint per block, as-is at batch 128: 516,096 B fewer temporaries on a v5e than the user's
+    own step)."""
     remat3 = traced.remat3 if remat3 is None else remat3
     closed = policy_jaxpr(traced, spec, scope, remat3, calls)
     if remat3 or traced.custom_vjp3:
@@ -80,7 +81,7 @@ def policy_function(traced: Traced, spec: PolicySpec, scope: Scope, remat3: bool
 
 
 def policy_jaxpr(traced: Traced, spec: PolicySpec, scope: Scope, remat3: bool = False,
-                 calls: bool = True) -> jc.ClosedJaxpr:
+                 calls: bool = False) -> jc.ClosedJaxpr:
     """The traced jaxpr with `spec` applied at the resolved `scope` (`calls`: `policy_function`'s).
     For JAX's new remat the policy goes in as the user's object (jax 0.10's remat3 asks what class a
     policy is)."""
