@@ -4,6 +4,13 @@ against measured per policy (issue 26, item 10).
     python bench/gpu_truth.py            # every case, about 6 minutes on one H100 or H200
     python bench/gpu_truth.py --quick    # the first case only
 
+Where the GPU's own jax cannot compile for `--gpu` (which needs jax 0.12 and its CUDA 12 plugin,
+the [gpu] extra: the lent H200's image has jax 0.11.2 with CUDA 13, and the extra's wheels are more
+than the device tool carries), measure there and predict here:
+
+    python bench/gpu_truth.py --measure DIR   # on the GPU: DIR/measured.jsonl and each step's profile
+    python bench/gpu_truth.py --predict DIR   # here, with the [gpu] extra: DIR/compared.jsonl, printed
+
 For each case and policy two fresh processes run:
 - predict: `te-ckpt-audit TARGET --gpu NAME -p POLICY -f json`, NAME the catalog's model of the GPU
   found here, compiled without touching the GPU (JAX on its CPU backend, as the command keeps it);
@@ -28,6 +35,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 PROFILES = ROOT / "build" / "gpu-truth-profiles"  # each step's PGLE profile, as --calibrate takes it
@@ -95,7 +103,7 @@ if profile:  # three more steps under JAX's profiler: the PGLE profile --calibra
     with open(profile, "wb") as f:
         f.write(get_profiled_instructions_proto(run))
 print(json.dumps({"peak": stats.get("peak_bytes_in_use"), "limit": stats.get("bytes_limit"),
-                  "step_s": step_s, "device": jax.devices()[0].device_kind}))
+                  "step_s": step_s, "device": jax.devices()[0].device_kind, "jax": jax.__version__}))
 """
 
 
@@ -115,42 +123,77 @@ def _run(argv: list[str], env: dict[str, str]) -> dict[str, object]:
     return json.loads(done.stdout.strip().splitlines()[-1] if "{" not in done.stdout[:1] else done.stdout)
 
 
+def measure(quick: bool, profiles: Path) -> list[dict[str, Any]]:
+    """Each case's steps run on the GPU here (a fresh process each), with its PGLE profile."""
+    env = dict(os.environ)
+    env.pop("JAX_PLATFORMS", None)
+    profiles.mkdir(parents=True, exist_ok=True)
+    rows: list[dict[str, Any]] = []
+    for name, target, defines, policies in CASES[:1] if quick else CASES:
+        for policy in policies:
+            profile = profiles / f"{len(rows)}-{policy}.pb"
+            measured = _run([sys.executable, "-c", MEASURE, target, policy, *defines],
+                            {**env, "TRUTH_PROFILE": str(profile)})
+            rows.append({"case": name, "target": target, "defines": defines, "policy": policy,
+                         "profile": profile.name, **measured})
+            print(f"{name:<48} {policy:<20} measured {rows[-1]['step_s']:.4f} s, peak "
+                  f"{(rows[-1]['peak'] or 0) / 2**30:.2f} GiB on {rows[-1]['device']}", flush=True)
+    return rows
+
+
+def predict(rows: list[dict[str, Any]], profiles: Path) -> list[dict[str, Any]]:
+    """`--gpu` on each measured row, without a GPU: the estimate, and the estimate calibrated by the
+    step's own profile."""
+    env = {**os.environ, "TE_CKPT_AUDIT_CACHE": str(ROOT / "build" / "gpu-truth-cache")}
+    out = []
+    for row in rows:
+        gpu = _catalog_name(str(row["device"]))
+        argv = [sys.executable, "-m", "te_ckpt_audit_cli", row["target"], "--gpu", gpu, "--optimizer", "adamw",
+                "-p", row["policy"], "--jobs", "1", "-f", "json", "--time", *[f"-D{d}" for d in row["defines"]]]
+        result = _run(argv, env)["results"][0]  # type: ignore[index]
+        profile = profiles / row["profile"]
+        calibrated = (_run([*argv, "--calibrate", str(profile)], env)["results"][0]  # type: ignore[index]
+                      if profile.is_file() and profile.stat().st_size else {"time": {"seconds": None}})
+        out.append({**row, "gpu": gpu, "peak_range": [result["peak"]["bytes_per_device_min"],
+                                                     result["peak"]["bytes_per_device"]],
+                    "fits": result["peak"]["fits"], "estimate_s": result["time"]["seconds"],
+                    "calibrated_s": calibrated["time"]["seconds"]})
+    return out
+
+
+def report(rows: list[dict[str, Any]]) -> None:
+    for r in rows:
+        low, high = r["peak_range"]
+        ratio = r["peak"] / high if r["peak"] and high else float("nan")
+        print(f"{r['case']:<48} {r['policy']:<20} peak predicted {low / 2**30:7.2f}..{high / 2**30:7.2f} GiB, "
+              f"measured {(r['peak'] or 0) / 2**30:7.2f} GiB ({ratio:5.3f} of the top), fits {r['fits']}; step "
+              f"measured {r['step_s']:.4f} s, estimated {r['estimate_s']:.4f} s, calibrated by its profile "
+              f"{'-' if r['calibrated_s'] is None else format(r['calibrated_s'], '.4f')} s")
+    inside = sum(1 for r in rows if r["peak"] and r["peak_range"][0] <= r["peak"] <= r["peak_range"][1])
+    print(f"\n{inside} of {len(rows)} measured peaks inside the predicted range")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="the first case only")
+    parser.add_argument("--measure", type=Path, metavar="DIR",
+                        help="only run the steps on this GPU: measured.jsonl and the profiles into DIR")
+    parser.add_argument("--predict", type=Path, metavar="DIR",
+                        help="only predict, without a GPU, the steps --measure wrote into DIR (needs the [gpu] extra)")
     args = parser.parse_args()
-    env = dict(os.environ)
-    env.pop("JAX_PLATFORMS", None)
-    PROFILES.mkdir(parents=True, exist_ok=True)
-    fraction = env.get("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.75")
-    print(f"measured on the GPU here at XLA_PYTHON_CLIENT_MEM_FRACTION={fraction}; predicted by --gpu "
-          "without it (no autotuning: a range over Triton and cuBLAS GEMMs)")
-    rows = []
-    for name, target, defines, policies in CASES[:1] if args.quick else CASES:
-        for policy in policies:
-            profile = PROFILES / f"{len(rows)}-{policy}.pb"
-            measured = _run([sys.executable, "-c", MEASURE, target, policy, *defines],
-                            {**env, "TRUTH_PROFILE": str(profile)})
-            gpu = _catalog_name(str(measured["device"]))
-            predict = [sys.executable, "-m", "te_ckpt_audit_cli", target, "--gpu", gpu, "--optimizer", "adamw",
-                       "-p", policy, "--jobs", "1", "-f", "json", "--time", *[f"-D{d}" for d in defines]]
-            cache = {**env, "TE_CKPT_AUDIT_CACHE": str(ROOT / "build" / "gpu-truth-cache")}
-            doc = _run(predict, cache)
-            calibrated = _run([*predict, "--calibrate", str(profile)], cache)["results"][0]["time"]  # type: ignore[index]
-            time = doc["results"][0]["time"]  # type: ignore[index]
-            print(f"{name:<48} {policy:<20} step measured {measured['step_s']:.4f} s, estimated "
-                  f"{time['seconds']:.4f} s, calibrated by its profile {calibrated['seconds']:.4f} s "
-                  f"({calibrated['calibration']['measured']} kernels measured, "
-                  f"{calibrated['calibration']['missing']} missing; profile {profile})", flush=True)
-            peak = doc["results"][0]["peak"]  # type: ignore[index]
-            high, low, peak_measured = peak["bytes_per_device"], peak["bytes_per_device_min"], measured["peak"]
-            ratio = peak_measured / high if peak_measured and high else float("nan")
-            rows.append((name, policy, low, high, peak_measured, ratio, measured["step_s"], peak["fits"]))
-            print(f"{name:<48} {policy:<20} predicted {low / 2**30:7.2f}..{high / 2**30:7.2f} GiB  "
-                  f"measured {peak_measured / 2**30:7.2f} GiB  measured/predicted-top {ratio:5.3f}  "
-                  f"step {measured['step_s']:.3f} s  predicted fits {peak['fits']}", flush=True)
-    inside = sum(1 for r in rows if r[2] <= r[4] <= r[3])
-    print(f"\n{inside} of {len(rows)} measured peaks inside the predicted range")
+    fraction = os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.75")
+    if args.predict:
+        rows = predict([json.loads(line) for line in (args.predict / "measured.jsonl").read_text().splitlines()],
+                       args.predict)
+        (args.predict / "compared.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        report(rows)
+        return 0
+    print(f"measured on the GPU here at XLA_PYTHON_CLIENT_MEM_FRACTION={fraction}")
+    rows = measure(args.quick, args.measure or PROFILES)
+    if args.measure:
+        (args.measure / "measured.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return 0
+    report(predict(rows, PROFILES))
     return 0
 
 

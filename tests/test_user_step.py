@@ -707,3 +707,33 @@ def test_a_published_gpu_run_fits_at_its_own_fraction(run: Any, tmp_path: Path) 
     assert doc["gpu"]["mem_fraction"] == float(fraction) and doc["gpu"]["fraction_source"] == "environment"
     assert doc["mesh"]["devices"] == gpus and peak["error"] is None, peak
     assert peak["fits"] is True and peak["least_fraction"] <= float(fraction), (name, peak)
+
+
+@compiles
+def test_gpu_truth_measures_on_one_machine_and_predicts_on_another(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                                   ) -> None:
+    """bench/gpu_truth.py split for a lent GPU whose jax cannot compile for --gpu: `--measure` runs
+    the steps where the GPU is (here on the CPU, a small GPT), `--predict` reads what it wrote and
+    gives each row the prediction of `--gpu` for the GPU named in it."""
+    import importlib.util
+    import json
+
+    spec = importlib.util.spec_from_file_location("gpu_truth", Path(__file__).resolve().parent.parent / "bench" /
+                                                  "gpu_truth.py")
+    assert spec is not None and spec.loader is not None
+    truth = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(truth)
+    monkeypatch.setattr(truth, "CASES", [("gpt", "sample_models/gpt.py:loss", ["layers=2", "batch=4"],
+                                          ["as-is", "nothing_saveable"])])
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    monkeypatch.setenv("TE_CKPT_AUDIT_CACHE", str(tmp_path / "cache"))
+    rows = truth.measure(False, tmp_path)
+    assert [(r["policy"], r["device"], r["jax"]) for r in rows] == [("as-is", "cpu", jax.__version__),
+                                                                   ("nothing_saveable", "cpu", jax.__version__)]
+    assert all(r["step_s"] > 0 and (tmp_path / r["profile"]).is_file() for r in rows)
+    predicted = truth.predict([{**r, "device": "NVIDIA H100 80GB HBM3"} for r in json.loads(json.dumps(rows))],
+                              tmp_path)
+    for row in predicted:
+        low, high = row["peak_range"]
+        assert row["gpu"] == "h100-sxm" and 0 < low <= high and row["fits"] is True and row["estimate_s"] > 0
+        assert row["calibrated_s"] is None  # a CPU's profile holds no GPU kernel's cost
