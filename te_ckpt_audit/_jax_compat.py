@@ -451,6 +451,17 @@ def custom_vjp3_on() -> bool:
     return state is not None and bool(state.value)
 
 
+def custom_vjp3_at_definition(jaxpr: Jaxpr) -> bool:
+    """Whether `jaxpr` calls a custom_vjp that jax < 0.12 made a `jax_custom_vjp3` one when it was
+    defined (`jax.custom_vjp` under the flag: a hijax call, closed to the audit, whose residuals
+    would go unread). jax 0.12 decides at each call, so the audit traces the current custom_vjp."""
+    if JAX_VERSION >= (0, 12, 0):
+        return False
+    return any(eqn.primitive.name == "call_hi_primitive" or any(custom_vjp3_at_definition(_open(sub))
+                                                              for sub in _subs(eqn.params))
+               for eqn in jaxpr.eqns)
+
+
 def rebuilt(closed: ClosedJaxpr, remat3: bool, custom_vjp3: bool) -> ArrayFn:
     """`closed` as a function whose checkpoints, checkpoint names and custom_vjp calls are made, when
     it is traced, exactly as JAX makes them under its flags: with `remat3`, each `checkpoint`

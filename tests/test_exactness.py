@@ -7,8 +7,10 @@ from collections import Counter
 
 import pytest
 from _reference import MODELS, module, nbytes, policies_for, reference
+from _reference import truth as jax_truth
 
 from te_ckpt_audit import ResidualKind, audit_target
+from te_ckpt_audit._jax_compat import JAX_VERSION, remat3_on
 
 _reports = {}
 
@@ -25,7 +27,7 @@ CASES = [(m, p) for m in MODELS for p in policies_for(m)]
 @pytest.mark.parametrize(("model", "policy"), CASES, ids=[f"{m}-{p}" for m, p in CASES])
 def test_residuals_equal_jax(model: str, policy: str) -> None:
     result = _report(model).result(policy)
-    truth = reference(model, policy, module(model).loss_inputs())
+    truth = jax_truth(model, policy)
     ours = Counter((r.shape, r.dtype) for r in result.residuals)
     assert ours == truth
     assert result.totals.total_bytes == nbytes(truth)
@@ -42,6 +44,9 @@ def test_totals_split_adds_up(model: str) -> None:
 
 
 @pytest.mark.parametrize("model", MODELS)
+@pytest.mark.skipif(remat3_on() and JAX_VERSION < (0, 11, 0),
+                    reason="jax 0.10's remat3 prototype saves dots for its own policy class alone: its checkpoint_dots "
+                    "can keep more than everything_saveable (the residuals still equal JAX's, above)")
 def test_policies_order_by_memory(model: str) -> None:
     """Sanity of the invariant's inputs: saving everything keeps the most, nothing the least."""
     report = _report(model)

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import jax
 import pytest
-from _reference import MODELS, module, nbytes, policies_for, reference, with_jax_flags
+from _reference import MODELS, PROTOTYPE, module, nbytes, policies_for, reference, with_jax_flags
+from _reference import truth as jax_truth
 
 from te_ckpt_audit import audit_target
 from te_ckpt_audit._jax_compat import JAX_VERSION, remat3
@@ -33,38 +34,12 @@ def _report(model: str, params: str):
 
 
 CASES = [(m, p) for m in MODELS for p in policies_for(m)]
-# jax 0.10's and 0.11's remat3 (prototypes) keep other residuals where an input is left out of
-# differentiation by stop_gradient (the reference) than in the step `jax.grad(loss)(params, x)` runs,
-# where the batch is an argument not differentiated (as the audit takes it): there, the truth is that
-# step's own residuals. 0.10 differs on the dot policies, 0.11 where everything is saved (the
-# stop_gradient's output kept beside the batch it copies); 0.12 on none
-_PROTOTYPE = ({("mlp", "checkpoint_dots"), ("mlp", "checkpoint_dots_with_no_batch_dims")} if JAX_VERSION < (0, 11, 0)
-              else {("mlp", "everything_saveable")} if JAX_VERSION < (0, 12, 0) else set())
-
-
-def _as_a_step(model: str, policy: str) -> Counter[tuple[tuple[int, ...], str]]:
-    """What JAX keeps for the backward pass of the checkpointed loss, differentiated in `params`
-    with the batch an argument of the traced step: the leaves of `jax.vjp`'s backward function."""
-    import jax.numpy as jnp
-
-    from te_ckpt_audit.specs import resolve_policy
-
-    m = module(model)
-    params, x = jax.tree.map(lambda s: jnp.ones(s.shape, s.dtype), m.loss_inputs())
-    with remat3(True):
-        f = jax.checkpoint(m.loss, policy=resolve_policy(policy).policy)
-        kept = jax.make_jaxpr(lambda p, x: jax.tree.leaves(jax.vjp(lambda p: f(p, x), p)[1]))(params, x)
-    return Counter((tuple(a.shape), str(a.dtype)) for a in kept.out_avals)
-
-
 @pytest.mark.parametrize(("model", "policy"), CASES, ids=[f"{m}-{p}" for m, p in CASES])
 def test_residuals_equal_jax_under_remat3(model: str, policy: str) -> None:
     result = _report(model, "first").result(policy)
     with remat3(True):
-        truth = reference(model, policy, module(model).loss_inputs())
+        truth = jax_truth(model, policy)
     ours = Counter((r.shape, r.dtype) for r in result.residuals)
-    if (model, policy) in _PROTOTYPE:
-        truth = _as_a_step(model, policy)
     assert ours == truth
     assert result.totals.total_bytes == nbytes(truth)
 
@@ -218,7 +193,7 @@ def test_residuals_equal_jax_under_custom_vjp3(model: str, policy: str, flags: t
         _cvjp3_reports[key] = with_jax_flags(flags, lambda: audit_target(f"sample_models/{model}.py:loss",
                                                                       policies_for(model)))
     result = _cvjp3_reports[key].result(policy)  # type: ignore[attr-defined]
-    if "jax_remat3" in flags and (model, policy) in _PROTOTYPE:
+    if "jax_remat3" in flags and (model, policy) in PROTOTYPE:
         pytest.skip("the remat3 prototype of jax < 0.12: stop_gradient and closure keep other residuals (above)")
     truth = with_jax_flags(flags, lambda: reference(model, policy, module(model).loss_inputs()))
     ours = Counter((r.shape, r.dtype) for r in result.residuals)
@@ -321,3 +296,68 @@ def test_remat3_both_on_a_step_of_the_users_own_is_refused_not_dropped() -> None
     config = TargetConfig("sample_models/mlp.py:loss", gpu=GpuRequest(gpu_model("h100"), step=True), remat3="both")
     with pytest.raises(UsageError, match="remat3 both compares the policies' saved sets"):
         check_target(config)
+
+
+_CUSTOM = """
+import jax
+import jax.numpy as jnp
+
+
+@jax.custom_vjp
+def op(x, w):
+    return jnp.sin(x @ w)
+
+
+def fwd(x, w):
+    return op(x, w), (x, w)
+
+
+def bwd(res, g):
+    return jax.vjp(lambda x, w: jnp.sin(x @ w), *res)[1](g)
+
+
+op.defvjp(fwd, bwd)
+
+
+def loss(w, x):
+    return jnp.sum(jnp.tanh(op(x, w)) ** 2)
+
+
+def loss_inputs():
+    return jax.ShapeDtypeStruct((8, 8), jnp.float32), jax.ShapeDtypeStruct((4, 8), jnp.float32)
+"""
+
+
+def test_a_custom_vjp_jax_fixed_under_custom_vjp3_when_defined_is_refused_not_left_out(tmp_path: Path) -> None:
+    """jax < 0.12 makes a `jax.custom_vjp` defined under jax_custom_vjp3 (JAX_CUSTOM_VJP3=1 when the
+    model is imported) a hijax call the audit cannot look inside: on jax 0.10.2 the FP8 block
+    audited under the flag left out residuals JAX keeps, with exit 0. There it is a usage error naming
+    the flag and the jax; on jax 0.12, which decides at each call, the audit is JAX's own."""
+    (tmp_path / "custom.py").write_text(_CUSTOM)
+    env = dict(os.environ, JAX_CUSTOM_VJP3="1", JAX_PLATFORMS="cpu")
+    done = subprocess.run([sys.executable, "-m", "te_ckpt_audit_cli", "custom.py:loss", "-p", "nothing_saveable",
+                           "-f", "json"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    if JAX_VERSION < (0, 12, 0):
+        assert done.returncode == 2 and done.stdout == "", done.stderr
+        assert done.stderr.startswith("te-ckpt-audit: error: custom.py:loss: a custom_vjp of the model was made "
+                                      f"under jax_custom_vjp3 (JAX_CUSTOM_VJP3) on jax {jax.__version__}")
+        assert done.stderr.count("\n") == 1 and "jax >= 0.12" in done.stderr
+        return
+    assert done.returncode == 0, done.stderr
+    ours = Counter((tuple(r["shape"]), r["dtype"]) for r in json.loads(done.stdout)["results"][0]["residuals"])
+
+    def step() -> Counter[tuple[tuple[int, ...], str]]:  # the step's own residuals, the module made under the flag
+        import importlib.util
+
+        import jax.numpy as jnp
+
+        spec = importlib.util.spec_from_file_location("custom", tmp_path / "custom.py")
+        assert spec is not None and spec.loader is not None
+        m = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(m)
+        w, x = (jnp.ones(a.shape, a.dtype) for a in m.loss_inputs())
+        f = jax.checkpoint(m.loss, policy=jax.checkpoint_policies.nothing_saveable)
+        kept = jax.make_jaxpr(lambda w, x: jax.tree.leaves(jax.vjp(lambda w: f(w, x), w)[1]))(w, x)
+        return Counter((tuple(a.shape), str(a.dtype)) for a in kept.out_avals)
+
+    assert ours and ours == with_jax_flags(("jax_custom_vjp3",), step)

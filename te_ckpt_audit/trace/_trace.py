@@ -243,6 +243,13 @@ def trace(
     dtypes = [a.dtype for a in avals]
     trained = resolve_trained(fn, len(args), names, dtypes, parse_params(params), target or "the function")
     structure = Structure(treedef, tuple(leaves), tuple(dynamic))
+    if jc.custom_vjp3_at_definition(closed.jaxpr):  # its residuals would be left out, silently
+        raise UsageError(
+            f"{target or 'the function'}: a custom_vjp of the model was made under jax_custom_vjp3 "
+            f"(JAX_CUSTOM_VJP3) on jax {jax.__version__}, which fixes it when it is defined, as a call the "
+            "audit cannot look inside", "run without JAX_CUSTOM_VJP3, or with jax >= 0.12 (it decides at each "
+            "call, and the audit reads jax_custom_vjp3 there)",
+        )
     replaced = jc.replaced_jax_functions()
     if replaced:  # the figures would be of another program than the one the user runs
         raise TargetError(
