@@ -123,8 +123,9 @@ def _run(argv: list[str], env: dict[str, str]) -> dict[str, object]:
     return json.loads(done.stdout.strip().splitlines()[-1] if "{" not in done.stdout[:1] else done.stdout)
 
 
-def measure(quick: bool, profiles: Path) -> list[dict[str, Any]]:
-    """Each case's steps run on the GPU here (a fresh process each), with its PGLE profile."""
+def measure(quick: bool, profiles: Path, out: Path | None = None) -> list[dict[str, Any]]:
+    """Each case's steps run on the GPU here (a fresh process each), with its PGLE profile; each row
+    written to `out` as it is measured (a run cut short keeps the rows it made)."""
     env = dict(os.environ)
     env.pop("JAX_PLATFORMS", None)
     profiles.mkdir(parents=True, exist_ok=True)
@@ -136,6 +137,9 @@ def measure(quick: bool, profiles: Path) -> list[dict[str, Any]]:
                             {**env, "TRUTH_PROFILE": str(profile)})
             rows.append({"case": name, "target": target, "defines": defines, "policy": policy,
                          "profile": profile.name, **measured})
+            if out is not None:
+                with out.open("a") as f:
+                    f.write(json.dumps(rows[-1]) + "\n")
             print(f"{name:<48} {policy:<20} measured {rows[-1]['step_s']:.4f} s, peak "
                   f"{(rows[-1]['peak'] or 0) / 2**30:.2f} GiB on {rows[-1]['device']}", flush=True)
     return rows
@@ -189,10 +193,12 @@ def main() -> int:
         report(rows)
         return 0
     print(f"measured on the GPU here at XLA_PYTHON_CLIENT_MEM_FRACTION={fraction}")
-    rows = measure(args.quick, args.measure or PROFILES)
     if args.measure:
-        (args.measure / "measured.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        args.measure.mkdir(parents=True, exist_ok=True)
+        (args.measure / "measured.jsonl").write_text("")
+        measure(args.quick, args.measure, args.measure / "measured.jsonl")
         return 0
+    rows = measure(args.quick, PROFILES)
     report(predict(rows, PROFILES))
     return 0
 

@@ -727,12 +727,12 @@ def test_gpu_truth_measures_on_one_machine_and_predicts_on_another(tmp_path: Pat
                                           ["as-is", "nothing_saveable"])])
     monkeypatch.setenv("JAX_PLATFORMS", "cpu")
     monkeypatch.setenv("TE_CKPT_AUDIT_CACHE", str(tmp_path / "cache"))
-    rows = truth.measure(False, tmp_path)
+    rows = truth.measure(False, tmp_path, tmp_path / "measured.jsonl")
+    assert [json.loads(line) for line in (tmp_path / "measured.jsonl").read_text().splitlines()] == rows
     assert [(r["policy"], r["device"], r["jax"]) for r in rows] == [("as-is", "cpu", jax.__version__),
                                                                    ("nothing_saveable", "cpu", jax.__version__)]
     assert all(r["step_s"] > 0 and (tmp_path / r["profile"]).is_file() for r in rows)
-    predicted = truth.predict([{**r, "device": "NVIDIA H100 80GB HBM3"} for r in json.loads(json.dumps(rows))],
-                              tmp_path)
+    predicted = truth.predict([{**r, "device": "NVIDIA H100 80GB HBM3"} for r in rows], tmp_path)
     for row in predicted:
         low, high = row["peak_range"]
         assert row["gpu"] == "h100-sxm" and 0 < low <= high and row["fits"] is True and row["estimate_s"] > 0
