@@ -60,7 +60,7 @@ CASES = [
     case("define-deep-expression", ["model.py:loss", "-D", "batch=" + "-" * 4000 + "1"], USAGE, "not an int"),
     case("inputs-nested-deep", "model.py:deep", USAGE, "nested too deeply",
          model="def deep(w, x):\n    return loss(w, x)\n"
-               "def deep_inputs():\n    d = loss_inputs()[0]\n    for _ in range(3000):\n        d = {'a': d}\n"
+               "def deep_inputs():\n    d = loss_inputs()[0]\n    for _ in range(10_000):\n        d = {'a': d}\n"
                "    return d, loss_inputs()[1]\n"),
     # a gate never silently off
     check_case("config-baseline-empty", "baseline must be a path", 'baseline = ""'),
