@@ -457,9 +457,18 @@ def custom_vjp3_at_definition(jaxpr: Jaxpr) -> bool:
     would go unread). jax 0.12 decides at each call, so the audit traces the current custom_vjp."""
     if JAX_VERSION >= (0, 12, 0):
         return False
-    return any(eqn.primitive.name == "call_hi_primitive" or any(custom_vjp3_at_definition(_open(sub))
-                                                              for sub in _subs(eqn.params))
-               for eqn in jaxpr.eqns)
+    seen: set[int] = set()  # a body called many times (a layer's jit) is read once
+    todo = [jaxpr]
+    while todo:
+        body = todo.pop()
+        if id(body) in seen:
+            continue
+        seen.add(id(body))
+        for eqn in body.eqns:
+            if eqn.primitive.name == "call_hi_primitive":
+                return True
+            todo.extend(_open(sub) for sub in _subs(eqn.params))
+    return False
 
 
 def rebuilt(closed: ClosedJaxpr, remat3: bool, custom_vjp3: bool) -> ArrayFn:

@@ -113,7 +113,7 @@ PROTOTYPE = ({("mlp", "checkpoint_dots"), ("mlp", "checkpoint_dots_with_no_batch
 
 def as_a_step(model: str, spec_text: str) -> Counter[tuple[tuple[int, ...], str]]:
     """What JAX's remat3 keeps for the backward pass of the checkpointed loss, differentiated in its
-    first argument with the others arguments of the traced step: the leaves of `jax.vjp`'s backward
+    first argument (the rest plain arguments of the traced step): the leaves of `jax.vjp`'s backward
     function."""
     m = module(model)
     params, *rest = jax.tree.map(lambda s: jax.numpy.ones(s.shape, s.dtype), m.loss_inputs())
