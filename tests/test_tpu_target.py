@@ -354,6 +354,29 @@ def loss_inputs(batch=128):
 """
 
 
+def _own_plan(loss: Any, params: Any, batch: Any) -> tuple[int, int, int, int]:
+    """The user's own plain step (`value_and_grad` of `loss` in `params`, optax's adamw), compiled
+    deviceless for one v5e: its (argument, output, alias, temp) bytes, as a TpuPlan orders them."""
+    import optax
+    from jax.experimental import topologies
+    from jax.sharding import SingleDeviceSharding
+
+    update = optax.adamw(1e-3)
+
+    def step(params: Any, batch: Any, state: Any) -> Any:
+        value, grads = jax.value_and_grad(loss)(params, batch)
+        updates, state = update.update(grads, state, params)
+        return value, optax.apply_updates(params, updates), state
+
+    chip = topologies.get_topology_desc(platform="tpu", topology_name="v5e:1x1", chip_config_name="default",
+                                        chips_per_host_bounds=(1, 1, 1), num_slices=1).devices[0]
+    with jax.numpy_dtype_promotion("standard"):  # optax mixes Python scalars with its counts
+        placed = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=SingleDeviceSharding(chip)),
+                              (params, batch, jax.eval_shape(update.init, params)))
+        own = jax.jit(step, donate_argnums=(0, 2)).lower(*placed).compile().memory_analysis()
+    return (own.argument_size_in_bytes, own.output_size_in_bytes, own.alias_size_in_bytes, own.temp_size_in_bytes)
+
+
 @needs_libtpu
 def test_a_model_with_a_checkpoint_per_block_compiles_as_its_own_step_does(tmp_path: Path) -> None:
     """Issue 56, item 2: a ResNet as-is at batch 128 planned 32,256 B more temporaries than the chip,
@@ -363,10 +386,6 @@ def test_a_model_with_a_checkpoint_per_block_compiles_as_its_own_step_does(tmp_p
     checkpoint per block, as-is at batch 128 on a v5e: 516,096 B fewer temporaries than its own
     step). Now the compiled step is the function as written: its plan is the user's own step's,
     byte for byte."""
-    import optax
-    from jax.experimental import topologies
-    from jax.sharding import SingleDeviceSharding
-
     (tmp_path / "blocks.py").write_text(_BLOCKS)
     report = audit_target(f"{tmp_path / 'blocks.py'}:loss", ["as-is"], defines={"batch": 128},
                           tpu=TpuRequest(parse_tpu("v5e"), Optimizer.ADAMW))
@@ -377,21 +396,8 @@ def test_a_model_with_a_checkpoint_per_block_compiles_as_its_own_step_does(tmp_p
     blocks = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(blocks)
     params, images = blocks.loss_inputs(128)
-    update = optax.adamw(1e-3)
-
-    def step(params: Any, images: Any, state: Any) -> Any:
-        value, grads = jax.value_and_grad(blocks.loss)(params, images)
-        updates, state = update.update(grads, state, params)
-        return value, optax.apply_updates(params, updates), state
-
-    chip = topologies.get_topology_desc(platform="tpu", topology_name="v5e:1x1", chip_config_name="default",
-                                        chips_per_host_bounds=(1, 1, 1), num_slices=1).devices[0]
-    with jax.numpy_dtype_promotion("standard"):  # optax mixes Python scalars with its counts
-        placed = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=SingleDeviceSharding(chip)),
-                              (params, images, jax.eval_shape(update.init, params)))
-        own = jax.jit(step, donate_argnums=(0, 2)).lower(*placed).compile().memory_analysis()
-    assert (plan.argument_bytes, plan.output_bytes, plan.alias_bytes, plan.temp_bytes) == (
-        own.argument_size_in_bytes, own.output_size_in_bytes, own.alias_size_in_bytes, own.temp_size_in_bytes)
+    assert (plan.argument_bytes, plan.output_bytes, plan.alias_bytes, plan.temp_bytes) == _own_plan(
+        blocks.loss, params, images)
 
 
 _STACK = """
@@ -429,10 +435,6 @@ def test_a_policy_the_tool_puts_in_compiles_as_the_model_written_with_it(tmp_pat
     in their model: a stack of checkpointed layers (one checkpoint each, written with
     nothing_saveable), each policy the tool swaps in compiled as `make_loss(policy)` writes it, plans
     equal byte for byte; and the policies' plans differ (what they save is past the VMEM)."""
-    import optax
-    from jax.experimental import topologies
-    from jax.sharding import SingleDeviceSharding
-
     (tmp_path / "stack.py").write_text(_STACK)
     spec = importlib.util.spec_from_file_location("stack", tmp_path / "stack.py")
     assert spec is not None and spec.loader is not None
@@ -442,29 +444,12 @@ def test_a_policy_the_tool_puts_in_compiles_as_the_model_written_with_it(tmp_pat
                "nothing_saveable": jax.checkpoint_policies.nothing_saveable}
     report = audit_target(f"{tmp_path / 'stack.py'}:loss", list(written), tpu=TpuRequest(parse_tpu("v5e"),
                                                                                           Optimizer.ADAMW))
-    chip = topologies.get_topology_desc(platform="tpu", topology_name="v5e:1x1", chip_config_name="default",
-                                        chips_per_host_bounds=(1, 1, 1), num_slices=1).devices[0]
-    update = optax.adamw(1e-3)
     temps = []
     for row, policy in zip(report.results, written.values(), strict=True):
-        loss = stack.make_loss(policy)
-
-        def step(params: Any, x: Any, state: Any, loss: Any = loss) -> Any:
-            value, grads = jax.value_and_grad(loss)(params, x)
-            updates, state = update.update(grads, state, params)
-            return value, optax.apply_updates(params, updates), state
-
-        params, x = stack.loss_inputs()
-        with jax.numpy_dtype_promotion("standard"):  # optax mixes Python scalars with its counts
-            placed = jax.tree.map(
-                lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=SingleDeviceSharding(chip)),
-                (params, x, jax.eval_shape(update.init, params)))
-            own = jax.jit(step, donate_argnums=(0, 2)).lower(*placed).compile().memory_analysis()
         plan = row.tpu_plan
         assert plan is not None and plan.fits is True
-        assert (plan.argument_bytes, plan.output_bytes, plan.alias_bytes, plan.temp_bytes) == (
-            own.argument_size_in_bytes, own.output_size_in_bytes, own.alias_size_in_bytes,
-            own.temp_size_in_bytes), row.policy
+        assert (plan.argument_bytes, plan.output_bytes, plan.alias_bytes, plan.temp_bytes) == _own_plan(
+            stack.make_loss(policy), *stack.loss_inputs()), row.policy
         temps.append(plan.temp_bytes)
     assert temps[0] > temps[1] > 0, temps  # checkpoint_dots saves more: the swap is seen
 
